@@ -1,0 +1,66 @@
+"""Greedy decode speed: miLLM's own loop vs ``model.generate`` on the same model, prompt and length.
+
+    python bench/decode.py [--tokens 128] [--rounds 3]
+
+Prints tokens/s for both and the ratio (miLLM / generate); rounds are interleaved, medians reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from millm.config import get_settings
+from millm.engine import load_engine
+from millm.engine.events import Usage
+from millm.engine.params import GenerationRequest, TextPrompt
+from millm.registry import resolve
+from millm.validation import sampling_params
+
+PROMPT = "Once upon a time, in a village by the sea, there lived"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+
+    settings = get_settings()
+    engine = load_engine(resolve(args.model or settings.default_model, settings), settings)
+    model, tok = engine.model, engine.tokenizer
+    ids = torch.tensor([engine.tokenize(TextPrompt(PROMPT))], device=engine.device)
+    request = GenerationRequest([TextPrompt(PROMPT)], sampling_params({"temperature": 0, "max_tokens": args.tokens}))
+
+    def run_millm() -> tuple[float, int]:
+        start = time.perf_counter()
+        usage = [e for e in engine.generate(request) if isinstance(e, Usage)][0]
+        return time.perf_counter() - start, usage.completion_tokens
+
+    def run_generate() -> tuple[float, int]:
+        start = time.perf_counter()
+        with torch.inference_mode():
+            out = model.generate(ids, max_new_tokens=args.tokens, do_sample=False, pad_token_id=tok.pad_token_id)
+        return time.perf_counter() - start, out.shape[1] - ids.shape[1]
+
+    run_millm(), run_generate()  # warm up
+    ours, theirs = [], []
+    for _ in range(args.rounds):
+        t, n = run_millm()
+        ours.append(n / t)
+        t, n = run_generate()
+        theirs.append(n / t)
+    o, g = statistics.median(ours), statistics.median(theirs)
+    print(f"model {engine.model_id} on {engine.device} ({engine.dtype}), {args.tokens} greedy tokens, "
+          f"{torch.get_num_threads()} threads")
+    print(f"transformers generate: {g:8.1f} tok/s")
+    print(f"miLLM engine:          {o:8.1f} tok/s")
+    print(f"ratio miLLM/generate:  {o / g:8.2f}x")
+
+
+if __name__ == "__main__":
+    main()

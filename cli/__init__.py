@@ -1,0 +1,1 @@
+"""The ``millm`` command line."""

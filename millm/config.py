@@ -1,0 +1,41 @@
+"""Settings read from the environment (prefix ``MILLM_``) with safe defaults."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from platformdirs import user_data_dir
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Everything an operator can tune without touching code."""
+
+    model_config = SettingsConfigDict(env_prefix="MILLM_", extra="ignore")
+
+    home: Path = Field(default_factory=lambda: Path(user_data_dir("millm")))
+    default_model: str = "SmolLM2-135M-Instruct"
+    device: str = "auto"
+    dtype: str = "auto"
+    default_max_tokens: int = 1024
+    max_queue: int = 32
+    api_key: str | None = None
+    admin_key: str | None = None
+
+    @property
+    def cache_dir(self) -> Path:
+        """Where dequantised weights and other derived artefacts live."""
+        return self.home / "cache"
+
+    @property
+    def models_dir(self) -> Path:
+        """Where model checkpoints registered by the user live."""
+        return self.home / "models"
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process-wide settings (read once; tests clear the cache to change them)."""
+    return Settings()

@@ -1,0 +1,37 @@
+"""What the engine's generate stream yields. Front ends render these; they never see tensors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Delta:
+    """New final text for choice ``index``."""
+
+    index: int
+    text: str
+
+
+@dataclass(frozen=True)
+class Finish:
+    """Choice ``index`` ended: ``reason`` is "stop" (EOS or stop sequence) or "length" (max_tokens)."""
+
+    index: int
+    reason: str
+    completion_tokens: int
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Totals for the whole request, the last event of every stream."""
+
+    prompt_tokens: int
+    completion_tokens: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+Event = Delta | Finish | Usage

@@ -1,0 +1,52 @@
+"""One choice's text as it is generated: detokenising, stop sequences, hold-back."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from millm.engine.detok import Decoder, IncrementalDetokenizer
+from millm.engine.stops import find_stop, holdback
+
+
+class ChoiceOutput:
+    """Turns sampled token ids into emitted text for one choice, and says when it is finished.
+
+    Text that could still become a stop sequence is held back; once a stop matches, the text is cut
+    before it and nothing of the stop is ever emitted.
+    """
+
+    def __init__(self, tokenizer: Decoder, stops: Sequence[str], stop_ids: frozenset[int]) -> None:
+        self.detok = IncrementalDetokenizer(tokenizer)
+        self.stops = tuple(stops)
+        self.stop_ids = stop_ids
+        self.text = ""
+        self.emitted = 0
+        self.tokens = 0
+        self.finish_reason: str | None = None
+        self._longest_stop = max((len(s) for s in self.stops), default=0)
+
+    def _advance(self, new_text: str, final: bool) -> str:
+        search_from = max(0, self.emitted - self._longest_stop + 1)
+        self.text += new_text
+        cut = find_stop(self.text, self.stops, search_from) if self.stops else None
+        if cut is not None:
+            self.text = self.text[:cut]
+            self.finish_reason = "stop"
+            final = True
+        end = len(self.text) if final else len(self.text) - holdback(self.text, self.stops)
+        piece = self.text[self.emitted:end]
+        self.emitted = end
+        return piece
+
+    def feed(self, token_id: int) -> str:
+        """Account for one sampled token; return the text that is now safe to emit."""
+        self.tokens += 1
+        if token_id in self.stop_ids:
+            self.finish_reason = "stop"
+            return self._advance(self.detok.flush(), final=True)
+        return self._advance(self.detok.push(token_id), final=False)
+
+    def close(self, reason: str) -> str:
+        """End the choice (max_tokens reached): release what was held back, unless a stop matches."""
+        self.finish_reason = reason
+        return self._advance(self.detok.flush(), final=True)

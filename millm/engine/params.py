@@ -1,0 +1,46 @@
+"""Plain, already-validated request values the engine works with."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick tokens and when to stop. Built by ``millm.validation``, never by hand on the wire."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int | None = None
+    stop: tuple[str, ...] = ()
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    seed: int | None = None
+    n: int = 1
+
+
+@dataclass(frozen=True)
+class ChatPrompt:
+    """A conversation to render with the model's chat template."""
+
+    messages: list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class TextPrompt:
+    """Raw text given to the model verbatim (no chat template)."""
+
+    text: str
+    add_special_tokens: bool = True
+
+
+Prompt = ChatPrompt | TextPrompt
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One or more prompts, each answered ``params.n`` times; choice index = prompt * n + j."""
+
+    prompts: list[Prompt]
+    params: SamplingParams = field(default_factory=SamplingParams)

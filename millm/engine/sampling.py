@@ -1,0 +1,45 @@
+"""Sampling as pure functions over logits tensors of shape ``[rows, vocab]``."""
+
+from __future__ import annotations
+
+import torch
+
+
+def apply_penalties(logits: torch.Tensor, counts: torch.Tensor, frequency: float, presence: float) -> torch.Tensor:
+    """OpenAI's additive penalties, exactly: ``logit -= frequency * count + presence * (count > 0)``.
+
+    ``counts[r, t]`` is how often row ``r`` has generated token ``t`` so far (prompt tokens excluded,
+    as in OpenAI's definition). This is not HF's multiplicative repetition penalty.
+    """
+    if frequency == 0.0 and presence == 0.0:
+        return logits
+    counts = counts.to(logits.dtype)
+    return logits - frequency * counts - presence * (counts > 0).to(logits.dtype)
+
+
+def top_p_mask(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Keep the smallest set of tokens whose probability mass reaches ``top_p`` (always >= 1 token)."""
+    if top_p >= 1.0:
+        return logits
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+    probs = torch.softmax(sorted_logits, dim=-1)
+    mass_before = torch.cumsum(probs, dim=-1) - probs
+    drop_sorted = mass_before >= top_p
+    drop_sorted[..., 0] = False
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    return logits.masked_fill(drop, float("-inf"))
+
+
+def sample(logits: torch.Tensor, temperature: float, top_p: float,
+           generator: torch.Generator | None = None) -> torch.Tensor:
+    """Pick one token per row: greedy at temperature 0, else softmax(logits / T) restricted by top_p."""
+    if temperature == 0.0:
+        return torch.argmax(logits, dim=-1)
+    scaled = top_p_mask(logits.float() / temperature, top_p)
+    probs = torch.softmax(scaled, dim=-1)
+    return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
+
+
+def update_counts(counts: torch.Tensor, tokens: torch.Tensor) -> None:
+    """Record one newly generated token per row into ``counts`` in place."""
+    counts.scatter_add_(1, tokens.view(-1, 1), torch.ones_like(tokens.view(-1, 1), dtype=counts.dtype))

@@ -1,0 +1,201 @@
+"""The transformers engine: owns the decode loop (prefill, then steps over a KV cache)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from millm.config import Settings
+from millm.engine import loader
+from millm.engine.events import Delta, Event, Finish, Usage
+from millm.engine.output import ChoiceOutput
+from millm.engine.params import ChatPrompt, GenerationRequest, Prompt, SamplingParams
+from millm.engine.sampling import apply_penalties, sample, update_counts
+from millm.engine.templates import render_chat
+from millm.errors import ContextLengthExceeded, InvalidParameter
+from millm.registry import ModelEntry
+
+END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "</s>")
+EMBED_BATCH = 32
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A validated generation request: token ids per prompt and the resolved token budget."""
+
+    prompt_ids: list[list[int]]
+    params: SamplingParams
+    max_tokens: int
+
+
+def _as_list(value: Any) -> list[int]:
+    if value is None:
+        return []
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+class TransformersEngine:
+    """A loaded HuggingFace causal LM behind miLLM's engine interface."""
+
+    engine_name = "transformers"
+
+    def __init__(self, entry: ModelEntry, model: Any, tokenizer: Any, device: torch.device,
+                 dtype: torch.dtype, default_max_tokens: int = 1024) -> None:
+        self.entry = entry
+        self.model = model
+        self.tokenizer = tokenizer
+        self.device = device
+        self.dtype = dtype
+        self.default_max_tokens = default_max_tokens
+        self.context_window = int(getattr(model.config, "max_position_embeddings", None)
+                                  or tokenizer.model_max_length)
+        self.stop_ids = self._end_token_ids()
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.stop_ids, default=0)
+        self._lock = threading.Lock()
+
+    @classmethod
+    def load(cls, entry: ModelEntry, settings: Settings) -> TransformersEngine:
+        model, tokenizer, device, dtype = loader.load(entry, settings)
+        return cls(entry, model, tokenizer, device, dtype, settings.default_max_tokens)
+
+    @property
+    def model_id(self) -> str:
+        return self.entry.id
+
+    @property
+    def fingerprint(self) -> str:
+        """``millm:<model>@<revision>:<dtype>/<quantization>:<engine>``; unknown parts say unrecorded."""
+        dtype = str(self.dtype).removeprefix("torch.")
+        return (f"millm:{self.entry.id}@{self.entry.revision or 'unrecorded'}:"
+                f"{dtype}/{self.entry.quantization or 'unrecorded'}:{self.engine_name}")
+
+    def _end_token_ids(self) -> frozenset[int]:
+        """EOS ids from the tokenizer and generation config, plus the chat template's end-of-turn tokens."""
+        ids = set(_as_list(self.tokenizer.eos_token_id))
+        gen_config = getattr(self.model, "generation_config", None)
+        ids.update(_as_list(getattr(gen_config, "eos_token_id", None)))
+        vocab = self.tokenizer.get_vocab()
+        ids.update(vocab[t] for t in END_OF_TURN_TOKENS if t in vocab)
+        return frozenset(ids)
+
+    def tokenize(self, prompt: Prompt) -> list[int]:
+        """Token ids of a prompt: chat prompts through the template (which carries its own BOS)."""
+        if isinstance(prompt, ChatPrompt):
+            text, special = render_chat(self.tokenizer, prompt.messages), False
+        else:
+            text, special = prompt.text, prompt.add_special_tokens
+        return self.tokenizer(text, add_special_tokens=special)["input_ids"]
+
+    def prepare(self, request: GenerationRequest) -> Plan:
+        """Tokenise and check the request against the context window; raises before any compute."""
+        prompt_ids = [self.tokenize(p) for p in request.prompts]
+        longest = max(len(ids) for ids in prompt_ids)
+        if longest == 0:
+            raise InvalidParameter("The prompt tokenises to nothing.", param="prompt")
+        wanted = request.params.max_tokens
+        budget = wanted if wanted is not None else min(self.default_max_tokens, self.context_window - longest)
+        if longest + max(budget, 1) > self.context_window:
+            raise ContextLengthExceeded(requested=longest + max(budget, 1), available=self.context_window,
+                                        prompt_tokens=longest)
+        return Plan(prompt_ids, request.params, budget)
+
+    def generate(self, request: GenerationRequest) -> Iterator[Event]:
+        """Stream Delta and Finish events per choice, then one Usage. Closing the iterator cancels."""
+        return self.run(self.prepare(request))
+
+    def run(self, plan: Plan) -> Iterator[Event]:
+        """Decode a prepared plan; the engine lock is held for the whole stream."""
+        with self._lock, torch.inference_mode():
+            yield from self._decode(plan)
+
+    def _left_pad(self, prompt_ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        width = max(len(ids) for ids in prompt_ids)
+        if all(len(ids) == width for ids in prompt_ids):
+            return torch.tensor(prompt_ids, device=self.device), None
+        ids = torch.full((len(prompt_ids), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(prompt_ids), width), dtype=torch.long)
+        for r, row in enumerate(prompt_ids):
+            ids[r, width - len(row):] = torch.tensor(row)
+            mask[r, width - len(row):] = 1
+        return ids.to(self.device), mask.to(self.device)
+
+    def _forward(self, ids: torch.Tensor, cache: Any, mask: torch.Tensor | None) -> torch.Tensor:
+        """Last-position logits (fp32). With padding, positions come from the mask."""
+        kwargs: dict[str, Any] = {}
+        if mask is not None:
+            positions = (mask.cumsum(-1) - 1).clamp(min=0)
+            kwargs = {"attention_mask": mask, "position_ids": positions[:, -ids.shape[1]:]}
+        out = self.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1, **kwargs)
+        return out.logits[:, -1, :].float()
+
+    def _decode(self, plan: Plan) -> Iterator[Event]:
+        from transformers import DynamicCache
+
+        params = plan.params
+        ids, mask = self._left_pad(plan.prompt_ids)
+        cache = DynamicCache()
+        logits = self._forward(ids, cache, mask)
+        if params.n > 1:
+            logits = logits.repeat_interleave(params.n, dim=0)
+            cache.batch_repeat_interleave(params.n)
+            mask = None if mask is None else mask.repeat_interleave(params.n, dim=0)
+        rows = [ChoiceOutput(self.tokenizer, params.stop, self.stop_ids) for _ in range(logits.shape[0])]
+        penalised = params.frequency_penalty != 0.0 or params.presence_penalty != 0.0
+        counts = torch.zeros(logits.shape, dtype=torch.int32, device=self.device) if penalised else None
+        generator = None
+        if params.seed is not None:
+            generator = torch.Generator(device=self.device).manual_seed(params.seed)
+
+        for step in range(plan.max_tokens):
+            if counts is not None:
+                logits = apply_penalties(logits, counts, params.frequency_penalty, params.presence_penalty)
+            tokens = sample(logits, params.temperature, params.top_p, generator)
+            if counts is not None:
+                update_counts(counts, tokens)
+            last_step = step == plan.max_tokens - 1
+            for index, (row, token) in enumerate(zip(rows, tokens.tolist())):
+                if row.finish_reason is not None:
+                    continue
+                piece = row.feed(token)
+                if row.finish_reason is None and last_step:
+                    piece += row.close("length")
+                if piece:
+                    yield Delta(index, piece)
+                if row.finish_reason is not None:
+                    yield Finish(index, row.finish_reason, row.tokens)
+            if all(row.finish_reason is not None for row in rows):
+                break
+            if mask is not None:
+                mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=-1)
+            logits = self._forward(tokens.view(-1, 1), cache, mask)
+
+        prompt_tokens = sum(len(ids) for ids in plan.prompt_ids)
+        yield Usage(prompt_tokens, sum(row.tokens for row in rows))
+
+    def embed(self, texts: list[str]) -> tuple[list[list[float]], int]:
+        """Masked mean of the last hidden layer for each text, and the total token count. Never steered."""
+        encoded = []
+        for i, text in enumerate(texts):
+            ids = self.tokenizer(text, add_special_tokens=True)["input_ids"]
+            where = "input" if len(texts) == 1 else f"input[{i}]"
+            if not ids:
+                raise InvalidParameter(f"'{where}' is empty.", param=where)
+            if len(ids) > self.context_window:
+                raise ContextLengthExceeded(requested=len(ids), available=self.context_window, param=where)
+            encoded.append(ids)
+        vectors: list[list[float]] = []
+        with self._lock, torch.inference_mode():
+            decoder = self.model.get_decoder()
+            for start in range(0, len(encoded), EMBED_BATCH):
+                chunk = encoded[start:start + EMBED_BATCH]
+                width = max(len(ids) for ids in chunk)
+                ids = torch.tensor([row + [self.pad_id] * (width - len(row)) for row in chunk], device=self.device)
+                mask = torch.tensor([[1] * len(row) + [0] * (width - len(row)) for row in chunk], device=self.device)
+                hidden = decoder(input_ids=ids, attention_mask=mask).last_hidden_state.float()
+                weights = mask.unsqueeze(-1).to(hidden.dtype)
+                vectors += ((hidden * weights).sum(1) / weights.sum(1)).tolist()
+        return vectors, sum(len(ids) for ids in encoded)

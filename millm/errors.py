@@ -1,0 +1,97 @@
+"""Domain errors. Each knows its HTTP status, OpenAI error type and code, written once here."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class MillmError(Exception):
+    """Base of every error miLLM reports to a user."""
+
+    status: int = 500
+    type: str = "server_error"
+    code: str = "internal_error"
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+    def body(self) -> dict[str, Any]:
+        """The OpenAI-shaped error body."""
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+class InvalidParameter(MillmError):
+    """A request field has a value miLLM cannot accept."""
+
+    status, type, code = 400, "invalid_request_error", "invalid_parameter"
+
+
+class ContextLengthExceeded(MillmError):
+    """Prompt plus requested completion does not fit in the model's context window."""
+
+    status, type, code = 400, "invalid_request_error", "context_length_exceeded"
+
+    def __init__(self, requested: int, available: int, *, prompt_tokens: int | None = None,
+                 param: str | None = "messages") -> None:
+        detail = f" ({prompt_tokens} in the prompt)" if prompt_tokens is not None else ""
+        super().__init__(
+            f"This model's maximum context length is {available} tokens, but {requested} tokens "
+            f"were requested{detail}. Shorten the prompt or lower max_tokens.",
+            param=param,
+        )
+        self.requested = requested
+        self.available = available
+
+
+class FieldNotHonoured(MillmError):
+    """An output-changing field this endpoint or engine cannot honour."""
+
+    status, type, code = 400, "invalid_request_error", "field_not_honoured"
+
+
+class UnusedFieldsRefused(MillmError):
+    """Strict mode and the request carried fields the path does not use."""
+
+    status, type, code = 400, "invalid_request_error", "unused_fields_refused"
+
+
+class ModelNotFound(MillmError):
+    """The named model is not on disk, bundled or in the local HuggingFace cache."""
+
+    status, type, code = 404, "invalid_request_error", "model_not_found"
+
+    def __init__(self, model: str) -> None:
+        super().__init__(f"The model '{model}' does not exist; see `millm models list` or GET /v1/models.",
+                         param="model")
+
+
+class ModelNotLoaded(MillmError):
+    """No model is loaded to serve the request."""
+
+    status, type, code = 503, "server_error", "model_not_loaded"
+
+
+class ModelBusy(MillmError):
+    """A load or unload is under way: retry once it finishes."""
+
+    status, type, code = 503, "server_error", "model_busy"
+
+
+class ModelLoadFailed(MillmError):
+    """Loading the named model failed."""
+
+    status, type, code = 500, "server_error", "model_load_failed"
+
+
+class QueueFull(MillmError):
+    """The request queue is full (backpressure)."""
+
+    status, type, code = 503, "server_error", "queue_full"
+
+
+class Unauthorized(MillmError):
+    """A key is configured and the request did not carry it."""
+
+    status, type, code = 401, "invalid_request_error", "invalid_api_key"

@@ -1,0 +1,35 @@
+"""Shared fixtures: one isolated MILLM_HOME and one loaded bundled model per test session."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+_HOME = Path(tempfile.mkdtemp(prefix="millm-test-home-"))
+os.environ["MILLM_HOME"] = str(_HOME)
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+from millm.config import Settings, get_settings  # noqa: E402  (after MILLM_HOME is set)
+from millm.engine import TransformersEngine, load_engine  # noqa: E402
+from millm.registry import BUNDLED_ID, resolve  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def settings() -> Settings:
+    get_settings.cache_clear()
+    return get_settings()
+
+
+@pytest.fixture(scope="session")
+def engine(settings: Settings) -> Iterator[TransformersEngine]:
+    """The bundled SmolLM2-135M-Instruct on the transformers engine (dequantised once per session)."""
+    import cli.main
+
+    eng = load_engine(resolve(BUNDLED_ID, settings), settings)
+    cli.main._engines[eng.model_id] = eng  # the CLI reuses the session's model
+    yield eng

@@ -1,0 +1,60 @@
+import torch
+
+from millm.engine.sampling import apply_penalties, sample, top_p_mask, update_counts
+
+
+def test_penalties_are_openai_additive():
+    logits = torch.tensor([[1.0, 2.0, 3.0, 4.0]])
+    counts = torch.tensor([[0, 1, 3, 0]], dtype=torch.int32)
+    out = apply_penalties(logits, counts, frequency=0.5, presence=0.25)
+    assert torch.equal(out, torch.tensor([[1.0, 2.0 - 0.5 - 0.25, 3.0 - 1.5 - 0.25, 4.0]]))
+
+
+def test_negative_penalties_encourage_repeats():
+    out = apply_penalties(torch.zeros(1, 3), torch.tensor([[0, 2, 0]]), frequency=-1.0, presence=-1.0)
+    assert out.tolist() == [[0.0, 3.0, 0.0]]
+
+
+def test_zero_penalties_return_logits_untouched():
+    logits = torch.randn(2, 5)
+    assert apply_penalties(logits, torch.ones(2, 5, dtype=torch.int32), 0.0, 0.0) is logits
+
+
+def test_update_counts_per_row():
+    counts = torch.zeros(2, 4, dtype=torch.int32)
+    update_counts(counts, torch.tensor([1, 3]))
+    update_counts(counts, torch.tensor([1, 0]))
+    assert counts.tolist() == [[0, 2, 0, 0], [1, 0, 0, 1]]
+
+
+def test_greedy_is_argmax():
+    logits = torch.tensor([[0.1, 5.0, 0.2], [3.0, 1.0, 2.0]])
+    assert sample(logits, 0.0, 1.0).tolist() == [1, 0]
+
+
+def test_top_p_keeps_smallest_set_reaching_mass():
+    probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
+    masked = top_p_mask(probs.log(), 0.75)
+    assert torch.isfinite(masked).tolist() == [[True, True, False, False]]
+    # the top token survives even when top_p is tiny
+    assert torch.isfinite(top_p_mask(probs.log(), 0.0)).tolist() == [[True, False, False, False]]
+
+
+def test_top_p_respects_original_order():
+    logits = torch.tensor([[0.0, 10.0, 9.0, -5.0]])
+    masked = top_p_mask(logits, 0.9)
+    assert torch.isfinite(masked).tolist() == [[False, True, True, False]]
+
+
+def test_seeded_sampling_reproducible():
+    logits = torch.randn(3, 50)
+    a = [sample(logits, 1.0, 1.0, torch.Generator().manual_seed(7)).tolist() for _ in range(2)]
+    assert a[0] == a[1]
+    draws = {tuple(sample(logits, 1.5, 1.0, torch.Generator().manual_seed(s)).tolist()) for s in range(20)}
+    assert len(draws) > 1
+
+
+def test_sampling_never_picks_masked_tokens():
+    logits = torch.tensor([[0.0, 0.0, -float("inf")]]).repeat(200, 1)
+    picks = sample(logits, 2.0, 1.0, torch.Generator().manual_seed(0))
+    assert set(picks.tolist()) == {0, 1}

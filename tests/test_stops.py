@@ -1,0 +1,67 @@
+from millm.engine.detok import IncrementalDetokenizer
+from millm.engine.output import ChoiceOutput
+from millm.engine.stops import find_stop, holdback
+
+
+class ByteTokenizer:
+    """Each id is one byte; decoding is UTF-8 with replacement, like byte-level BPE."""
+
+    def decode(self, ids, skip_special_tokens=True):
+        return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+
+
+def ids_of(text: str) -> list[int]:
+    return list(text.encode())
+
+
+def test_find_stop_earliest():
+    assert find_stop("abc STOP xyz END", ["END", "STOP"]) == 4
+    assert find_stop("nothing here", ["END"]) is None
+    assert find_stop("END then END", ["END"], start=1) == 9
+
+
+def test_holdback_is_longest_partial_suffix():
+    assert holdback("hello wor", ["world"]) == 3
+    assert holdback("hello", ["xyz"]) == 0
+    assert holdback("ab", ["abc", "b!"]) == 2
+    assert holdback("a complete stop", ["stop"]) == 0  # a full match is find_stop's job
+
+
+def test_detok_never_splits_utf8_and_concatenates_exactly():
+    text = "héllo 😀 世界!"
+    det = IncrementalDetokenizer(ByteTokenizer())
+    pieces = [det.push(i) for i in ids_of(text)] + [det.flush()]
+    assert all("\ufffd" not in p for p in pieces)
+    assert "".join(pieces) == text
+    assert pieces[ids_of(text).index(0xF0)] == ""  # first byte of the emoji is held
+
+
+def test_choice_output_cuts_stop_across_tokens_and_never_emits_it():
+    out = ChoiceOutput(ByteTokenizer(), ["###"], frozenset({999}))
+    emitted = [out.feed(i) for i in ids_of("answer #")]
+    assert "".join(emitted) == "answer "  # '#' is held back
+    emitted.append(out.feed(ord("#")))
+    emitted.append(out.feed(ord("#")))
+    assert out.finish_reason == "stop"
+    assert "".join(emitted) == "answer "
+
+
+def test_choice_output_releases_false_alarm():
+    out = ChoiceOutput(ByteTokenizer(), ["###"], frozenset())
+    text = "".join(out.feed(i) for i in ids_of("a ## b"))
+    assert text == "a ## b" and out.finish_reason is None
+
+
+def test_choice_output_eos_flushes_and_stops():
+    out = ChoiceOutput(ByteTokenizer(), ["xyz"], frozenset({999}))
+    text = "".join(out.feed(i) for i in ids_of("abx"))
+    assert text == "ab"
+    text += out.feed(999)
+    assert text == "abx" and out.finish_reason == "stop" and out.tokens == 4
+
+
+def test_choice_output_close_for_length_still_honours_stop():
+    out = ChoiceOutput(ByteTokenizer(), ["ab"], frozenset())
+    text = out.feed(ord("a"))
+    text += out.close("length")
+    assert text == "a" and out.finish_reason == "length"

@@ -1,0 +1,1 @@
+"""The Textual steering dial (``millm tui``); arrives with the steering work."""
