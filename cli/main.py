@@ -133,6 +133,32 @@ def embed(
     out.print(json.dumps(vectors), markup=False)
 
 
+@app.command()
+@reports_errors
+def serve(
+    host: Annotated[str, typer.Option(help="Address to bind; loopback unless you mean otherwise.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+    model: Annotated[str | None, typer.Option(help="Model to load at start (default: the bundled one).")] = None,
+) -> None:
+    """Serve the OpenAI-compatible /v1 API and the management API with Hypercorn."""
+    import logging
+
+    from millm.server.app import create_app
+    from millm.server.run import is_loopback, run
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = get_settings()
+    engine = engine_for(model)
+    app = create_app(settings, engine)
+    shown = f"[{host}]" if ":" in host else host
+    err.print(f"miLLM serving [bold]{engine.model_id}[/] ({engine.fingerprint}) at http://{shown}:{port}/v1"
+              f"{' - API key required' if settings.api_key else ''}")
+    if not is_loopback(host) and not settings.api_key:
+        err.print(f"[yellow]warning:[/] bound to {host} beyond loopback with no MILLM_API_KEY: anyone who can "
+                  "reach this port can use the API.")
+    run(app, host, port)
+
+
 @models_app.command("list")
 @reports_errors
 def models_list() -> None:

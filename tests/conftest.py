@@ -33,3 +33,21 @@ def engine(settings: Settings) -> Iterator[TransformersEngine]:
     eng = load_engine(resolve(BUNDLED_ID, settings), settings)
     cli.main._engines[eng.model_id] = eng  # the CLI reuses the session's model
     yield eng
+
+
+@pytest.fixture(scope="session")
+def server(engine: TransformersEngine, settings: Settings) -> Iterator[str]:
+    """The real app serving the session's model on a loopback port; yields its base URL."""
+    from millm.server.app import create_app
+    from tests.live import live_server
+
+    with live_server(create_app(settings, engine)) as base:
+        yield base
+
+
+@pytest.fixture(scope="session")
+def client(server: str):
+    """The official OpenAI SDK pointed at the live server."""
+    from openai import OpenAI
+
+    return OpenAI(base_url=server + "/v1", api_key="not-needed", max_retries=0, timeout=120)

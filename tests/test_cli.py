@@ -68,3 +68,32 @@ def test_errors_are_one_line_and_non_zero(engine):
         assert needle in result.stderr, (args, result.stderr)
         assert "Traceback" not in result.output
         assert result.stderr.strip().startswith("error:") and result.stderr.count("\n") == 1
+
+
+def test_serve_starts_and_says_where(engine, settings):
+    import os
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    from tests.live import free_port
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "cli", "serve", "--port", str(port)], stderr=subprocess.PIPE,
+                            text=True, env=dict(os.environ))
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                r = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=1)
+                break
+            except httpx.TransportError:
+                assert proc.poll() is None and time.monotonic() < deadline
+                time.sleep(0.2)
+        assert r.json()["data"][0]["id"] == "SmolLM2-135M-Instruct"
+    finally:
+        proc.terminate()
+        _, stderr = proc.communicate(timeout=30)
+    assert f"http://127.0.0.1:{port}/v1" in stderr and "SmolLM2-135M-Instruct" in stderr

@@ -25,6 +25,7 @@ class ChatPrompt:
     """A conversation to render with the model's chat template."""
 
     messages: list[dict[str, Any]]
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -14,22 +14,26 @@ def fallback_template(messages: list[dict[str, Any]], add_generation_prompt: boo
     return text + ("Assistant:" if add_generation_prompt else "")
 
 
-def _apply(tokenizer: Any, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
+def _apply(tokenizer: Any, messages: list[dict[str, Any]], add_generation_prompt: bool,
+           template_kwargs: dict[str, Any]) -> str:
     if getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False)
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False,
+                                             **template_kwargs)
     return fallback_template(messages, add_generation_prompt)
 
 
-def render_chat(tokenizer: Any, messages: list[dict[str, Any]]) -> str:
+def render_chat(tokenizer: Any, messages: list[dict[str, Any]], template_kwargs: dict[str, Any] | None = None) -> str:
     """The prompt text for ``messages`` (already validated, content as plain strings).
 
     A trailing assistant message is a partial answer to continue, not a turn to close: everything
     before it is rendered with the generation prompt and the partial is appended raw, so the model
-    resumes mid-sentence instead of starting a new answer.
+    resumes mid-sentence instead of starting a new answer. ``template_kwargs`` are extra variables
+    for the model's own template (``enable_thinking``, say).
     """
+    kwargs = template_kwargs or {}
     if messages[-1]["role"] == "assistant":
-        return _apply(tokenizer, messages[:-1], True) + messages[-1]["content"]
-    return _apply(tokenizer, messages, True)
+        return _apply(tokenizer, messages[:-1], True, kwargs) + messages[-1]["content"]
+    return _apply(tokenizer, messages, True, kwargs)
 
 
 def has_chat_template(tokenizer: Any) -> bool:

@@ -85,7 +85,7 @@ class TransformersEngine:
     def tokenize(self, prompt: Prompt) -> list[int]:
         """Token ids of a prompt: chat prompts through the template (which carries its own BOS)."""
         if isinstance(prompt, ChatPrompt):
-            text, special = render_chat(self.tokenizer, prompt.messages), False
+            text, special = render_chat(self.tokenizer, prompt.messages, prompt.template_kwargs), False
         else:
             text, special = prompt.text, prompt.add_special_tokens
         return self.tokenizer(text, add_special_tokens=special)["input_ids"]
@@ -103,14 +103,34 @@ class TransformersEngine:
                                         prompt_tokens=longest)
         return Plan(prompt_ids, request.params, budget)
 
-    def generate(self, request: GenerationRequest) -> Iterator[Event]:
-        """Stream Delta and Finish events per choice, then one Usage. Closing the iterator cancels."""
-        return self.run(self.prepare(request))
+    def generate(self, request: GenerationRequest, cancel: threading.Event | None = None) -> Iterator[Event]:
+        """Stream Delta and Finish events per choice, then one Usage.
 
-    def run(self, plan: Plan) -> Iterator[Event]:
+        Closing the iterator, or setting ``cancel`` (checked once per decode step), stops generation.
+        """
+        return self.run(self.prepare(request), cancel)
+
+    def run(self, plan: Plan, cancel: threading.Event | None = None) -> Iterator[Event]:
         """Decode a prepared plan; the engine lock is held for the whole stream."""
         with self._lock, torch.inference_mode():
-            yield from self._decode(plan)
+            yield from self._decode(plan, cancel)
+
+    def run_each(self, plans: list[Plan], cancel: threading.Event | None = None) -> Iterator[Event]:
+        """Decode plans one after another as one stream: choice indices follow on, one Usage at the end."""
+        offset, prompt_tokens, completion_tokens = 0, 0, 0
+        for plan in plans:
+            for event in self.run(plan, cancel):
+                if isinstance(event, Usage):
+                    prompt_tokens += event.prompt_tokens
+                    completion_tokens += event.completion_tokens
+                elif isinstance(event, Delta):
+                    yield Delta(event.index + offset, event.text)
+                else:
+                    yield Finish(event.index + offset, event.reason, event.completion_tokens)
+            if cancel is not None and cancel.is_set():
+                return
+            offset += len(plan.prompt_ids) * plan.params.n
+        yield Usage(prompt_tokens, completion_tokens)
 
     def _left_pad(self, prompt_ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor | None]:
         width = max(len(ids) for ids in prompt_ids)
@@ -132,7 +152,7 @@ class TransformersEngine:
         out = self.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1, **kwargs)
         return out.logits[:, -1, :].float()
 
-    def _decode(self, plan: Plan) -> Iterator[Event]:
+    def _decode(self, plan: Plan, cancel: threading.Event | None) -> Iterator[Event]:
         from transformers import DynamicCache
 
         params = plan.params
@@ -151,6 +171,8 @@ class TransformersEngine:
             generator = torch.Generator(device=self.device).manual_seed(params.seed)
 
         for step in range(plan.max_tokens):
+            if cancel is not None and cancel.is_set():
+                return
             if counts is not None:
                 logits = apply_penalties(logits, counts, params.frequency_penalty, params.presence_penalty)
             tokens = sample(logits, params.temperature, params.top_p, generator)
@@ -176,12 +198,20 @@ class TransformersEngine:
         prompt_tokens = sum(len(ids) for ids in plan.prompt_ids)
         yield Usage(prompt_tokens, sum(row.tokens for row in rows))
 
-    def embed(self, texts: list[str]) -> tuple[list[list[float]], int]:
-        """Masked mean of the last hidden layer for each text, and the total token count. Never steered."""
+    def embed(self, inputs: list[str] | list[list[int]]) -> tuple[list[list[float]], int]:
+        """Masked mean of the last hidden layer per input (text, or this model's token ids), and the
+        total token count. Never steered."""
         encoded = []
-        for i, text in enumerate(texts):
-            ids = self.tokenizer(text, add_special_tokens=True)["input_ids"]
-            where = "input" if len(texts) == 1 else f"input[{i}]"
+        vocab = len(self.tokenizer)
+        for i, item in enumerate(inputs):
+            where = "input" if len(inputs) == 1 else f"input[{i}]"
+            if isinstance(item, str):
+                ids = self.tokenizer(item, add_special_tokens=True)["input_ids"]
+            elif any(not 0 <= t < vocab for t in item):
+                raise InvalidParameter(f"'{where}' holds a token id outside this model's vocabulary (0-{vocab - 1}).",
+                                       param=where)
+            else:
+                ids = list(item)
             if not ids:
                 raise InvalidParameter(f"'{where}' is empty.", param=where)
             if len(ids) > self.context_window:

@@ -1,0 +1,57 @@
+"""The Quart application: /v1, /api and the one place errors become OpenAI-shaped bodies."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from quart import Quart
+from werkzeug.exceptions import HTTPException
+
+from millm.config import Settings
+from millm.engine import TransformersEngine
+from millm.engine.manager import ModelManager
+from millm.engine.worker import EngineWorker
+from millm.errors import MillmError
+from millm.server import health, openapi, v1
+from millm.server.state import Services
+
+log = logging.getLogger(__name__)
+
+
+def create_app(settings: Settings, engine: TransformersEngine | None = None) -> Quart:
+    """An app serving ``engine`` (already loaded); without one, /v1 answers model_not_loaded."""
+    app = Quart("millm")
+    app.config.update(RESPONSE_TIMEOUT=None, BODY_TIMEOUT=None)
+    worker = EngineWorker(settings.max_queue)
+    app.extensions["millm"] = Services(settings, worker, ModelManager(settings, worker, engine))
+    app.register_blueprint(v1.bp)
+    app.register_blueprint(health.bp)
+
+    async def openapi_document() -> Any:
+        """This server's OpenAPI document."""
+        return openapi.build(app)
+
+    app.add_url_rule("/openapi.json", "openapi", openapi_document, methods=["GET"])
+
+    @app.errorhandler(MillmError)
+    async def millm_error(exc: MillmError) -> Any:
+        return exc.body(), exc.status
+
+    @app.errorhandler(HTTPException)
+    async def http_error(exc: HTTPException) -> Any:
+        status = exc.code or 500
+        body = {"error": {"message": exc.description or exc.name, "type": "invalid_request_error",
+                          "param": None, "code": exc.name.lower().replace(" ", "_")}}
+        return body, status
+
+    @app.errorhandler(Exception)
+    async def unexpected(exc: Exception) -> Any:
+        log.exception("unhandled error")
+        return MillmError(f"Internal error: {exc}").body(), 500
+
+    @app.after_serving
+    async def stop_worker() -> None:
+        worker.shutdown()
+
+    return app

@@ -1,0 +1,42 @@
+"""Health routes: liveness, readiness and the inference backend's load. Never touch the engine thread."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from quart import Blueprint
+
+from millm.server.state import services
+
+bp = Blueprint("health", __name__, url_prefix="/api/health")
+
+
+@bp.get("")
+async def health() -> Any:
+    """Liveness: the process answers."""
+    return {"status": "ok"}
+
+
+@bp.get("/ready")
+async def ready() -> Any:
+    """Readiness: a model is loaded and no load or unload is under way."""
+    manager = services().manager
+    model = manager.engine.model_id if manager.engine is not None else None
+    is_ready = model is not None and manager.state is None
+    return {"ready": is_ready, "model": model, "state": manager.state}, 200 if is_ready else 503
+
+
+@bp.get("/inference")
+async def inference() -> Any:
+    """Which backend serves generation, and how busy it is."""
+    svc = services()
+    worker, manager = svc.worker, svc.manager
+    return {
+        "backend": "serial",
+        "model": manager.engine.model_id if manager.engine is not None else None,
+        "engine": manager.engine.engine_name if manager.engine is not None else None,
+        "state": manager.state,
+        "in_flight": worker.running,
+        "queue_depth": worker.pending - worker.running,
+        "max_queue": worker.max_queue,
+    }

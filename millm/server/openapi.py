@@ -1,0 +1,52 @@
+"""The OpenAPI document, built from the app's own routes so it cannot drift from them."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from pydantic import BaseModel
+from quart import Quart
+
+from millm import __version__
+from millm.server.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
+
+REQUEST_BODIES: dict[str, type[BaseModel]] = {
+    "v1.chat_completions": ChatCompletionRequest,
+    "v1.completions": CompletionRequest,
+    "v1.embeddings": EmbeddingRequest,
+}
+ERROR = {"type": "object", "properties": {"error": {"type": "object", "properties": {
+    "message": {"type": "string"}, "type": {"type": "string"},
+    "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}}}
+
+
+def build(app: Quart) -> dict[str, Any]:
+    """An OpenAPI 3.1 document for every route the app serves."""
+    paths: dict[str, dict[str, Any]] = {}
+    schemas: dict[str, Any] = {"Error": ERROR}
+    for rule in app.url_map.iter_rules():
+        if rule.endpoint in ("static", "openapi"):
+            continue
+        view = app.view_functions[rule.endpoint]
+        path = re.sub(r"<(?:[^:<>]+:)?([^<>]+)>", r"{\1}", rule.rule)
+        params = [{"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+                  for name in re.findall(r"{([^}]+)}", path)]
+        for method in sorted(rule.methods - {"HEAD", "OPTIONS"}):
+            op: dict[str, Any] = {
+                "summary": (view.__doc__ or "").strip().splitlines()[0] if view.__doc__ else rule.endpoint,
+                "operationId": f"{rule.endpoint}_{method.lower()}",
+                "responses": {"200": {"description": "OK"},
+                              "default": {"description": "Error",
+                                          "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}},
+            }
+            if params:
+                op["parameters"] = params
+            model = REQUEST_BODIES.get(rule.endpoint)
+            if model is not None:
+                schemas[model.__name__] = model.model_json_schema(ref_template="#/components/schemas/{model}")
+                op["requestBody"] = {"required": True, "content": {"application/json": {
+                    "schema": {"$ref": f"#/components/schemas/{model.__name__}"}}}}
+            paths.setdefault(path, {})[method.lower()] = op
+    return {"openapi": "3.1.0", "info": {"title": "miLLM", "version": __version__},
+            "paths": paths, "components": {"schemas": schemas}}

@@ -1,0 +1,47 @@
+"""Serving the app with Hypercorn."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import signal
+from typing import Any
+
+from hypercorn.asyncio import serve
+from hypercorn.config import Config
+from quart import Quart
+
+log = logging.getLogger(__name__)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def hypercorn_config(host: str, port: int) -> Config:
+    config = Config()
+    config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
+    config.accesslog = None
+    config.errorlog = logging.getLogger("hypercorn.error")
+    config.graceful_timeout = 3
+    return config
+
+
+def run(app: Quart, host: str, port: int) -> None:
+    """Serve until interrupted (Ctrl-C or SIGTERM)."""
+    stop = asyncio.Event()
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        trigger: Any = stop.wait
+        await serve(app, hypercorn_config(host, port), shutdown_trigger=trigger)
+
+    asyncio.run(main())

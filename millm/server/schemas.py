@@ -1,0 +1,62 @@
+"""Wire shapes of the /v1 requests (pydantic, strict types). Ranges live in ``millm.validation``.
+
+Unknown fields are allowed here: the field table (``millm.fields``) decides whether each is used,
+refused or reported.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from millm.errors import InvalidParameter
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+
+
+class _Sampling(_Wire):
+    model: str = Field(description="A model id from /v1/models")
+    stream: bool | None = None
+    stream_options: dict[str, Any] | None = None
+    temperature: float | None = Field(None, description="0-2; 0 is greedy")
+    top_p: float | None = Field(None, description="0-1")
+    n: int | None = None
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    seed: int | None = Field(None, description="0 to 2**32-1; echoed in X-miLLM-Seed")
+    stop: str | list[str] | None = None
+    frequency_penalty: float | None = Field(None, description="-2 to 2, OpenAI's additive definition")
+    presence_penalty: float | None = Field(None, description="-2 to 2, OpenAI's additive definition")
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[dict[str, Any]]
+    extra_messages: list[list[dict[str, Any]]] | None = Field(
+        None, description="miLLM: further conversations answered in the same request, each its own choice")
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[str]
+
+
+class EmbeddingRequest(_Wire):
+    model: str
+    input: str | list[str] | list[int] | list[list[int]]
+    encoding_format: str | None = Field(None, description="float (default) or base64")
+
+
+def parse(schema: type[_Wire], body: Any) -> _Wire:
+    """Check the body's shape; the first problem becomes a 400 naming the field's location."""
+    if not isinstance(body, dict):
+        raise InvalidParameter("The request body must be a JSON object.")
+    try:
+        return schema.model_validate(body)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field, *rest = first["loc"] or ("body",)
+        loc = str(field) + "".join(f"[{p}]" for p in rest if isinstance(p, int))
+        raise InvalidParameter(f"'{loc}': {first['msg']}.", param=loc) from None

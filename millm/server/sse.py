@@ -1,0 +1,18 @@
+"""Server-sent events framing for streamed completions."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+DONE = "data: [DONE]\n\n"
+
+
+def data(payload: dict[str, Any]) -> str:
+    """One ``data:`` frame."""
+    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"
+
+
+def error(body: dict[str, Any]) -> str:
+    """An error event after the stream has started (the status is already 200 by then)."""
+    return f"event: error\ndata: {json.dumps(body, separators=(',', ':'))}\n\n"

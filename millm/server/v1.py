@@ -1,0 +1,199 @@
+"""The OpenAI-compatible /v1 routes."""
+
+from __future__ import annotations
+
+import base64
+import logging
+import struct
+from collections.abc import AsyncIterator
+from typing import Any
+
+from quart import Blueprint, Response, request
+
+from millm.engine.events import Delta, Event, Finish, Usage
+from millm.engine.params import ChatPrompt, GenerationRequest, TextPrompt
+from millm.errors import InvalidParameter, MillmError, ModelNotFound, Unauthorized, UnusedFieldsRefused
+from millm.fields import check_fields
+from millm.registry import ModelEntry
+from millm.server import sse
+from millm.server.headers import STRICT_HEADER, ignored_fields, seed_header, strict_mode
+from millm.server.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, parse
+from millm.server.shapes import CompletionShape
+from millm.server.state import services
+from millm.validation import check_messages, check_prompt_text, sampling_params
+
+log = logging.getLogger(__name__)
+bp = Blueprint("v1", __name__, url_prefix="/v1")
+
+
+@bp.before_request
+async def require_key() -> None:
+    key = services().settings.api_key
+    if key and request.headers.get("Authorization", "") != f"Bearer {key}":
+        raise Unauthorized("A valid API key is required: send 'Authorization: Bearer <MILLM_API_KEY>'.")
+
+
+async def json_body() -> Any:
+    body = await request.get_json(force=True, silent=True)
+    if body is None:
+        raise InvalidParameter("The request body is not valid JSON.")
+    return body
+
+
+def unused_fields(route: str, entry: ModelEntry, body: dict[str, Any]) -> list[str]:
+    """Refuse unhonourable fields; in strict mode refuse unused ones too; otherwise log and return them."""
+    strict = strict_mode(request.headers.get(STRICT_HEADER))
+    locations = check_fields(route, entry.engine, body)
+    if locations and strict:
+        raise UnusedFieldsRefused(f"{STRICT_HEADER} is set and these fields are not used: {', '.join(locations)}.",
+                                  param=locations[0])
+    if locations:
+        log.warning("request_fields_unused locations=%s", locations)
+    return locations
+
+
+def miLLM_headers(ignored: list[str], seed: int | None = None, scope: str = "request") -> dict[str, str]:
+    headers = {"X-miLLM-Ignored-Fields": ignored_fields(ignored), "X-miLLM-Seed": seed_header(seed, scope)}
+    return {k: v for k, v in headers.items() if v is not None}
+
+
+async def sse_events(shape: CompletionShape, events: AsyncIterator[Event], choices: int) -> AsyncIterator[str]:
+    """Stream frames: role openers (chat), deltas, finishes (the last one with usage), then [DONE]."""
+    try:
+        if shape.chat:
+            for i in range(choices):
+                yield sse.data(shape.chunk(i, role=True))
+        held: Finish | None = None
+        async for event in events:
+            if isinstance(event, Delta):
+                yield sse.data(shape.chunk(event.index, event.text))
+            elif isinstance(event, Finish):
+                if held is not None:
+                    yield sse.data(shape.chunk(held.index, finish=held.reason))
+                held = event
+            elif isinstance(event, Usage) and held is not None:
+                yield sse.data(shape.chunk(held.index, finish=held.reason, usage=event))
+    except MillmError as exc:
+        yield sse.error(exc.body())
+    except Exception as exc:  # the status is already 200: report in-stream, never drop the stream silently
+        log.exception("generation failed mid-stream")
+        yield sse.error(MillmError(f"Generation failed: {exc}").body())
+    yield sse.DONE
+
+
+async def collect(shape: CompletionShape, events: AsyncIterator[Event]) -> dict[str, Any]:
+    texts: dict[int, str] = {}
+    finishes: dict[int, str] = {}
+    async for event in events:
+        if isinstance(event, Delta):
+            texts[event.index] = texts.get(event.index, "") + event.text
+        elif isinstance(event, Finish):
+            finishes[event.index] = event.reason
+        elif isinstance(event, Usage):
+            return shape.whole(texts, finishes, event)
+    raise MillmError("Generation ended without a result.")
+
+
+async def respond(shape: CompletionShape, events: AsyncIterator[Event], stream: bool, choices: int,
+                  headers: dict[str, str]) -> Response | tuple[dict[str, Any], int, dict[str, str]]:
+    if stream:
+        response = Response(sse_events(shape, events, choices), mimetype="text/event-stream",
+                            headers={**headers, "Cache-Control": "no-cache"})
+        response.timeout = None
+        return response
+    return await collect(shape, events), 200, headers
+
+
+@bp.post("/chat/completions")
+async def chat_completions() -> Any:
+    """Chat completion, streaming or not; extra_messages answers further conversations as further choices."""
+    body = await json_body()
+    wire = parse(ChatCompletionRequest, body)
+    svc = services()
+    entry = svc.manager.entry(wire.model)
+    ignored = unused_fields("chat", entry, body)
+    params = sampling_params(body)
+    if wire.stream and params.n > 1:
+        raise InvalidParameter("'n' above 1 cannot be streamed; send stream: false or n: 1.", param="n")
+    conversations = [check_messages(wire.messages)]
+    conversations += [check_messages(c, f"extra_messages[{k}]") for k, c in enumerate(wire.extra_messages or [])]
+    template_kwargs = wire.chat_template_kwargs or {}
+    generation = GenerationRequest([ChatPrompt(m, template_kwargs) for m in conversations], params)
+    engine = await svc.manager.engine_for(entry)
+    plan = engine.prepare(generation)
+    scope = "batch-shape" if len(conversations) > 1 else "request"
+    events = svc.worker.stream(lambda cancel: engine.run(plan, cancel))
+    shape = CompletionShape(chat=True, model=entry.id, fingerprint=engine.fingerprint)
+    return await respond(shape, events, bool(wire.stream), len(conversations) * params.n,
+                         miLLM_headers(ignored, params.seed, scope))
+
+
+@bp.post("/completions")
+async def completions() -> Any:
+    """Text completion: the prompt goes to the model verbatim; each prompt of a list is its own choice."""
+    body = await json_body()
+    wire = parse(CompletionRequest, body)
+    svc = services()
+    entry = svc.manager.entry(wire.model)
+    ignored = unused_fields("completions", entry, body)
+    params = sampling_params(body)
+    prompts = [wire.prompt] if isinstance(wire.prompt, str) else wire.prompt
+    if not prompts:
+        raise InvalidParameter("'prompt' is an empty list.", param="prompt")
+    for i, text in enumerate(prompts):
+        check_prompt_text("prompt" if isinstance(wire.prompt, str) else f"prompt[{i}]", text)
+    engine = await svc.manager.engine_for(entry)
+    plans = [engine.prepare(GenerationRequest([TextPrompt(p)], params)) for p in prompts]
+    events = svc.worker.stream(lambda cancel: engine.run_each(plans, cancel))
+    shape = CompletionShape(chat=False, model=entry.id, fingerprint=engine.fingerprint)
+    return await respond(shape, events, bool(wire.stream), len(prompts), miLLM_headers(ignored, params.seed))
+
+
+@bp.post("/embeddings")
+async def embeddings() -> Any:
+    """Mean-pooled last-hidden-layer embeddings, never steered."""
+    body = await json_body()
+    wire = parse(EmbeddingRequest, body)
+    svc = services()
+    entry = svc.manager.entry(wire.model)
+    ignored = unused_fields("embeddings", entry, body)
+    encoding = wire.encoding_format or "float"
+    if encoding not in ("float", "base64"):
+        raise InvalidParameter(f"'encoding_format' must be float or base64, got {encoding!r}.", param="encoding_format")
+    raw = wire.input
+    if isinstance(raw, str) or (raw and all(isinstance(t, int) for t in raw)):
+        inputs: list[Any] = [raw]
+    else:
+        inputs = list(raw)
+    if not inputs:
+        raise InvalidParameter("'input' is an empty list.", param="input")
+    engine = await svc.manager.engine_for(entry)
+    vectors, tokens = await svc.worker.call(engine.embed, inputs)
+    data = []
+    for i, vector in enumerate(vectors):
+        value: Any = vector
+        if encoding == "base64":
+            value = base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
+        data.append({"object": "embedding", "index": i, "embedding": value})
+    body_out = {"object": "list", "data": data, "model": entry.id,
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+    return body_out, 200, miLLM_headers(ignored)
+
+
+def model_card(entry: ModelEntry) -> dict[str, Any]:
+    return {"id": entry.id, "object": "model", "created": int(entry.path.stat().st_mtime), "owned_by": "millm"}
+
+
+@bp.get("/models")
+async def models() -> Any:
+    """Models this server can serve: loaded, loading and ready on disk."""
+    return {"object": "list", "data": [model_card(e) for e in services().manager.entries()]}
+
+
+@bp.get("/models/<path:model_id>")
+async def model(model_id: str) -> Any:
+    """One model's card."""
+    for entry in services().manager.entries():
+        if entry.id == model_id:
+            return model_card(entry)
+    raise ModelNotFound(model_id)
