@@ -95,3 +95,39 @@ class Unauthorized(MillmError):
     """A key is configured and the request did not carry it."""
 
     status, type, code = 401, "invalid_request_error", "invalid_api_key"
+
+
+class InvalidSAE(MillmError):
+    """An SAE file is malformed; the message names the file and the key."""
+
+    status, type, code = 400, "invalid_request_error", "invalid_sae"
+
+
+class SAENotFound(MillmError):
+    """No registered SAE has this id."""
+
+    status, type, code = 404, "invalid_request_error", "sae_not_found"
+
+
+class SAENotAttached(MillmError):
+    """The SAE is registered but not attached to the loaded model."""
+
+    status, type, code = 400, "invalid_request_error", "sae_not_attached"
+
+
+class InvalidFeatureIndex(MillmError):
+    """A feature index past the SAE's width, or a steering value that cannot apply."""
+
+    status, type, code = 400, "invalid_request_error", "invalid_feature_index"
+
+
+class ProfileNotFound(MillmError):
+    """No saved profile has this name."""
+
+    status, type, code = 404, "invalid_request_error", "profile_not_found"
+
+
+class ProfileConflict(MillmError):
+    """A profile with this name exists already."""
+
+    status, type, code = 409, "invalid_request_error", "profile_exists"

@@ -113,7 +113,7 @@ def test_models(client):
      openai.BadRequestError, "field_not_honoured", "tools"),
     (dict(logit_bias={"1": 5}), openai.BadRequestError, "field_not_honoured", "logit_bias"),
     (dict(extra_body={"steering": {"x": 1}}), openai.BadRequestError, "field_not_honoured", "steering"),
-    (dict(extra_body={"profile": "x"}), openai.BadRequestError, "field_not_honoured", "profile"),
+    (dict(extra_body={"profile": "no-such-profile"}), openai.NotFoundError, "profile_not_found", "profile"),
     (dict(response_format={"type": "json_object"}), openai.BadRequestError, "field_not_honoured", "response_format"),
 ])
 def test_chat_errors_arrive_as_sdk_exceptions(client, kwargs, exc_type, code, param):
@@ -141,6 +141,9 @@ def test_completion_refusals(client):
     with pytest.raises(openai.BadRequestError) as exc:
         client.completions.create(model=MODEL, prompt="hi", logprobs=2, max_tokens=2)
     assert exc.value.code == "field_not_honoured"
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.completions.create(model=MODEL, prompt="hi", max_tokens=2, extra_body={"profile": "p"})
+    assert exc.value.code == "field_not_honoured" and exc.value.body["param"] == "profile"
 
 
 def test_no_change_values_accepted(client):

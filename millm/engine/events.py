@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -34,4 +35,11 @@ class Usage:
         return self.prompt_tokens + self.completion_tokens
 
 
-Event = Delta | Finish | Usage
+@dataclass(frozen=True)
+class Activations:
+    """The request's SAE read-out (``return_sae_activations``), sent just before Usage."""
+
+    body: dict[str, Any]
+
+
+Event = Delta | Finish | Activations | Usage

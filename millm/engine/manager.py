@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import logging
+from collections.abc import Callable
 
 import torch
 
@@ -25,8 +26,10 @@ class ModelManager:
     on a half-moved model; requests already running finish first (up to GRACEFUL_UNLOAD_TIMEOUT).
     """
 
-    def __init__(self, settings: Settings, worker: EngineWorker, engine: TransformersEngine | None = None) -> None:
+    def __init__(self, settings: Settings, worker: EngineWorker, engine: TransformersEngine | None = None,
+                 on_load: Callable[[TransformersEngine], None] | None = None) -> None:
         self.settings = settings
+        self.on_load = on_load
         self.worker = worker
         self.engine = engine
         self.state: str | None = None  # "LOADING" or "UNLOADING" while a swap runs
@@ -77,7 +80,10 @@ class ModelManager:
                 await self.unload_now()
             self.state = "LOADING"
             try:
-                self.engine = await self.worker.call(load_engine, entry, self.settings)
+                engine = await self.worker.call(load_engine, entry, self.settings)
+                if self.on_load is not None:
+                    self.on_load(engine)
+                self.engine = engine
             except MillmError:
                 raise
             except Exception as exc:  # any failure of the loader becomes one typed error
@@ -88,7 +94,9 @@ class ModelManager:
             self._target = None
 
     async def unload_now(self) -> None:
-        """Drop the loaded engine and give its memory back."""
+        """Detach every SAE hook, drop the loaded engine and give its memory back."""
+        if self.engine is not None:
+            self.engine.close()
         self.engine = None
         gc.collect()
         if torch.cuda.is_available():

@@ -45,3 +45,5 @@ class GenerationRequest:
 
     prompts: list[Prompt]
     params: SamplingParams = field(default_factory=SamplingParams)
+    override: Any = None  # a steering Override for this request only (per-request profile)
+    readout: dict[str, Any] | None = None  # the raw return_sae_activations ask

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,13 +12,16 @@ import torch
 
 from millm.config import Settings
 from millm.engine import loader
-from millm.engine.events import Delta, Event, Finish, Usage
+from millm.engine.events import Activations, Delta, Event, Finish, Usage
 from millm.engine.output import ChoiceOutput
 from millm.engine.params import ChatPrompt, GenerationRequest, Prompt, SamplingParams
 from millm.engine.sampling import apply_penalties, sample, update_counts
 from millm.engine.templates import render_chat
 from millm.errors import ContextLengthExceeded, InvalidParameter
 from millm.registry import ModelEntry
+from millm.steering.controller import Override, Steering
+from millm.steering.monitor import Monitor
+from millm.steering.readout import ReadoutRecorder, ReadoutSpec, parse_readout
 
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "</s>")
 EMBED_BATCH = 32
@@ -30,6 +34,8 @@ class Plan:
     prompt_ids: list[list[int]]
     params: SamplingParams
     max_tokens: int
+    override: Override | None = None
+    readout: ReadoutSpec | None = None
 
 
 def _as_list(value: Any) -> list[int]:
@@ -56,6 +62,12 @@ class TransformersEngine:
         self.stop_ids = self._end_token_ids()
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.stop_ids, default=0)
         self._lock = threading.Lock()
+        self.steering = Steering(model)
+        self.monitor = Monitor()
+
+    def close(self) -> None:
+        """Remove every hook before the model goes away."""
+        self.steering.detach_all()
 
     @classmethod
     def load(cls, entry: ModelEntry, settings: Settings) -> TransformersEngine:
@@ -101,7 +113,11 @@ class TransformersEngine:
         if longest + max(budget, 1) > self.context_window:
             raise ContextLengthExceeded(requested=longest + max(budget, 1), available=self.context_window,
                                         prompt_tokens=longest)
-        return Plan(prompt_ids, request.params, budget)
+        readout = None
+        if request.readout is not None:
+            readout = parse_readout(request.readout, self.steering, rows=len(prompt_ids) * request.params.n,
+                                    prompt_tokens=longest, max_tokens=budget)
+        return Plan(prompt_ids, request.params, budget, request.override, readout)
 
     def generate(self, request: GenerationRequest, cancel: threading.Event | None = None) -> Iterator[Event]:
         """Stream Delta and Finish events per choice, then one Usage.
@@ -112,8 +128,23 @@ class TransformersEngine:
 
     def run(self, plan: Plan, cancel: threading.Event | None = None) -> Iterator[Event]:
         """Decode a prepared plan; the engine lock is held for the whole stream."""
-        with self._lock, torch.inference_mode():
-            yield from self._decode(plan, cancel)
+        with self._lock, torch.inference_mode(), self.steering.request(plan.override), ExitStack() as stack:
+            recorder = None
+            if plan.readout is not None:
+                recorder = ReadoutRecorder(plan.readout, self.steering)
+                point = "pre" if plan.readout.read_point == "pre_steering" else "post"
+                stack.enter_context(self.steering.reading(plan.readout.sae_id, recorder, point))
+            config = self.monitor.config
+            session = None
+            if config.enabled and config.sae in self.steering.attachments:
+                session = self.monitor.session()
+                session.sae = self.steering.attachments[config.sae].sae
+                stack.enter_context(self.steering.reading(config.sae, session, "pre"))
+            try:
+                yield from self._decode(plan, cancel, recorder)
+            finally:
+                if session is not None:
+                    self.monitor.commit(session, self.model_id)
 
     def run_each(self, plans: list[Plan], cancel: threading.Event | None = None) -> Iterator[Event]:
         """Decode plans one after another as one stream: choice indices follow on, one Usage at the end."""
@@ -125,8 +156,10 @@ class TransformersEngine:
                     completion_tokens += event.completion_tokens
                 elif isinstance(event, Delta):
                     yield Delta(event.index + offset, event.text)
-                else:
+                elif isinstance(event, Finish):
                     yield Finish(event.index + offset, event.reason, event.completion_tokens)
+                else:
+                    yield event
             if cancel is not None and cancel.is_set():
                 return
             offset += len(plan.prompt_ids) * plan.params.n
@@ -152,7 +185,8 @@ class TransformersEngine:
         out = self.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1, **kwargs)
         return out.logits[:, -1, :].float()
 
-    def _decode(self, plan: Plan, cancel: threading.Event | None) -> Iterator[Event]:
+    def _decode(self, plan: Plan, cancel: threading.Event | None,
+                recorder: ReadoutRecorder | None = None) -> Iterator[Event]:
         from transformers import DynamicCache
 
         params = plan.params
@@ -195,6 +229,9 @@ class TransformersEngine:
                 mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=-1)
             logits = self._forward(tokens.view(-1, 1), cache, mask)
 
+        if recorder is not None:
+            prompt = plan.prompt_ids[0]
+            yield Activations(recorder.result(prompt + rows[0].detok.ids, len(prompt)))
         prompt_tokens = sum(len(ids) for ids in plan.prompt_ids)
         yield Usage(prompt_tokens, sum(row.tokens for row in rows))
 
@@ -218,7 +255,7 @@ class TransformersEngine:
                 raise ContextLengthExceeded(requested=len(ids), available=self.context_window, param=where)
             encoded.append(ids)
         vectors: list[list[float]] = []
-        with self._lock, torch.inference_mode():
+        with self._lock, torch.inference_mode(), self.steering.suppressed():
             decoder = self.model.get_decoder()
             for start in range(0, len(encoded), EMBED_BATCH):
                 chunk = encoded[start:start + EMBED_BATCH]

@@ -13,8 +13,10 @@ from millm.engine import TransformersEngine
 from millm.engine.manager import ModelManager
 from millm.engine.worker import EngineWorker
 from millm.errors import MillmError
-from millm.server import health, openapi, v1
+from millm.server import api, health, openapi, v1
 from millm.server.state import Services
+from millm.steering.service import SteeringService
+from millm.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -24,9 +26,14 @@ def create_app(settings: Settings, engine: TransformersEngine | None = None) -> 
     app = Quart("millm")
     app.config.update(RESPONSE_TIMEOUT=None, BODY_TIMEOUT=None)
     worker = EngineWorker(settings.max_queue)
-    app.extensions["millm"] = Services(settings, worker, ModelManager(settings, worker, engine))
+    steering = SteeringService(Store(settings.home / "millm.db"))
+    if engine is not None:
+        steering.restore(engine)
+    manager = ModelManager(settings, worker, engine, on_load=steering.restore)
+    app.extensions["millm"] = Services(settings, worker, manager, steering)
     app.register_blueprint(v1.bp)
     app.register_blueprint(health.bp)
+    app.register_blueprint(api.bp)
 
     async def openapi_document() -> Any:
         """This server's OpenAPI document."""

@@ -32,14 +32,21 @@ class _Sampling(_Wire):
     presence_penalty: float | None = Field(None, description="-2 to 2, OpenAI's additive definition")
 
 
-class ChatCompletionRequest(_Sampling):
+class _Readout(_Sampling):
+    return_sae_activations: dict[str, Any] | None = Field(
+        None, description="miLLM: this request's activations of an attached SAE (sae_id, features, top_k, "
+                          "positions, read_point)")
+
+
+class ChatCompletionRequest(_Readout):
     messages: list[dict[str, Any]]
+    profile: str | None = Field(None, description="miLLM: a saved steering profile for this request only")
     extra_messages: list[list[dict[str, Any]]] | None = Field(
         None, description="miLLM: further conversations answered in the same request, each its own choice")
     chat_template_kwargs: dict[str, Any] | None = None
 
 
-class CompletionRequest(_Sampling):
+class CompletionRequest(_Readout):
     prompt: str | list[str]
 
 

@@ -59,3 +59,7 @@ class CompletionShape:
         if usage is not None:
             body["usage"] = usage_body(usage)
         return body
+
+    def extension(self, millm: dict[str, Any]) -> dict[str, Any]:
+        """The final streamed chunk carrying miLLM's own object (choices empty)."""
+        return {**self._envelope("chat.completion.chunk" if self.chat else "text_completion", []), "millm": millm}

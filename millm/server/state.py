@@ -9,6 +9,7 @@ from quart import current_app
 from millm.config import Settings
 from millm.engine.manager import ModelManager
 from millm.engine.worker import EngineWorker
+from millm.steering.service import SteeringService
 
 
 @dataclass
@@ -16,6 +17,7 @@ class Services:
     settings: Settings
     worker: EngineWorker
     manager: ModelManager
+    steering: SteeringService
 
 
 def services() -> Services:

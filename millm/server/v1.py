@@ -10,7 +10,7 @@ from typing import Any
 
 from quart import Blueprint, Response, request
 
-from millm.engine.events import Delta, Event, Finish, Usage
+from millm.engine.events import Activations, Delta, Event, Finish, Usage
 from millm.engine.params import ChatPrompt, GenerationRequest, TextPrompt
 from millm.errors import InvalidParameter, MillmError, ModelNotFound, Unauthorized, UnusedFieldsRefused
 from millm.fields import check_fields
@@ -52,8 +52,10 @@ def unused_fields(route: str, entry: ModelEntry, body: dict[str, Any]) -> list[s
     return locations
 
 
-def miLLM_headers(ignored: list[str], seed: int | None = None, scope: str = "request") -> dict[str, str]:
-    headers = {"X-miLLM-Ignored-Fields": ignored_fields(ignored), "X-miLLM-Seed": seed_header(seed, scope)}
+def miLLM_headers(ignored: list[str], seed: int | None = None, scope: str = "request",
+                  steering: str = "none") -> dict[str, str]:
+    headers = {"X-miLLM-Ignored-Fields": ignored_fields(ignored), "X-miLLM-Seed": seed_header(seed, scope),
+               "X-miLLM-Steering": steering}
     return {k: v for k, v in headers.items() if v is not None}
 
 
@@ -64,6 +66,7 @@ async def sse_events(shape: CompletionShape, events: AsyncIterator[Event], choic
             for i in range(choices):
                 yield sse.data(shape.chunk(i, role=True))
         held: Finish | None = None
+        readout: Activations | None = None
         async for event in events:
             if isinstance(event, Delta):
                 yield sse.data(shape.chunk(event.index, event.text))
@@ -71,8 +74,12 @@ async def sse_events(shape: CompletionShape, events: AsyncIterator[Event], choic
                 if held is not None:
                     yield sse.data(shape.chunk(held.index, finish=held.reason))
                 held = event
+            elif isinstance(event, Activations):
+                readout = event
             elif isinstance(event, Usage) and held is not None:
                 yield sse.data(shape.chunk(held.index, finish=held.reason, usage=event))
+        if readout is not None:
+            yield sse.data(shape.extension({"sae_activations": readout.body}))
     except MillmError as exc:
         yield sse.error(exc.body())
     except Exception as exc:  # the status is already 200: report in-stream, never drop the stream silently
@@ -84,13 +91,17 @@ async def sse_events(shape: CompletionShape, events: AsyncIterator[Event], choic
 async def collect(shape: CompletionShape, events: AsyncIterator[Event]) -> dict[str, Any]:
     texts: dict[int, str] = {}
     finishes: dict[int, str] = {}
+    extension: dict[str, Any] = {}
     async for event in events:
         if isinstance(event, Delta):
             texts[event.index] = texts.get(event.index, "") + event.text
         elif isinstance(event, Finish):
             finishes[event.index] = event.reason
+        elif isinstance(event, Activations):
+            extension["sae_activations"] = event.body
         elif isinstance(event, Usage):
-            return shape.whole(texts, finishes, event)
+            whole = shape.whole(texts, finishes, event)
+            return {**whole, "millm": extension} if extension else whole
     raise MillmError("Generation ended without a result.")
 
 
@@ -118,14 +129,18 @@ async def chat_completions() -> Any:
     conversations = [check_messages(wire.messages)]
     conversations += [check_messages(c, f"extra_messages[{k}]") for k, c in enumerate(wire.extra_messages or [])]
     template_kwargs = wire.chat_template_kwargs or {}
-    generation = GenerationRequest([ChatPrompt(m, template_kwargs) for m in conversations], params)
+    if wire.profile is not None:
+        svc.steering.profile(wire.profile)  # 404 before any load
     engine = await svc.manager.engine_for(entry)
+    override = svc.steering.override_for(engine, wire.profile) if wire.profile is not None else None
+    generation = GenerationRequest([ChatPrompt(m, template_kwargs) for m in conversations], params,
+                                   override=override, readout=wire.return_sae_activations)
     plan = engine.prepare(generation)
     scope = "batch-shape" if len(conversations) > 1 else "request"
+    headers = miLLM_headers(ignored, params.seed, scope, engine.steering.label(override))
     events = svc.worker.stream(lambda cancel: engine.run(plan, cancel))
     shape = CompletionShape(chat=True, model=entry.id, fingerprint=engine.fingerprint)
-    return await respond(shape, events, bool(wire.stream), len(conversations) * params.n,
-                         miLLM_headers(ignored, params.seed, scope))
+    return await respond(shape, events, bool(wire.stream), len(conversations) * params.n, headers)
 
 
 @bp.post("/completions")
@@ -143,10 +158,14 @@ async def completions() -> Any:
     for i, text in enumerate(prompts):
         check_prompt_text("prompt" if isinstance(wire.prompt, str) else f"prompt[{i}]", text)
     engine = await svc.manager.engine_for(entry)
-    plans = [engine.prepare(GenerationRequest([TextPrompt(p)], params)) for p in prompts]
+    readout = wire.return_sae_activations
+    if readout is not None and len(prompts) > 1:
+        engine.prepare(GenerationRequest([TextPrompt(p) for p in prompts], params, readout=readout))  # refuses
+    plans = [engine.prepare(GenerationRequest([TextPrompt(p)], params, readout=readout)) for p in prompts]
     events = svc.worker.stream(lambda cancel: engine.run_each(plans, cancel))
     shape = CompletionShape(chat=False, model=entry.id, fingerprint=engine.fingerprint)
-    return await respond(shape, events, bool(wire.stream), len(prompts), miLLM_headers(ignored, params.seed))
+    return await respond(shape, events, bool(wire.stream), len(prompts),
+                         miLLM_headers(ignored, params.seed, steering=engine.steering.label()))
 
 
 @bp.post("/embeddings")
@@ -177,7 +196,7 @@ async def embeddings() -> Any:
         data.append({"object": "embedding", "index": i, "embedding": value})
     body_out = {"object": "list", "data": data, "model": entry.id,
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
-    return body_out, 200, miLLM_headers(ignored)
+    return body_out, 200, miLLM_headers(ignored)  # X-miLLM-Steering: none, always
 
 
 def model_card(entry: ModelEntry) -> dict[str, Any]:

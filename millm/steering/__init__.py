@@ -1,0 +1,1 @@
+"""Steering: live feature strengths, profiles, and the hooks that apply them."""

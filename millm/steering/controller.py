@@ -1,0 +1,254 @@
+"""Live steering of one loaded model: attached SAEs, their values, and the hooks that apply them.
+
+Each attached SAE has a preallocated delta buffer (``sum_i clamp(strength_i) * W_dec[i]``) that its
+forward hook adds to the residual at every position; values are changed by rewriting that buffer in
+place, so a captured decode graph would read the new values without being rebuilt.
+
+Operators change the *base* values. A request with a profile installs an *override* for its own
+duration and removes it in ``finally``; whatever the base is then becomes live again. An operator
+change made during the request is therefore never undone (operator wins), and is reported not
+live until the request ends.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from millm.errors import InvalidParameter, SAENotAttached
+from millm.sae.model import SAE
+from millm.steering.values import check_values, clamp
+
+Reader = Callable[[torch.Tensor], None]
+
+
+@dataclass
+class Attachment:
+    """One SAE hooked onto one layer's output (resid_post)."""
+
+    sae_id: str
+    sae: SAE
+    layer: int
+    delta: torch.Tensor
+    values: dict[int, float] = field(default_factory=dict)
+    steering: bool = False  # whether the live delta is non-zero
+    handle: Any = None
+    pre_readers: list[Reader] = field(default_factory=list)
+    post_readers: list[Reader] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Override:
+    """A request's own steering: a name for the response header and values per SAE."""
+
+    name: str
+    values: dict[str, dict[int, float]]
+
+
+def decoder_layers(model: Any) -> Any:
+    """The list of decoder blocks of a HF causal LM."""
+    return model.get_decoder().layers
+
+
+class Steering:
+    """Attached SAEs and live steering values for one model."""
+
+    def __init__(self, model: Any, on_change: Callable[[], None] | None = None) -> None:
+        self.model = model
+        self.layers = decoder_layers(model)
+        self.d_model = int(model.config.hidden_size)
+        param = next(model.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        self.attachments: dict[str, Attachment] = {}
+        self.enabled = True
+        self.active_profile: str | None = None
+        self.version = 0
+        self._override: Override | None = None
+        self._suppressed = False
+        self._lock = threading.RLock()
+        self._on_change = on_change or (lambda: None)
+
+    # attaching
+    def attach(self, sae_id: str, sae: SAE, layer: int) -> Attachment:
+        """Hook ``sae`` onto ``layer``; one SAE per layer, d_in must match the model."""
+        if not 0 <= layer < len(self.layers):
+            raise InvalidParameter(f"'layer' must be between 0 and {len(self.layers) - 1}, got {layer}.", param="layer")
+        if sae.d_in != self.d_model:
+            raise InvalidParameter(f"SAE {sae_id} has d_in {sae.d_in}, but the model's residual width is "
+                                   f"{self.d_model}.", param="sae")
+        with self._lock:
+            for other in self.attachments.values():
+                if other.layer == layer and other.sae_id != sae_id:
+                    raise InvalidParameter(f"Layer {layer} already has SAE {other.sae_id} attached; detach it first.",
+                                           param="layer")
+            values = self.detach(sae_id, notify=False).values if sae_id in self.attachments else {}
+            att = Attachment(sae_id, sae.to(self.device, self.dtype), layer,
+                             torch.zeros(self.d_model, device=self.device, dtype=self.dtype))
+            att.handle = self.layers[layer].register_forward_hook(self._hook(att))
+            self.attachments[sae_id] = att
+            att.values = values
+            self._refresh()
+            self._changed()
+            return att
+
+    def detach(self, sae_id: str, notify: bool = True) -> Attachment:
+        with self._lock:
+            att = self._attachment(sae_id)
+            att.handle.remove()
+            del self.attachments[sae_id]
+            if notify:
+                self._changed()
+            return att
+
+    def detach_all(self) -> None:
+        """Remove every hook (the model is being unloaded): nothing stale is ever left behind."""
+        with self._lock:
+            for att in list(self.attachments.values()):
+                att.handle.remove()
+            self.attachments.clear()
+
+    def _attachment(self, sae_id: str) -> Attachment:
+        if sae_id not in self.attachments:
+            raise SAENotAttached(f"SAE {sae_id} is not attached to the loaded model.", param="sae")
+        return self.attachments[sae_id]
+
+    def resolve_sae(self, ref: Any) -> Attachment:
+        """An attached SAE named by id, or by the layer it is attached to."""
+        if isinstance(ref, int) and not isinstance(ref, bool):
+            for att in self.attachments.values():
+                if att.layer == ref:
+                    return att
+            raise SAENotAttached(f"No SAE is attached to layer {ref}.", param="sae")
+        return self._attachment(str(ref))
+
+    # operator changes (the base)
+    def set_values(self, sae_id: str, values: Any, *, merge: bool) -> None:
+        """Replace (or merge into) one SAE's values; in a merge a strength of 0 removes the feature."""
+        with self._lock:
+            att = self._attachment(sae_id)
+            checked = check_values(values, att.sae.d_sae)
+            new = {**att.values, **checked} if merge else checked
+            att.values = {f: s for f, s in new.items() if s != 0.0}
+            self.active_profile = None
+            self._operator_changed()
+
+    def clear(self) -> None:
+        with self._lock:
+            for att in self.attachments.values():
+                att.values = {}
+            self.active_profile = None
+            self._operator_changed()
+
+    def set_enabled(self, enabled: bool) -> None:
+        with self._lock:
+            self.enabled = enabled
+            self._operator_changed()
+
+    def activate(self, name: str, values: dict[str, dict[int, float]]) -> None:
+        """Make a profile's (already resolved) values the live base values."""
+        with self._lock:
+            for att in self.attachments.values():
+                att.values = dict(values.get(att.sae_id, {}))
+            self.active_profile = name
+            self._operator_changed()
+
+    def _operator_changed(self) -> None:
+        self.version += 1
+        self._refresh()
+        self._changed()
+
+    def _changed(self) -> None:
+        self._on_change()
+
+    @property
+    def live(self) -> bool:
+        """Whether the base values are what the model runs with now (no request override pending)."""
+        return self._override is None
+
+    # requests
+    @contextmanager
+    def request(self, override: Override | None) -> Iterator[None]:
+        """Run with ``override`` replacing the base for this request only; the base is back afterwards."""
+        if override is None:
+            yield
+            return
+        with self._lock:
+            self._override = override
+            self._refresh()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._override = None
+                self._refresh()
+
+    @contextmanager
+    def suppressed(self) -> Iterator[None]:
+        """No SAE hook steers or reads during this block (embeddings, scoring)."""
+        previous, self._suppressed = self._suppressed, True
+        try:
+            yield
+        finally:
+            self._suppressed = previous
+
+    @contextmanager
+    def reading(self, sae_id: str, reader: Reader, point: str) -> Iterator[None]:
+        """Call ``reader(residual)`` at ``sae_id``'s layer, before ("pre") or after ("post") its delta."""
+        att = self._attachment(sae_id)
+        readers = att.pre_readers if point == "pre" else att.post_readers
+        readers.append(reader)
+        try:
+            yield
+        finally:
+            readers.remove(reader)
+
+    def label(self, override: Override | None = None) -> str:
+        """What steers a response: ``none``, ``live`` or a profile's name (for X-miLLM-Steering)."""
+        if override is not None:
+            return override.name if any(override.values.values()) and self.attachments else "none"
+        if not self.enabled or not any(att.values for att in self.attachments.values()):
+            return "none"
+        return self.active_profile or "live"
+
+    # the buffers
+    def _refresh(self) -> None:
+        """Rewrite every delta buffer in place from the override, or else the base."""
+        for att in self.attachments.values():
+            if self._override is not None:
+                values = self._override.values.get(att.sae_id, {})
+            else:
+                values = att.values if self.enabled else {}
+            if values:
+                index = torch.tensor(list(values), device=self.device)
+                strengths = torch.tensor([clamp(s) for s in values.values()], device=self.device, dtype=self.dtype)
+                att.delta.copy_(strengths @ att.sae.W_dec[index])
+            else:
+                att.delta.zero_()
+            att.steering = bool(values)
+
+    def _hook(self, att: Attachment) -> Callable[..., Any]:
+        def hook(module: Any, args: Any, output: Any) -> Any:
+            if self._suppressed:
+                return None
+            hidden = output[0] if isinstance(output, tuple) else output
+            for read in att.pre_readers:
+                read(hidden)
+            if att.steering:
+                hidden = hidden + att.delta
+            for read in att.post_readers:
+                read(hidden)
+            if not att.steering:
+                return None
+            return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
+        return hook
+
+    def snapshot(self) -> dict[str, Any]:
+        """The GET /api/steering body (base values, as an operator set them)."""
+        return {"enabled": self.enabled, "active_profile": self.active_profile,
+                "saes": {a.sae_id: {"layer": a.layer, "values": {str(f): s for f, s in sorted(a.values.items())}}
+                         for a in self.attachments.values()}}

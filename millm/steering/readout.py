@@ -1,0 +1,147 @@
+"""Per-request SAE activations (``return_sae_activations``): checking the ask, recording, reporting."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from millm.errors import InvalidFeatureIndex, InvalidParameter
+from millm.steering.controller import Steering
+
+SAE_ACTIVATIONS_MAX_TOP_K = 64
+SAE_ACTIVATIONS_MAX_ENTRIES = 65_536
+DEFAULT_TOP_K = 8
+POSITION_MODES = ("last", "prompt", "completion", "all")
+READ_POINTS = ("post_steering", "pre_steering")
+KEYS = {"sae_id", "features", "top_k", "positions", "read_point"}
+FIELD = "return_sae_activations"
+NOTES = {
+    "post_steering": "post_steering is what the model computed at this layer for this request; it is not an "
+                     "unsteered counterfactual: steering at earlier layers, and tokens generated under steering, "
+                     "still shape the residual here.",
+    "pre_steering": "pre_steering removes only this layer's own steering delta; it is not an unsteered "
+                    "counterfactual: steering at earlier layers, and tokens generated under steering, still shape "
+                    "the residual here.",
+}
+
+
+def _bad(message: str, key: str | None = None) -> InvalidParameter:
+    return InvalidParameter(message, param=f"{FIELD}.{key}" if key else FIELD)
+
+
+@dataclass(frozen=True)
+class ReadoutSpec:
+    sae_id: str
+    layer: int
+    features: list[int] | None
+    top_k: int
+    positions: str | tuple[int, int]
+    read_point: str
+
+
+def parse_readout(raw: Any, steering: Steering, *, rows: int, prompt_tokens: int, max_tokens: int) -> ReadoutSpec:
+    """Check a ``return_sae_activations`` object against the request and the attached SAEs."""
+    if not isinstance(raw, dict):
+        raise _bad(f"'{FIELD}' must be an object.")
+    if unknown := sorted(set(raw) - KEYS):
+        raise _bad(f"'{FIELD}' has unknown keys: {', '.join(unknown)}.", unknown[0])
+    if rows != 1:
+        raise _bad(f"'{FIELD}' needs exactly one prompt and n = 1 (n > 1, extra_messages and prompt lists have "
+                   "no single position axis).")
+    if not steering.attachments:
+        raise _bad(f"'{FIELD}': no SAE is attached to the loaded model.", "sae_id")
+    sae_id = raw.get("sae_id")
+    if sae_id is None:
+        if len(steering.attachments) > 1:
+            raise _bad(f"'{FIELD}.sae_id' is needed: several SAEs are attached ({', '.join(steering.attachments)}).",
+                       "sae_id")
+        sae_id = next(iter(steering.attachments))
+    if sae_id not in steering.attachments:
+        raise _bad(f"'{FIELD}.sae_id' {sae_id!r} is not attached (attached: {', '.join(steering.attachments)}).",
+                   "sae_id")
+    att = steering.attachments[sae_id]
+    features = raw.get("features")
+    if features is not None:
+        if not isinstance(features, list) or not features or not all(
+                isinstance(f, int) and not isinstance(f, bool) for f in features):
+            raise _bad(f"'{FIELD}.features' must be a non-empty list of feature indices.", "features")
+        if bad := [f for f in features if not 0 <= f < att.sae.d_sae]:
+            raise InvalidFeatureIndex(f"'{FIELD}.features' has {bad[0]}, outside this SAE's 0-{att.sae.d_sae - 1}.",
+                                      param=f"{FIELD}.features")
+        features = list(dict.fromkeys(features))
+    default_k = min(len(features), SAE_ACTIVATIONS_MAX_TOP_K) if features else DEFAULT_TOP_K
+    top_k = raw.get("top_k", default_k)
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+        raise _bad(f"'{FIELD}.top_k' must be a positive integer.", "top_k")
+    if top_k > SAE_ACTIVATIONS_MAX_TOP_K:
+        raise _bad(f"'{FIELD}.top_k' is {top_k}, over SAE_ACTIVATIONS_MAX_TOP_K ({SAE_ACTIVATIONS_MAX_TOP_K}).",
+                   "top_k")
+    positions = raw.get("positions", "last")
+    if isinstance(positions, dict):
+        start, end = positions.get("start"), positions.get("end")
+        if set(positions) != {"start", "end"} or not all(
+                isinstance(v, int) and not isinstance(v, bool) for v in (start, end)) or not 0 <= start < end:
+            raise _bad(f"'{FIELD}.positions' range must be {{\"start\": int, \"end\": int}} with 0 <= start < end.",
+                       "positions")
+        positions = (start, end)
+        count = end - start
+    elif positions in POSITION_MODES:
+        count = {"last": 1, "prompt": prompt_tokens, "completion": max_tokens,
+                 "all": prompt_tokens + max_tokens}[positions]
+    else:
+        raise _bad(f"'{FIELD}.positions' must be one of {', '.join(POSITION_MODES)} or a start/end range.",
+                   "positions")
+    read_point = raw.get("read_point", "post_steering")
+    if read_point not in READ_POINTS:
+        raise _bad(f"'{FIELD}.read_point' must be post_steering or pre_steering.", "read_point")
+    if count * top_k > SAE_ACTIVATIONS_MAX_ENTRIES:
+        raise _bad(f"'{FIELD}' could return {count} positions x top_k {top_k} = {count * top_k} entries, over "
+                   f"SAE_ACTIVATIONS_MAX_ENTRIES ({SAE_ACTIVATIONS_MAX_ENTRIES}); narrow positions or top_k.")
+    return ReadoutSpec(sae_id, att.layer, features, top_k, positions, read_point)
+
+
+@dataclass
+class ReadoutRecorder:
+    """Encodes each forward's residual at the SAE's layer and keeps the top_k per position."""
+
+    spec: ReadoutSpec
+    steering: Steering
+    values: list[torch.Tensor] = field(default_factory=list)
+    indices: list[torch.Tensor] = field(default_factory=list)
+
+    def __call__(self, hidden: torch.Tensor) -> None:
+        sae = self.steering.attachments[self.spec.sae_id].sae
+        feats = None if self.spec.features is None else torch.tensor(self.spec.features, device=hidden.device)
+        acts = sae.encode(hidden[0], feats).float()
+        top = acts.topk(min(self.spec.top_k, acts.shape[-1]), dim=-1)
+        index = top.indices if feats is None else feats[top.indices]
+        self.values.append(top.values.cpu())
+        self.indices.append(index.cpu())
+
+    def selected(self, read: int, prompt_tokens: int) -> list[int]:
+        """The positions to report, among the ``read`` positions that have an activation."""
+        mode = self.spec.positions
+        if mode == "last":
+            return [read - 1] if read else []
+        if mode == "prompt":
+            return list(range(min(prompt_tokens, read)))
+        if mode == "completion":
+            return list(range(prompt_tokens, read))
+        if mode == "all":
+            return list(range(read))
+        start, end = mode
+        return list(range(start, min(end, read)))
+
+    def result(self, token_ids: list[int], prompt_tokens: int) -> dict[str, Any]:
+        values = torch.cat(self.values) if self.values else torch.zeros(0, 0)
+        indices = torch.cat(self.indices) if self.indices else torch.zeros(0, 0, dtype=torch.long)
+        keep_zeros = self.spec.features is not None
+        positions = []
+        for p in self.selected(values.shape[0], prompt_tokens):
+            feats = [{"index": int(i), "value": round(float(v), 6)}
+                     for v, i in zip(values[p].tolist(), indices[p].tolist()) if keep_zeros or v > 0]
+            positions.append({"position": p, "token_id": token_ids[p], "features": feats})
+        return {"sae_id": self.spec.sae_id, "layer": self.spec.layer, "read_point": self.spec.read_point,
+                "positions": positions, "note": NOTES[self.spec.read_point]}

@@ -1,0 +1,161 @@
+"""Steering as the front ends use it: the SAE registry, attachments, values and profiles, persisted.
+
+The CLI and the server share this: what ``millm sae attach`` and ``millm steer set`` persist is what
+the next ``millm chat`` or ``millm serve`` of that model starts with.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from millm.engine import TransformersEngine
+from millm.errors import InvalidParameter, ProfileConflict, ProfileNotFound, SAENotFound
+from millm.sae.formats import load_sae
+from millm.steering.controller import Override
+from millm.steering.profiles import ProfileDoc, parse_profile, request_override, resolve_entries
+from millm.store import Store
+
+ACTIVE_PROFILE_KEY = "active_profile"
+
+
+def sae_id_for(path: Path) -> str:
+    return "sae_" + hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]
+
+
+def _read_labels(path: Path) -> dict[int, str]:
+    data = json.loads(path.read_text())
+    if isinstance(data, dict):
+        return {int(k): str(v) for k, v in data.items()}
+    return {int(item["index"]): str(item["label"]) for item in data}
+
+
+class SteeringService:
+    """Registry, attachments, values and profiles over one store."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    # SAEs
+    def register_sae(self, path: str | Path, name: str | None = None, labels: str | Path | None = None) -> dict[str, Any]:
+        """Read the SAE (so a malformed one is refused now) and record it; returns the SAE object."""
+        path = Path(path).expanduser().resolve()
+        loaded = load_sae(path)
+        label_file = Path(labels) if labels else (path if path.is_dir() else path.parent) / "labels.json"
+        try:
+            label_map = _read_labels(label_file) if label_file.is_file() else {}
+        except (ValueError, KeyError, TypeError) as exc:
+            raise InvalidParameter(f"{label_file}: labels must map feature index to label ({exc}).",
+                                   param="labels") from None
+        record = {"id": sae_id_for(path), "name": name or path.name, "path": str(path), "format": loaded.format,
+                  "architecture": loaded.sae.architecture, "d_in": loaded.sae.d_in, "d_sae": loaded.sae.d_sae,
+                  "layer_hint": loaded.layer_hint, "model_hint": loaded.model_hint}
+        self.store.add_sae(record, label_map)
+        return record
+
+    def sae(self, sae_id: str) -> dict[str, Any]:
+        record = self.store.sae(sae_id)
+        if record is None:
+            raise SAENotFound(f"No SAE has id '{sae_id}'; see `millm sae list` or GET /api/saes.", param="sae")
+        return record
+
+    def view(self, record: dict[str, Any], engine: TransformersEngine | None) -> dict[str, Any]:
+        """The SAE object the API returns: the record plus where it is attached now."""
+        att = engine.steering.attachments.get(record["id"]) if engine is not None else None
+        out = {k: v for k, v in record.items() if k != "added"}
+        return {**out, "attached_layer": att.layer if att is not None else None}
+
+    def attach(self, engine: TransformersEngine, sae_id: str, layer: int | None = None) -> dict[str, Any]:
+        record = self.sae(sae_id)
+        if layer is None:
+            layer = record["layer_hint"]
+        if isinstance(layer, bool) or not isinstance(layer, int):
+            raise InvalidParameter(f"SAE {sae_id} has no layer hint; give 'layer'.", param="layer")
+        engine.steering.attach(sae_id, load_sae(record["path"]).sae, layer)
+        self.persist(engine)
+        return self.view(record, engine)
+
+    def detach(self, engine: TransformersEngine, sae_id: str) -> dict[str, Any]:
+        record = self.sae(sae_id)
+        engine.steering.detach(sae_id)
+        self.persist(engine)
+        return self.view(record, engine)
+
+    # persisted live state, per model
+    @staticmethod
+    def _key(engine: TransformersEngine) -> str:
+        return f"steering:{engine.model_id}"
+
+    def persist(self, engine: TransformersEngine) -> None:
+        s = engine.steering
+        self.store.set_state(self._key(engine), {
+            "enabled": s.enabled, "active_profile": s.active_profile,
+            "attachments": {a.sae_id: a.layer for a in s.attachments.values()},
+            "values": {a.sae_id: {str(f): v for f, v in a.values.items()} for a in s.attachments.values()}})
+
+    def restore(self, engine: TransformersEngine) -> None:
+        """Re-attach and re-apply what was persisted for this model (SAEs gone from disk are skipped)."""
+        state = self.store.get_state(self._key(engine))
+        if not state:
+            return
+        s = engine.steering
+        for sae_id, layer in state.get("attachments", {}).items():
+            record = self.store.sae(sae_id)
+            if record is not None and Path(record["path"]).exists():
+                s.attach(sae_id, load_sae(record["path"]).sae, layer)
+                s.set_values(sae_id, state.get("values", {}).get(sae_id, {}), merge=False)
+        s.set_enabled(state.get("enabled", True))
+        s.active_profile = state.get("active_profile")
+
+    def set_values(self, engine: TransformersEngine, sae_id: str | None, values: Any, *, merge: bool) -> None:
+        steering = engine.steering
+        if sae_id is None:
+            if len(steering.attachments) != 1:
+                raise InvalidParameter("Name the SAE ('sae'): "
+                                       f"{len(steering.attachments)} SAEs are attached.", param="sae")
+            sae_id = next(iter(steering.attachments))
+        self.sae(sae_id)
+        steering.set_values(sae_id, values, merge=merge)
+        self.persist(engine)
+
+    # profiles
+    def profile(self, name: str) -> dict[str, Any]:
+        found = self.store.profile(name)
+        if found is None:
+            raise ProfileNotFound(f"No profile is named '{name}'.", param="profile")
+        return found
+
+    def save_profile(self, doc: Any, *, overwrite: bool) -> dict[str, Any]:
+        checked = parse_profile(doc)
+        body = checked.model_dump()
+        if not self.store.save_profile(body, overwrite=overwrite):
+            raise ProfileConflict(f"A profile named '{checked.name}' exists; overwrite it explicitly.", param="name")
+        return self.profile(checked.name)
+
+    def profile_from_current(self, engine: TransformersEngine, name: str, description: str = "") -> dict[str, Any]:
+        entries = [{"sae": a.sae_id, "feature": f, "strength": v}
+                   for a in engine.steering.attachments.values() for f, v in sorted(a.values.items())]
+        return self.save_profile({"name": name, "description": description, "model": engine.model_id,
+                                  "entries": entries}, overwrite=False)
+
+    def override_for(self, engine: TransformersEngine, name: str) -> Override:
+        """The per-request override for profile ``name`` (404 unknown, 400 invalid for what is attached)."""
+        return request_override(ProfileDoc.model_validate(self._doc(name)), engine.steering, engine.model_id)
+
+    def _doc(self, name: str) -> dict[str, Any]:
+        found = self.profile(name)
+        return {k: found[k] for k in ("name", "description", "model", "entries")}
+
+    def activate(self, engine: TransformersEngine, name: str) -> None:
+        doc = ProfileDoc.model_validate(self._doc(name))
+        engine.steering.activate(name, resolve_entries(doc, engine.steering, engine.model_id))
+        self.persist(engine)
+
+    def deactivate(self, engine: TransformersEngine) -> None:
+        engine.steering.clear()
+        self.persist(engine)
+
+    def export(self, name: str) -> dict[str, Any]:
+        return self._doc(name)

@@ -1,0 +1,129 @@
+"""The SQLite store: registered SAEs and their labels, saved profiles, and persisted steering state.
+
+Every write is one transaction, so a process killed mid-write leaves the previous state readable.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS saes (
+    id TEXT PRIMARY KEY, name TEXT NOT NULL, path TEXT NOT NULL, format TEXT NOT NULL,
+    architecture TEXT NOT NULL, d_in INTEGER NOT NULL, d_sae INTEGER NOT NULL,
+    layer_hint INTEGER, model_hint TEXT, added REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS sae_labels (
+    sae_id TEXT NOT NULL, feature INTEGER NOT NULL, label TEXT NOT NULL, PRIMARY KEY (sae_id, feature));
+CREATE TABLE IF NOT EXISTS profiles (
+    name TEXT PRIMARY KEY, description TEXT NOT NULL DEFAULT '', model TEXT, entries TEXT NOT NULL,
+    created REAL NOT NULL, updated REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS state (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+"""
+
+SAE_COLUMNS = ("id", "name", "path", "format", "architecture", "d_in", "d_sae", "layer_hint", "model_hint")
+
+
+class Store:
+    """One SQLite database file; safe to share between threads of one process and between processes."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=30)
+        self._conn.row_factory = sqlite3.Row
+        self._lock = threading.Lock()
+        with self._lock:
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            self._conn.execute("PRAGMA synchronous=FULL")
+            self._conn.executescript(SCHEMA)
+
+    def _write(self, statements: list[tuple[str, tuple[Any, ...]]]) -> None:
+        """Run ``statements`` as one transaction: all of them land, or none."""
+        with self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                for sql, args in statements:
+                    self._conn.execute(sql, args)
+                self._conn.execute("COMMIT")
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+
+    def _rows(self, sql: str, args: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
+        with self._lock:
+            return self._conn.execute(sql, args).fetchall()
+
+    # SAEs
+    def add_sae(self, record: dict[str, Any], labels: dict[int, str]) -> None:
+        cols = ", ".join(SAE_COLUMNS) + ", added"
+        marks = ", ".join("?" for _ in SAE_COLUMNS) + ", ?"
+        statements = [(f"INSERT OR REPLACE INTO saes ({cols}) VALUES ({marks})",
+                       (*(record[c] for c in SAE_COLUMNS), time.time())),
+                      ("DELETE FROM sae_labels WHERE sae_id = ?", (record["id"],))]
+        statements += [("INSERT INTO sae_labels VALUES (?, ?, ?)", (record["id"], f, lab)) for f, lab in labels.items()]
+        self._write(statements)
+
+    def saes(self) -> list[dict[str, Any]]:
+        return [dict(r) for r in self._rows("SELECT * FROM saes ORDER BY added")]
+
+    def sae(self, sae_id: str) -> dict[str, Any] | None:
+        rows = self._rows("SELECT * FROM saes WHERE id = ?", (sae_id,))
+        return dict(rows[0]) if rows else None
+
+    def delete_sae(self, sae_id: str) -> None:
+        self._write([("DELETE FROM saes WHERE id = ?", (sae_id,)),
+                     ("DELETE FROM sae_labels WHERE sae_id = ?", (sae_id,))])
+
+    def labels(self, sae_id: str, query: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+        sql, args = "SELECT feature, label FROM sae_labels WHERE sae_id = ?", [sae_id]
+        if query:
+            sql += " AND label LIKE ?"
+            args.append(f"%{query}%")
+        rows = self._rows(sql + " ORDER BY feature LIMIT ?", (*args, limit))
+        return [{"index": r["feature"], "label": r["label"]} for r in rows]
+
+    # profiles
+    def save_profile(self, profile: dict[str, Any], *, overwrite: bool) -> bool:
+        """Insert (or replace when ``overwrite``); False when the name exists and overwrite is off."""
+        now = time.time()
+        verb = "INSERT OR REPLACE" if overwrite else "INSERT OR IGNORE"
+        before = self.profile(profile["name"])
+        created = before["created"] if before else now
+        self._write([(f"{verb} INTO profiles VALUES (?, ?, ?, ?, ?, ?)",
+                      (profile["name"], profile.get("description") or "", profile.get("model"),
+                       json.dumps(profile["entries"]), created, now))])
+        return overwrite or before is None
+
+    def profile(self, name: str) -> dict[str, Any] | None:
+        rows = self._rows("SELECT * FROM profiles WHERE name = ?", (name,))
+        return self._profile_dict(rows[0]) if rows else None
+
+    def profiles(self) -> list[dict[str, Any]]:
+        return [self._profile_dict(r) for r in self._rows("SELECT * FROM profiles ORDER BY name")]
+
+    def delete_profile(self, name: str) -> bool:
+        exists = self.profile(name) is not None
+        self._write([("DELETE FROM profiles WHERE name = ?", (name,))])
+        return exists
+
+    @staticmethod
+    def _profile_dict(row: sqlite3.Row) -> dict[str, Any]:
+        return {"name": row["name"], "description": row["description"], "model": row["model"],
+                "entries": json.loads(row["entries"]), "created": row["created"], "updated": row["updated"]}
+
+    # persisted state (steering, active profile, monitoring)
+    def get_state(self, key: str, default: Any = None) -> Any:
+        rows = self._rows("SELECT value FROM state WHERE key = ?", (key,))
+        return json.loads(rows[0]["value"]) if rows else default
+
+    def set_state(self, key: str, value: Any) -> None:
+        self._write([("INSERT OR REPLACE INTO state VALUES (?, ?)", (key, json.dumps(value)))])
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()

@@ -1,0 +1,153 @@
+"""Hook algebra on a tiny random Llama: the delta lands exactly where and when it should."""
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from millm.errors import InvalidFeatureIndex, InvalidParameter, SAENotAttached
+from millm.steering.controller import Override, Steering
+from millm.steering.values import STRENGTH_LIMIT, clamp, parse_assignments
+from tests.saes import random_sae
+
+D = 32
+
+
+@pytest.fixture
+def model():
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=100, hidden_size=D, intermediate_size=64, num_hidden_layers=4,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    return LlamaForCausalLM(config).eval()
+
+
+def layer_outputs(model, ids):
+    """Each decoder layer's output, recorded by hooks that run after any steering hook."""
+    outs = []
+    handles = [layer.register_forward_hook(lambda m, a, o: outs.append((o[0] if isinstance(o, tuple) else o).clone()))
+               for layer in model.model.layers]
+    with torch.inference_mode():
+        model(ids)
+    for h in handles:
+        h.remove()
+    return outs
+
+
+IDS = torch.tensor([[5, 17, 42, 8, 99, 3]])
+
+
+def test_delta_added_at_layer_only(model):
+    base = layer_outputs(model, IDS)
+    steering = Steering(model)
+    sae = random_sae(D, 64)
+    steering.attach("sae_a", sae, layer=2)
+    assert all(torch.equal(a, b) for a, b in zip(layer_outputs(model, IDS), base))  # attached, no values: no-op
+    steering.set_values("sae_a", {"3": 5.0, 10: -2.5}, merge=False)
+    steered = layer_outputs(model, IDS)
+    delta = 5.0 * sae.W_dec[3] - 2.5 * sae.W_dec[10]
+    assert torch.equal(steered[0], base[0]) and torch.equal(steered[1], base[1])  # earlier layers bit-identical
+    assert torch.allclose(steered[2], base[2] + delta, atol=1e-6)  # every position gets the delta
+    assert not torch.allclose(steered[3], base[3])
+    steering.set_enabled(False)
+    assert all(torch.equal(a, b) for a, b in zip(layer_outputs(model, IDS), base))
+    steering.set_enabled(True)
+    steering.detach("sae_a")
+    assert all(torch.equal(a, b) for a, b in zip(layer_outputs(model, IDS), base))
+    assert not model.model.layers[2]._forward_hooks
+
+
+def test_delta_buffer_is_updated_in_place(model):
+    steering = Steering(model)
+    att = steering.attach("sae_a", random_sae(D, 64), layer=1)
+    buffer = att.delta
+    pointer = buffer.data_ptr()
+    steering.set_values("sae_a", {1: 3.0}, merge=False)
+    steering.set_values("sae_a", {2: 4.0}, merge=True)
+    assert att.delta is buffer and buffer.data_ptr() == pointer
+    assert torch.allclose(buffer, 3.0 * att.sae.W_dec[1] + 4.0 * att.sae.W_dec[2])
+    steering.set_values("sae_a", {1: 0.0}, merge=True)  # 0 removes in a merge
+    assert att.values == {2: 4.0}
+    steering.clear()
+    assert torch.count_nonzero(buffer) == 0
+
+
+def test_strengths_clamped_at_apply_time(model):
+    steering = Steering(model)
+    att = steering.attach("sae_a", random_sae(D, 64), layer=0)
+    steering.set_values("sae_a", {7: 1000.0}, merge=False)
+    assert att.values == {7: 1000.0}
+    assert torch.allclose(att.delta, STRENGTH_LIMIT * att.sae.W_dec[7])
+    assert clamp(-500) == -STRENGTH_LIMIT and clamp(12.5) == 12.5
+
+
+def test_several_saes_and_suppression(model):
+    base = layer_outputs(model, IDS)
+    steering = Steering(model)
+    a, b = random_sae(D, 64, seed=1), random_sae(D, 32, seed=2)
+    steering.attach("sae_a", a, layer=0)
+    steering.attach("sae_b", b, layer=3)
+    steering.set_values("sae_a", {0: 2.0}, merge=False)
+    steering.set_values("sae_b", {1: 3.0}, merge=False)
+    steered = layer_outputs(model, IDS)
+    assert not torch.allclose(steered[0], base[0]) and not torch.allclose(steered[3], base[3])
+    with steering.suppressed():
+        assert all(torch.equal(x, y) for x, y in zip(layer_outputs(model, IDS), base))
+    assert all(torch.equal(x, y) for x, y in zip(layer_outputs(model, IDS), steered))
+
+
+def test_override_restores_base_and_operator_wins(model):
+    steering = Steering(model)
+    att = steering.attach("sae_a", random_sae(D, 64), layer=1)
+    steering.set_values("sae_a", {1: 2.0}, merge=False)
+    base_delta = att.delta.clone()
+    with steering.request(Override("p", {"sae_a": {5: 9.0}})):
+        assert torch.allclose(att.delta, 9.0 * att.sae.W_dec[5]) and not steering.live
+    assert torch.equal(att.delta, base_delta) and steering.live
+    with pytest.raises(RuntimeError):
+        with steering.request(Override("p", {"sae_a": {5: 9.0}})):
+            raise RuntimeError("request failed")
+    assert torch.equal(att.delta, base_delta)
+    with steering.request(Override("p", {"sae_a": {5: 9.0}})):
+        steering.set_values("sae_a", {6: 1.0}, merge=False)  # operator acts mid-request
+        assert torch.allclose(att.delta, 9.0 * att.sae.W_dec[5])  # the request keeps its profile
+    assert torch.allclose(att.delta, 1.0 * att.sae.W_dec[6])  # and the operator's value is not undone
+
+
+def test_readers_see_pre_and_post(model):
+    steering = Steering(model)
+    att = steering.attach("sae_a", random_sae(D, 64), layer=2)
+    steering.set_values("sae_a", {4: 3.0}, merge=False)
+    seen = {}
+    with steering.reading("sae_a", lambda h: seen.setdefault("pre", h.clone()), "pre"), \
+            steering.reading("sae_a", lambda h: seen.setdefault("post", h.clone()), "post"):
+        layer_outputs(model, IDS)
+    assert torch.allclose(seen["post"], seen["pre"] + att.delta)
+    assert not att.pre_readers and not att.post_readers
+
+
+def test_refusals(model):
+    steering = Steering(model)
+    with pytest.raises(InvalidParameter, match="d_in"):
+        steering.attach("sae_x", random_sae(D + 1, 8), layer=0)
+    with pytest.raises(InvalidParameter, match="layer"):
+        steering.attach("sae_x", random_sae(D, 8), layer=9)
+    steering.attach("sae_a", random_sae(D, 8), layer=0)
+    with pytest.raises(InvalidParameter, match="already has SAE sae_a"):
+        steering.attach("sae_b", random_sae(D, 8), layer=0)
+    with pytest.raises(InvalidFeatureIndex, match="outside"):
+        steering.set_values("sae_a", {8: 1.0}, merge=False)
+    with pytest.raises(InvalidParameter, match="finite number"):
+        steering.set_values("sae_a", {1: "strong"}, merge=False)
+    with pytest.raises(SAENotAttached):
+        steering.set_values("sae_zzz", {1: 1.0}, merge=False)
+    assert steering.attachments["sae_a"].values == {}  # nothing half-applied
+    assert parse_assignments(["12=40", "3=-2.5"]) == {12: 40.0, 3: -2.5}
+    with pytest.raises(InvalidParameter):
+        parse_assignments(["12:40"])
+
+
+def test_detach_all_leaves_no_hook(model):
+    steering = Steering(model)
+    steering.attach("sae_a", random_sae(D, 8), layer=0)
+    steering.attach("sae_b", random_sae(D, 8), layer=1)
+    steering.detach_all()
+    assert not any(layer._forward_hooks for layer in model.model.layers)
