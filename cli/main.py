@@ -4,61 +4,37 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable
-from functools import wraps
-from typing import Annotated, Any, TypeVar
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from cli import steering as steering_cli
+from cli.common import engine_for, err, loaded_ids, out, reports_errors, steering_service
 from millm.config import get_settings
-from millm.engine import TransformersEngine, load_engine
+from millm.engine import TransformersEngine
 from millm.engine.events import Delta, Finish
 from millm.engine.params import ChatPrompt, GenerationRequest
-from millm.errors import MillmError
-from millm.registry import list_models, resolve
+from millm.errors import InvalidParameter, MillmError
+from millm.registry import list_models
+from millm.sae.formats import load_sae
+from millm.steering.controller import Override
+from millm.steering.profiles import resolve_entries
+from millm.steering.values import check_values, parse_assignments
 from millm.validation import check_messages, check_prompt_text, sampling_params
 
 app = typer.Typer(help="miLLM: run a local language model, steer it by SAE features, serve it over OpenAI's API.",
                   no_args_is_help=True, pretty_exceptions_enable=False)
 models_app = typer.Typer(help="Models on this machine.", no_args_is_help=True)
 app.add_typer(models_app, name="models")
+steering_cli.register(app)
 
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
-
-F = TypeVar("F", bound=Callable[..., Any])
-_engines: dict[str, TransformersEngine] = {}
-
-
-def reports_errors(fn: F) -> F:
-    """The one place CLI errors become a clear line on stderr and a non-zero exit, never a traceback."""
-    @wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except MillmError as exc:
-            err.print(f"[bold red]error:[/] {exc.message}", markup=True)
-            raise typer.Exit(1) from None
-        except KeyboardInterrupt:
-            raise typer.Exit(130) from None
-    return wrapper  # type: ignore[return-value]
-
-
-def engine_for(model: str | None) -> TransformersEngine:
-    """The engine for ``model`` (default: the configured default), loaded once per process."""
-    settings = get_settings()
-    entry = resolve(model or settings.default_model, settings)
-    if entry.id not in _engines:
-        with err.status(f"loading {entry.id} ..."):
-            _engines[entry.id] = load_engine(entry, settings)
-    return _engines[entry.id]
-
-
-def stream_answer(engine: TransformersEngine, messages: list[dict[str, Any]], fields: dict[str, Any]) -> str:
+def stream_answer(engine: TransformersEngine, messages: list[dict[str, Any]], fields: dict[str, Any],
+                  override: Override | None = None) -> str:
     """Print the answer as it is generated; return its full text."""
-    request = GenerationRequest([ChatPrompt(check_messages(messages))], sampling_params(fields))
+    request = GenerationRequest([ChatPrompt(check_messages(messages))], sampling_params(fields), override=override)
     pieces = []
     finish = None
     for event in engine.generate(request):
@@ -86,18 +62,63 @@ def chat(
     stop: Annotated[list[str] | None, typer.Option(help="Stop sequence (repeatable).")] = None,
     interactive: Annotated[bool, typer.Option("--interactive", "-i",
                                               help="Chat turn by turn even when stdin is piped.")] = False,
+    sae: Annotated[str | None, typer.Option(help="SAE id to attach for this chat.")] = None,
+    layer: Annotated[int | None, typer.Option(help="Layer for --sae (default: its layer hint).")] = None,
+    steer: Annotated[list[str] | None, typer.Option(help="FEATURE=STRENGTH on --sae, or the one attached SAE "
+                                                          "(repeatable).")] = None,
+    profile: Annotated[str | None, typer.Option(help="Saved profile to steer this chat with.")] = None,
 ) -> None:
     """Chat with a model: one answer, stdin, or an interactive session (/reset, /exit)."""
     fields = {"temperature": temperature, "top_p": top_p, "max_tokens": max_tokens, "seed": seed, "stop": stop}
     sampling_params(fields)  # refuse bad values before loading anything
+    assignments = parse_assignments(steer or [])
     preamble = [{"role": "system", "content": system}] if system else []
     if prompt is None and not interactive and not sys.stdin.isatty():
         prompt = sys.stdin.read()
     if prompt is not None:
         check_prompt_text("prompt", prompt)
-        stream_answer(engine_for(model), preamble + [{"role": "user", "content": prompt}], fields)
-        return
     engine = engine_for(model)
+    with chat_steering(engine, sae, layer, assignments, profile) as override:
+        if prompt is not None:
+            stream_answer(engine, preamble + [{"role": "user", "content": prompt}], fields, override)
+            return
+        converse(engine, preamble, fields, override)
+
+
+@contextmanager
+def chat_steering(engine: TransformersEngine, sae: str | None, layer: int | None, assignments: dict[int, float],
+                  profile: str | None) -> Iterator[Override | None]:
+    """Steering for one chat, undone afterwards: --sae attaches (then detaches), --steer adds values
+    over the persisted ones, --profile replaces them."""
+    if sae is None and layer is not None:
+        raise InvalidParameter("--layer goes with --sae.", param="layer")
+    service = steering_service()
+    attached_here = sae is not None and sae not in engine.steering.attachments
+    if sae is not None:
+        record = service.sae(sae)
+        engine.steering.attach(sae, load_sae(record["path"]).sae, layer if layer is not None else record["layer_hint"])
+    try:
+        if profile is not None:
+            values = resolve_entries(service.profile_doc(profile), engine.steering, engine.model_id)
+            yield Override(profile, values)
+        elif assignments:
+            target = sae or (next(iter(engine.steering.attachments)) if len(engine.steering.attachments) == 1 else None)
+            if target is None:
+                raise InvalidParameter("--steer needs --sae when zero or several SAEs are attached.", param="steer")
+            values = {a.sae_id: dict(a.values) for a in engine.steering.attachments.values()}
+            values[target] = {**values[target], **check_values(assignments, engine.steering.attachments[target].sae.d_sae,
+                                                               "steer")}
+            yield Override("live", values)
+        else:
+            yield None
+    finally:
+        if attached_here:
+            engine.steering.detach(sae)
+
+
+def converse(engine: TransformersEngine, preamble: list[dict[str, Any]], fields: dict[str, Any],
+             override: Override | None) -> None:
+    """The interactive loop: history kept until /reset, left with /exit or end of input."""
     history = list(preamble)
     err.print(f"[dim]{engine.model_id} - /reset clears the history, /exit leaves[/]")
     while True:
@@ -115,7 +136,7 @@ def chat(
             continue
         history.append({"role": "user", "content": line})
         try:
-            answer = stream_answer(engine, history, fields)
+            answer = stream_answer(engine, history, fields, override)
         except MillmError:
             history.pop()
             raise
@@ -165,7 +186,7 @@ def models_list() -> None:
     """Models on this machine: id, engine, source, size on disk, state."""
     table = Table("id", "engine", "source", "size", "state")
     for entry in list_models(get_settings()):
-        state = "LOADED" if entry.id in _engines else "READY"
+        state = "LOADED" if entry.id in loaded_ids() else "READY"
         table.add_row(entry.id, entry.engine, entry.source, f"{entry.size_bytes() / 2**20:.1f} MiB", state)
     out.print(table)
 

@@ -28,10 +28,10 @@ def settings() -> Settings:
 @pytest.fixture(scope="session")
 def engine(settings: Settings) -> Iterator[TransformersEngine]:
     """The bundled SmolLM2-135M-Instruct on the transformers engine (dequantised once per session)."""
-    import cli.main
+    import cli.common
 
     eng = load_engine(resolve(BUNDLED_ID, settings), settings)
-    cli.main._engines[eng.model_id] = eng  # the CLI reuses the session's model
+    cli.common._engines[eng.model_id] = eng  # the CLI reuses the session's model
     yield eng
 
 

@@ -85,19 +85,23 @@ class SteeringService:
 
     # persisted live state, per model
     @staticmethod
-    def _key(engine: TransformersEngine) -> str:
-        return f"steering:{engine.model_id}"
+    def _key(model_id: str) -> str:
+        return f"steering:{model_id}"
+
+    def attached_layers(self, model_id: str) -> dict[str, int]:
+        """Persisted attachments of ``model_id``: SAE id to layer."""
+        return self.store.get_state(self._key(model_id), {}).get("attachments", {})
 
     def persist(self, engine: TransformersEngine) -> None:
         s = engine.steering
-        self.store.set_state(self._key(engine), {
+        self.store.set_state(self._key(engine.model_id), {
             "enabled": s.enabled, "active_profile": s.active_profile,
             "attachments": {a.sae_id: a.layer for a in s.attachments.values()},
             "values": {a.sae_id: {str(f): v for f, v in a.values.items()} for a in s.attachments.values()}})
 
     def restore(self, engine: TransformersEngine) -> None:
         """Re-attach and re-apply what was persisted for this model (SAEs gone from disk are skipped)."""
-        state = self.store.get_state(self._key(engine))
+        state = self.store.get_state(self._key(engine.model_id))
         if not state:
             return
         s = engine.steering
@@ -142,15 +146,14 @@ class SteeringService:
 
     def override_for(self, engine: TransformersEngine, name: str) -> Override:
         """The per-request override for profile ``name`` (404 unknown, 400 invalid for what is attached)."""
-        return request_override(ProfileDoc.model_validate(self._doc(name)), engine.steering, engine.model_id)
+        return request_override(self.profile_doc(name), engine.steering, engine.model_id)
 
-    def _doc(self, name: str) -> dict[str, Any]:
-        found = self.profile(name)
-        return {k: found[k] for k in ("name", "description", "model", "entries")}
+    def profile_doc(self, name: str) -> ProfileDoc:
+        """The saved profile as a document (404 when unknown)."""
+        return ProfileDoc.model_validate(self.export(name))
 
     def activate(self, engine: TransformersEngine, name: str) -> None:
-        doc = ProfileDoc.model_validate(self._doc(name))
-        engine.steering.activate(name, resolve_entries(doc, engine.steering, engine.model_id))
+        engine.steering.activate(name, resolve_entries(self.profile_doc(name), engine.steering, engine.model_id))
         self.persist(engine)
 
     def deactivate(self, engine: TransformersEngine) -> None:
@@ -158,4 +161,6 @@ class SteeringService:
         self.persist(engine)
 
     def export(self, name: str) -> dict[str, Any]:
-        return self._doc(name)
+        """The profile document, as import takes it."""
+        found = self.profile(name)
+        return {k: found[k] for k in ("name", "description", "model", "entries")}

@@ -1,0 +1,59 @@
+"""What every ``millm`` command shares: consoles, the error boundary, the loaded engine."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import wraps
+from typing import Any, TypeVar
+
+import typer
+from rich.console import Console
+
+from millm.config import get_settings
+from millm.engine import TransformersEngine, load_engine
+from millm.errors import MillmError
+from millm.registry import resolve
+from millm.steering.service import SteeringService
+from millm.store import Store
+
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+F = TypeVar("F", bound=Callable[..., Any])
+_engines: dict[str, TransformersEngine] = {}
+
+
+def reports_errors(fn: F) -> F:
+    """The one place CLI errors become a clear line on stderr and a non-zero exit, never a traceback."""
+    @wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except MillmError as exc:
+            err.print(f"[bold red]error:[/] {exc.message}", markup=True)
+            raise typer.Exit(1) from None
+        except KeyboardInterrupt:
+            raise typer.Exit(130) from None
+    return wrapper  # type: ignore[return-value]
+
+
+def steering_service() -> SteeringService:
+    """The SAE registry, profiles and persisted steering under MILLM_HOME."""
+    return SteeringService(Store(get_settings().home / "millm.db"))
+
+
+def engine_for(model: str | None) -> TransformersEngine:
+    """The engine for ``model`` (default: the configured default), loaded once per process, with the
+    SAE attachments and steering values persisted for it re-applied."""
+    settings = get_settings()
+    entry = resolve(model or settings.default_model, settings)
+    if entry.id not in _engines:
+        with err.status(f"loading {entry.id} ..."):
+            engine = load_engine(entry, settings)
+            steering_service().restore(engine)
+            _engines[entry.id] = engine
+    return _engines[entry.id]
+
+
+def loaded_ids() -> set[str]:
+    return set(_engines)
