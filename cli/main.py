@@ -11,6 +11,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
+from cli import score as score_cli
 from cli import steering as steering_cli
 from cli.common import engine_for, err, loaded_ids, out, reports_errors, steering_service
 from millm.config import get_settings
@@ -30,6 +31,7 @@ app = typer.Typer(help="miLLM: run a local language model, steer it by SAE featu
 models_app = typer.Typer(help="Models on this machine.", no_args_is_help=True)
 app.add_typer(models_app, name="models")
 steering_cli.register(app)
+app.command()(score_cli.score)
 
 def stream_answer(engine: TransformersEngine, messages: list[dict[str, Any]], fields: dict[str, Any],
                   override: Override | None = None) -> str:

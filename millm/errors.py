@@ -131,3 +131,21 @@ class ProfileConflict(MillmError):
     """A profile with this name exists already."""
 
     status, type, code = 409, "invalid_request_error", "profile_exists"
+
+
+class InvalidScoringRequest(MillmError):
+    """A scoring request that cannot be scored: a token id outside the vocabulary, an empty prompt."""
+
+    status, type, code = 400, "invalid_request_error", "invalid_scoring_request"
+
+
+class NonFiniteLogits(MillmError):
+    """NaN or infinite logits reached the answer of a scoring request."""
+
+    status, type, code = 500, "server_error", "non_finite_logits"
+
+
+class NoChatTemplate(MillmError):
+    """Chat scoring on a model that ships no chat template."""
+
+    status, type, code = 400, "invalid_request_error", "no_chat_template"

@@ -115,6 +115,8 @@ def test_models(client):
     (dict(extra_body={"steering": {"x": 1}}), openai.BadRequestError, "field_not_honoured", "steering"),
     (dict(extra_body={"profile": "no-such-profile"}), openai.NotFoundError, "profile_not_found", "profile"),
     (dict(response_format={"type": "json_object"}), openai.BadRequestError, "field_not_honoured", "response_format"),
+    (dict(logprobs=True, max_tokens=5), openai.BadRequestError, "invalid_parameter", "max_tokens"),
+    (dict(top_logprobs=2, max_tokens=1), openai.BadRequestError, "invalid_parameter", "top_logprobs"),
 ])
 def test_chat_errors_arrive_as_sdk_exceptions(client, kwargs, exc_type, code, param):
     args = dict(model=MODEL, messages=FRANCE, max_tokens=4) | kwargs
@@ -138,9 +140,9 @@ def test_completion_refusals(client):
     with pytest.raises(openai.BadRequestError) as exc:
         client.completions.create(model=MODEL, prompt="hi", n=2, max_tokens=2)
     assert exc.value.code == "field_not_honoured" and exc.value.body["param"] == "n"
-    with pytest.raises(openai.BadRequestError) as exc:
+    with pytest.raises(openai.BadRequestError) as exc:  # the behaviour change: no silent logprobs drop
         client.completions.create(model=MODEL, prompt="hi", logprobs=2, max_tokens=2)
-    assert exc.value.code == "field_not_honoured"
+    assert exc.value.code == "invalid_parameter" and exc.value.body["param"] == "max_tokens"
     with pytest.raises(openai.BadRequestError) as exc:
         client.completions.create(model=MODEL, prompt="hi", max_tokens=2, extra_body={"profile": "p"})
     assert exc.value.code == "field_not_honoured" and exc.value.body["param"] == "profile"

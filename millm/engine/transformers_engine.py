@@ -17,7 +17,7 @@ from millm.engine.output import ChoiceOutput
 from millm.engine.params import ChatPrompt, GenerationRequest, Prompt, SamplingParams
 from millm.engine.sampling import apply_penalties, sample, update_counts
 from millm.engine.templates import render_chat
-from millm.errors import ContextLengthExceeded, InvalidParameter
+from millm.errors import ContextLengthExceeded, InvalidParameter, InvalidScoringRequest
 from millm.registry import ModelEntry
 from millm.steering.controller import Override, Steering
 from millm.steering.monitor import Monitor
@@ -182,7 +182,7 @@ class TransformersEngine:
         if mask is not None:
             positions = (mask.cumsum(-1) - 1).clamp(min=0)
             kwargs = {"attention_mask": mask, "position_ids": positions[:, -ids.shape[1]:]}
-        out = self.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1, **kwargs)
+        out = self.model(input_ids=ids, cache=cache, use_cache=cache is not None, logits_to_keep=1, **kwargs)
         return out.logits[:, -1, :].float()
 
     def _decode(self, plan: Plan, cancel: threading.Event | None,
@@ -234,6 +234,26 @@ class TransformersEngine:
             yield Activations(recorder.result(prompt + rows[0].detok.ids, len(prompt)))
         prompt_tokens = sum(len(ids) for ids in plan.prompt_ids)
         yield Usage(prompt_tokens, sum(row.tokens for row in rows))
+
+    def next_token_logits(self, prompt_ids: list[list[int]], batch_size: int = 32) -> torch.Tensor:
+        """Last-position logits ``[len(prompt_ids), vocab]`` (fp32, CPU), in left-padded batches.
+
+        Scoring: every SAE hook is suppressed, so nothing steers or records these passes.
+        """
+        for i, ids in enumerate(prompt_ids):
+            where = "prompt" if len(prompt_ids) == 1 else f"prompt[{i}]"
+            if not ids:
+                raise InvalidScoringRequest(f"'{where}' tokenises to nothing; there is no position to score.",
+                                            param=where)
+            if len(ids) + 1 > self.context_window:
+                raise ContextLengthExceeded(requested=len(ids) + 1, available=self.context_window,
+                                            prompt_tokens=len(ids), param=where)
+        rows = []
+        with self._lock, torch.inference_mode(), self.steering.suppressed():
+            for start in range(0, len(prompt_ids), batch_size):
+                ids, mask = self._left_pad(prompt_ids[start:start + batch_size])
+                rows.append(self._forward(ids, None, mask).cpu())
+        return torch.cat(rows)
 
     def embed(self, inputs: list[str] | list[list[int]]) -> tuple[list[list[float]], int]:
         """Masked mean of the last hidden layer per input (text, or this model's token ids), and the

@@ -15,7 +15,7 @@ from millm.engine.params import ChatPrompt, GenerationRequest, TextPrompt
 from millm.errors import InvalidParameter, MillmError, ModelNotFound, Unauthorized, UnusedFieldsRefused
 from millm.fields import check_fields
 from millm.registry import ModelEntry
-from millm.server import sse
+from millm.server import scoring, sse
 from millm.server.headers import STRICT_HEADER, ignored_fields, seed_header, strict_mode
 from millm.server.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, parse
 from millm.server.shapes import CompletionShape
@@ -123,11 +123,13 @@ async def chat_completions() -> Any:
     svc = services()
     entry = svc.manager.entry(wire.model)
     ignored = unused_fields("chat", entry, body)
+    conversations = [check_messages(wire.messages)]
+    conversations += [check_messages(c, f"extra_messages[{k}]") for k, c in enumerate(wire.extra_messages or [])]
+    if scoring.is_chat_scoring(body):
+        return await score_chat(body, entry, conversations, ignored)
     params = sampling_params(body)
     if wire.stream and params.n > 1:
         raise InvalidParameter("'n' above 1 cannot be streamed; send stream: false or n: 1.", param="n")
-    conversations = [check_messages(wire.messages)]
-    conversations += [check_messages(c, f"extra_messages[{k}]") for k, c in enumerate(wire.extra_messages or [])]
     template_kwargs = wire.chat_template_kwargs or {}
     if wire.profile is not None:
         svc.steering.profile(wire.profile)  # 404 before any load
@@ -151,21 +153,62 @@ async def completions() -> Any:
     svc = services()
     entry = svc.manager.entry(wire.model)
     ignored = unused_fields("completions", entry, body)
-    params = sampling_params(body)
     prompts = [wire.prompt] if isinstance(wire.prompt, str) else wire.prompt
     if not prompts:
         raise InvalidParameter("'prompt' is an empty list.", param="prompt")
+    special = body.get("add_special_tokens", True)
+    if not isinstance(special, bool):
+        raise InvalidParameter("'add_special_tokens' must be true or false.", param="add_special_tokens")
+    if scoring.is_completion_scoring(body):
+        return await score_completions(body, entry, prompts, special, ignored)
     for i, text in enumerate(prompts):
         check_prompt_text("prompt" if isinstance(wire.prompt, str) else f"prompt[{i}]", text)
+    if body.get("return_tokens_as_token_ids") is not None:
+        ignored.append("return_tokens_as_token_ids")  # only scoring returns tokens
+    params = sampling_params(body)
     engine = await svc.manager.engine_for(entry)
     readout = wire.return_sae_activations
     if readout is not None and len(prompts) > 1:
-        engine.prepare(GenerationRequest([TextPrompt(p) for p in prompts], params, readout=readout))  # refuses
-    plans = [engine.prepare(GenerationRequest([TextPrompt(p)], params, readout=readout)) for p in prompts]
+        engine.prepare(GenerationRequest([TextPrompt(p, special) for p in prompts], params, readout=readout))
+    plans = [engine.prepare(GenerationRequest([TextPrompt(p, special)], params, readout=readout)) for p in prompts]
     events = svc.worker.stream(lambda cancel: engine.run_each(plans, cancel))
     shape = CompletionShape(chat=False, model=entry.id, fingerprint=engine.fingerprint)
     return await respond(shape, events, bool(wire.stream), len(prompts),
                          miLLM_headers(ignored, params.seed, steering=engine.steering.label()))
+
+
+def scoring_headers(ignored: list[str], body: dict[str, Any]) -> dict[str, str]:
+    seed = body.get("seed")
+    if seed is not None:
+        sampling_params({"seed": seed})  # accepted and echoed; it changes nothing here
+    return miLLM_headers(ignored + scoring.unused(body), seed)  # never steered: X-miLLM-Steering none
+
+
+async def score_completions(body: dict[str, Any], entry: ModelEntry, prompts: list[str], special: bool,
+                            ignored: list[str]) -> Any:
+    """Next-token log-probabilities for each prompt, in padded batches. Never steered or monitored."""
+    svc = services()
+    scoring.check_request(body)
+    engine = await svc.manager.engine_for(entry)
+    params = scoring.completion_params(body, len(engine.tokenizer))
+    prompt_ids = [engine.tokenizer(p, add_special_tokens=special)["input_ids"] for p in prompts]
+    results = await svc.worker.call(scoring.score_batch, engine, prompt_ids, params)
+    shape = CompletionShape(chat=False, model=entry.id, fingerprint=engine.fingerprint)
+    return (scoring.completion_body(shape, engine, prompts, prompt_ids, results, params), 200,
+            scoring_headers(ignored, body))
+
+
+async def score_chat(body: dict[str, Any], entry: ModelEntry, conversations: list[Any], ignored: list[str]) -> Any:
+    """Chat scoring: the template with its generation prompt, scored like a completion; one choice per
+    conversation, each scored on its own."""
+    svc = services()
+    scoring.check_request(body)
+    engine = await svc.manager.engine_for(entry)
+    params = scoring.chat_params(body, len(engine.tokenizer))
+    prompt_ids = scoring.chat_prompt_ids(engine, conversations)
+    results = await svc.worker.call(scoring.score_each, engine, prompt_ids, params)
+    shape = CompletionShape(chat=True, model=entry.id, fingerprint=engine.fingerprint)
+    return scoring.chat_body(shape, engine, prompt_ids, results, params), 200, scoring_headers(ignored, body)
 
 
 @bp.post("/embeddings")

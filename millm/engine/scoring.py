@@ -1,0 +1,102 @@
+"""Scoring mode: the next-token distribution of a prompt, as pure functions over one logits row.
+
+Scoring is one forward pass per prompt and generates nothing. ``temperature`` divides the logits
+(0 means no scaling); with ``allowed`` ids the log-probabilities are normalised over that set only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from millm.errors import InvalidParameter, InvalidScoringRequest, NonFiniteLogits
+
+MAX_LOGPROBS = 20
+MIN_TEMPERATURE = 0.001
+
+
+@dataclass(frozen=True)
+class ScoringParams:
+    """A validated scoring ask. ``top_n`` is how many alternatives to report (0: only the chosen token)."""
+
+    allowed: tuple[int, ...] | None
+    temperature: float
+    top_n: int
+    report: bool  # False: allowed_token_ids without logprobs, so logprobs come back null
+    token_ids_as_keys: bool = False
+
+
+@dataclass(frozen=True)
+class TokenScore:
+    token_id: int
+    logprob: float
+
+
+@dataclass(frozen=True)
+class ScoreResult:
+    chosen: TokenScore
+    top: list[TokenScore]
+
+
+def check_temperature(value: float | None) -> float:
+    """0 (no scaling) or at least MIN_TEMPERATURE; between them the logits would overflow."""
+    t = 1.0 if value is None else value
+    if 0.0 < t < MIN_TEMPERATURE:
+        raise InvalidParameter(f"'temperature' {t} would overflow the logits in scoring mode; use 0 (no scaling) "
+                               f"or at least {MIN_TEMPERATURE}.", param="temperature")
+    return t
+
+
+def check_allowed(ids: Any, vocab_size: int) -> tuple[int, ...]:
+    """A non-empty list of token ids inside the vocabulary (duplicates dropped, order kept)."""
+    if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise InvalidParameter("'allowed_token_ids' must be a non-empty list of token ids.", param="allowed_token_ids")
+    if bad := [i for i in ids if not 0 <= i < vocab_size]:
+        raise InvalidScoringRequest(f"'allowed_token_ids' has {bad[0]}, outside this model's vocabulary "
+                                    f"(0-{vocab_size - 1}).", param="allowed_token_ids")
+    return tuple(dict.fromkeys(ids))
+
+
+def check_top_n(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_LOGPROBS:
+        raise InvalidParameter(f"'{name}' must be an integer from 0 to {MAX_LOGPROBS}, got {value!r}.", param=name)
+    return value
+
+
+def check_scoring_shape(fields: Mapping[str, Any]) -> None:
+    """Scoring needs max_tokens 1 (or max_completion_tokens 1), n 1 and no streaming."""
+    name = "max_tokens" if fields.get("max_tokens") is not None else "max_completion_tokens"
+    budget = fields.get(name)
+    if budget != 1 or isinstance(budget, bool):
+        raise InvalidParameter(f"Scoring mode (logprobs / allowed_token_ids) needs max_tokens: 1, got {budget!r}; "
+                               "logprobs are not returned for generated text.", param=name)
+    if fields.get("n") not in (None, 1) or isinstance(fields.get("n"), bool):
+        raise InvalidParameter("Scoring mode needs n: 1.", param="n")
+    if fields.get("stream"):
+        raise InvalidParameter("Scoring mode cannot be streamed; send stream: false.", param="stream")
+
+
+def score_row(logits: torch.Tensor, params: ScoringParams) -> ScoreResult:
+    """Score one ``[vocab]`` logits row: the most probable (allowed) token and the top alternatives."""
+    logits = logits.double()
+    if params.temperature > 0:
+        logits = logits / params.temperature
+    if params.allowed is not None:
+        ids = torch.tensor(params.allowed)
+        candidates = logits[ids]
+    else:
+        ids, candidates = None, logits
+    if torch.isnan(candidates).any() or torch.isposinf(candidates).any():
+        raise NonFiniteLogits("The model produced NaN or +inf logits for this prompt; it cannot be scored.")
+    logprobs = torch.log_softmax(candidates, dim=-1)
+    count = len(candidates) if params.allowed is not None else max(params.top_n, 1)
+    top = torch.topk(logprobs, min(count, len(candidates)))
+    scores = [TokenScore(int(ids[i]) if ids is not None else int(i), float(lp))
+              for lp, i in zip(top.values.tolist(), top.indices.tolist())]
+    if not math.isfinite(scores[0].logprob) or any(math.isinf(s.logprob) for s in scores[:max(params.top_n, 1)]):
+        raise NonFiniteLogits("A reported token has a -inf logit; it cannot be scored.")
+    return ScoreResult(scores[0], scores)
