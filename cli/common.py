@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 
 from millm.config import get_settings
-from millm.engine import TransformersEngine, load_engine
+from millm.engine import Engine, load_engine
 from millm.errors import MillmError
 from millm.registry import resolve
 from millm.steering.service import SteeringService
@@ -20,7 +20,7 @@ out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 F = TypeVar("F", bound=Callable[..., Any])
-_engines: dict[str, TransformersEngine] = {}
+_engines: dict[str, Engine] = {}
 
 
 def reports_errors(fn: F) -> F:
@@ -42,7 +42,7 @@ def steering_service() -> SteeringService:
     return SteeringService(Store(get_settings().home / "millm.db"))
 
 
-def engine_for(model: str | None) -> TransformersEngine:
+def engine_for(model: str | None) -> Engine:
     """The engine for ``model`` (default: the configured default), loaded once per process, with the
     SAE attachments and steering values persisted for it re-applied."""
     settings = get_settings()

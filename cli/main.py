@@ -15,7 +15,7 @@ from cli import score as score_cli
 from cli import steering as steering_cli
 from cli.common import engine_for, err, loaded_ids, out, reports_errors, steering_service
 from millm.config import get_settings
-from millm.engine import TransformersEngine
+from millm.engine import Engine
 from millm.engine.events import Delta, Finish
 from millm.engine.params import ChatPrompt, GenerationRequest
 from millm.errors import InvalidParameter, MillmError
@@ -33,7 +33,7 @@ app.add_typer(models_app, name="models")
 steering_cli.register(app)
 app.command()(score_cli.score)
 
-def stream_answer(engine: TransformersEngine, messages: list[dict[str, Any]], fields: dict[str, Any],
+def stream_answer(engine: Engine, messages: list[dict[str, Any]], fields: dict[str, Any],
                   override: Override | None = None) -> str:
     """Print the answer as it is generated; return its full text."""
     request = GenerationRequest([ChatPrompt(check_messages(messages))], sampling_params(fields), override=override)
@@ -88,12 +88,17 @@ def chat(
 
 
 @contextmanager
-def chat_steering(engine: TransformersEngine, sae: str | None, layer: int | None, assignments: dict[int, float],
+def chat_steering(engine: Engine, sae: str | None, layer: int | None, assignments: dict[int, float],
                   profile: str | None) -> Iterator[Override | None]:
     """Steering for one chat, undone afterwards: --sae attaches (then detaches), --steer adds values
     over the persisted ones, --profile replaces them."""
     if sae is None and layer is not None:
         raise InvalidParameter("--layer goes with --sae.", param="layer")
+    if engine.steering is None:
+        if sae is not None or assignments or profile is not None:
+            raise InvalidParameter(f"'{engine.model_id}' runs on llama.cpp, which cannot be steered.", param="model")
+        yield None
+        return
     service = steering_service()
     attached_here = sae is not None and sae not in engine.steering.attachments
     if sae is not None:
@@ -118,7 +123,7 @@ def chat_steering(engine: TransformersEngine, sae: str | None, layer: int | None
             engine.steering.detach(sae)
 
 
-def converse(engine: TransformersEngine, preamble: list[dict[str, Any]], fields: dict[str, Any],
+def converse(engine: Engine, preamble: list[dict[str, Any]], fields: dict[str, Any],
              override: Override | None) -> None:
     """The interactive loop: history kept until /reset, left with /exit or end of input."""
     history = list(preamble)

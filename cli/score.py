@@ -103,6 +103,9 @@ def score(
     except OSError as exc:
         raise InvalidParameter(f"{input}: {exc.strerror}.", param="input") from None
     engine = engine_for(model)
+    if engine.engine_name != "transformers":
+        raise InvalidParameter(f"'{engine.model_id}' runs on llama.cpp, which exposes no next-token distribution "
+                               "here; score with a transformers model.", param="model")
     done = done_rows(output)
     todo = [i for i in range(len(lines)) if i not in done]
     with output.open("a") as sink, Progress(TextColumn("scoring"), BarColumn(), MofNCompleteColumn(),

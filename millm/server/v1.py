@@ -10,11 +10,13 @@ from typing import Any
 
 from quart import Blueprint, Response, request
 
+from millm.engine import Engine
 from millm.engine.events import Activations, Delta, Event, Finish, Usage
 from millm.engine.params import ChatPrompt, GenerationRequest, TextPrompt
 from millm.errors import InvalidParameter, MillmError, ModelNotFound, Unauthorized, UnusedFieldsRefused
 from millm.fields import check_fields
 from millm.registry import ModelEntry
+from millm.steering.controller import Override
 from millm.server import scoring, sse
 from millm.server.headers import STRICT_HEADER, ignored_fields, seed_header, strict_mode
 from millm.server.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, parse
@@ -57,6 +59,11 @@ def miLLM_headers(ignored: list[str], seed: int | None = None, scope: str = "req
     headers = {"X-miLLM-Ignored-Fields": ignored_fields(ignored), "X-miLLM-Seed": seed_header(seed, scope),
                "X-miLLM-Steering": steering}
     return {k: v for k, v in headers.items() if v is not None}
+
+
+def steering_label(engine: Engine, override: Override | None = None) -> str:
+    """X-miLLM-Steering for a response from ``engine`` (llama.cpp is never steered)."""
+    return engine.steering.label(override) if engine.steering is not None else "none"
 
 
 async def sse_events(shape: CompletionShape, events: AsyncIterator[Event], choices: int) -> AsyncIterator[str]:
@@ -139,7 +146,7 @@ async def chat_completions() -> Any:
                                    override=override, readout=wire.return_sae_activations)
     plan = engine.prepare(generation)
     scope = "batch-shape" if len(conversations) > 1 else "request"
-    headers = miLLM_headers(ignored, params.seed, scope, engine.steering.label(override))
+    headers = miLLM_headers(ignored, params.seed, scope, steering_label(engine, override))
     events = svc.worker.stream(lambda cancel: engine.run(plan, cancel))
     shape = CompletionShape(chat=True, model=entry.id, fingerprint=engine.fingerprint)
     return await respond(shape, events, bool(wire.stream), len(conversations) * params.n, headers)
@@ -174,7 +181,7 @@ async def completions() -> Any:
     events = svc.worker.stream(lambda cancel: engine.run_each(plans, cancel))
     shape = CompletionShape(chat=False, model=entry.id, fingerprint=engine.fingerprint)
     return await respond(shape, events, bool(wire.stream), len(prompts),
-                         miLLM_headers(ignored, params.seed, steering=engine.steering.label()))
+                         miLLM_headers(ignored, params.seed, steering=steering_label(engine)))
 
 
 def scoring_headers(ignored: list[str], body: dict[str, Any]) -> dict[str, str]:

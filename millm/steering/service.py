@@ -102,7 +102,7 @@ class SteeringService:
     def restore(self, engine: TransformersEngine) -> None:
         """Re-attach and re-apply what was persisted for this model (SAEs gone from disk are skipped)."""
         state = self.store.get_state(self._key(engine.model_id))
-        if not state:
+        if not state or engine.steering is None:
             return
         s = engine.steering
         for sae_id, layer in state.get("attachments", {}).items():

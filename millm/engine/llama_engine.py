@@ -1,0 +1,207 @@
+"""The llama.cpp engine (GGUF files) behind the same interface as the transformers engine.
+
+Chat prompts are rendered with the file's own template; decoding runs llama.cpp's sampler token by
+token through miLLM's own stop matching and incremental detokenising, so streams behave the same
+on both engines. llama.cpp cannot be steered, scored or seeded here: the field table refuses those.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from millm.config import Settings
+from millm.engine.events import Delta, Event, Finish, Usage
+from millm.engine.output import ChoiceOutput
+from millm.engine.params import ChatPrompt, GenerationRequest, Prompt
+from millm.engine.plan import Plan, run_each, token_budget
+from millm.errors import ContextLengthExceeded, InvalidParameter, ModelLoadFailed
+from millm.registry import ModelEntry
+
+log = logging.getLogger("millm.llama_cpp")
+END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "</s>")
+_log_callback: Any = None
+
+
+def route_llama_logs() -> None:
+    """Send llama.cpp's own log lines to miLLM's logger at debug level, never to the terminal."""
+    global _log_callback
+    import llama_cpp
+
+    if _log_callback is None:
+        @llama_cpp.llama_log_callback
+        def callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+            log.debug("%s", text.decode("utf-8", errors="replace").rstrip())
+
+        _log_callback = callback
+    llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
+
+
+class _Detokenizer:
+    """llama.cpp's detokenizer in the shape IncrementalDetokenizer expects."""
+
+    def __init__(self, llm: Any) -> None:
+        self.llm = llm
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self.llm.detokenize(ids, special=not skip_special_tokens).decode("utf-8", errors="replace")
+
+
+class LlamaCppEngine:
+    """A GGUF model on llama.cpp.
+
+    Like llama.cpp's own server, a prompt that shares a prefix with the previous one reuses its KV
+    cache. The prompt's last token is then evaluated alone rather than in a batch, which can change
+    greedy output between a cold and a warm cache: llama.cpp is not bit-repeatable here, which is
+    why seeds are refused on GGUF models.
+    """
+
+    engine_name = "llama.cpp"
+    steering = None  # llama.cpp exposes no residual stream to hook
+    monitor = None
+
+    def __init__(self, entry: ModelEntry, llm: Any, default_max_tokens: int = 1024) -> None:
+        self.entry = entry
+        self.llm = llm
+        self.default_max_tokens = default_max_tokens
+        self.context_window = int(llm.n_ctx())
+        self.decoder = _Detokenizer(llm)
+        self.stop_ids = self._end_token_ids()
+        self._embedder: Any = None
+        self._lock = threading.Lock()
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+        template = llm.metadata.get("tokenizer.chat_template")
+        self._formatter = None
+        if template:
+            token = lambda key: self._special_text(int(llm.metadata.get(key, -1)))  # noqa: E731
+            self._formatter = Jinja2ChatFormatter(template, eos_token=token("tokenizer.ggml.eos_token_id"),
+                                                  bos_token=token("tokenizer.ggml.bos_token_id"))
+
+    @classmethod
+    def load(cls, entry: ModelEntry, settings: Settings) -> LlamaCppEngine:
+        from llama_cpp import Llama
+
+        route_llama_logs()
+        try:
+            llm = Llama(str(entry.path), n_ctx=0, n_threads=os.cpu_count(), verbose=False)
+        except Exception as exc:  # llama.cpp reports load failures as bare errors
+            raise ModelLoadFailed(f"llama.cpp could not load '{entry.id}' from {entry.path}: {exc}") from exc
+        return cls(entry, llm, settings.default_max_tokens)
+
+    def close(self) -> None:
+        for llm in (self.llm, self._embedder):
+            if llm is not None:
+                llm.close()
+
+    @property
+    def model_id(self) -> str:
+        return self.entry.id
+
+    @property
+    def fingerprint(self) -> str:
+        return f"millm:{self.entry.repo}@{self.entry.revision or 'unrecorded'}:unrecorded/" \
+               f"{self.entry.quantization or 'unrecorded'}:{self.engine_name}"
+
+    def _special_text(self, token_id: int) -> str:
+        return "" if token_id < 0 else self.llm.detokenize([token_id], special=True).decode("utf-8", errors="replace")
+
+    def _end_token_ids(self) -> frozenset[int]:
+        ids = {self.llm.token_eos()}
+        for text in END_OF_TURN_TOKENS:
+            found = self.llm.tokenize(text.encode(), add_bos=False, special=True)
+            if len(found) == 1 and self._special_text(found[0]) == text:
+                ids.add(found[0])
+        return frozenset(ids)
+
+    def _render(self, messages: list[dict[str, Any]]) -> str:
+        from millm.engine.templates import fallback_template
+
+        if self._formatter is None:
+            return fallback_template(messages, True)
+        return self._formatter(messages=messages).prompt
+
+    def tokenize(self, prompt: Prompt) -> list[int]:
+        """Chat prompts through the file's template; a trailing assistant message is continued, not closed."""
+        if isinstance(prompt, ChatPrompt):
+            messages = prompt.messages
+            if messages[-1]["role"] == "assistant":
+                text = self._render(messages[:-1]) + messages[-1]["content"]
+            else:
+                text = self._render(messages)
+            return self.llm.tokenize(text.encode(), add_bos=False, special=True)
+        return self.llm.tokenize(prompt.text.encode(), add_bos=prompt.add_special_tokens, special=True)
+
+    def prepare(self, request: GenerationRequest) -> Plan:
+        """Tokenise and check against the context window (400, never llama.cpp's bare error)."""
+        if request.params.n != 1:
+            raise InvalidParameter("'n' above 1 is not available on the llama.cpp engine.", param="n")
+        prompt_ids = [self.tokenize(p) for p in request.prompts]
+        return Plan(prompt_ids, request.params,
+                    token_budget(prompt_ids, request.params.max_tokens, self.context_window, self.default_max_tokens))
+
+    def generate(self, request: GenerationRequest, cancel: threading.Event | None = None) -> Iterator[Event]:
+        return self.run(self.prepare(request), cancel)
+
+    def run(self, plan: Plan, cancel: threading.Event | None = None) -> Iterator[Event]:
+        """Each prompt of the plan in turn (llama.cpp decodes one sequence here)."""
+        with self._lock:
+            completion = 0
+            for index, ids in enumerate(plan.prompt_ids):
+                row = ChoiceOutput(self.decoder, plan.params.stop, self.stop_ids)
+                yield from self._decode(index, ids, plan, row, cancel)
+                completion += row.tokens
+                if cancel is not None and cancel.is_set():
+                    return
+            yield Usage(sum(len(ids) for ids in plan.prompt_ids), completion)
+
+    def run_each(self, plans: list[Plan], cancel: threading.Event | None = None) -> Iterator[Event]:
+        return run_each(self.run, plans, cancel)
+
+    def _decode(self, index: int, ids: list[int], plan: Plan, row: ChoiceOutput,
+                cancel: threading.Event | None) -> Iterator[Event]:
+        p = plan.params
+        tokens = self.llm.generate(ids, temp=p.temperature, top_p=p.top_p, top_k=0, min_p=0.0, repeat_penalty=1.0,
+                                   frequency_penalty=p.frequency_penalty, presence_penalty=p.presence_penalty)
+        try:
+            for token in tokens:
+                piece = row.feed(token)
+                if row.finish_reason is None and row.tokens >= plan.max_tokens:
+                    piece += row.close("length")
+                if piece:
+                    yield Delta(index, piece)
+                if row.finish_reason is not None or (cancel is not None and cancel.is_set()):
+                    break
+        finally:
+            tokens.close()
+        if row.finish_reason is not None:
+            yield Finish(index, row.finish_reason, row.tokens)
+
+    def embed(self, inputs: list[Any]) -> tuple[list[list[float]], int]:
+        """Mean-pooled last hidden layer, from a second llama.cpp context made for embeddings."""
+        from llama_cpp import LLAMA_POOLING_TYPE_MEAN, Llama
+
+        texts, total = [], 0
+        for i, item in enumerate(inputs):
+            where = "input" if len(inputs) == 1 else f"input[{i}]"
+            if not isinstance(item, str):
+                raise InvalidParameter(f"'{where}': token-id input is available on the transformers engine only.",
+                                       param=where)
+            count = len(self.llm.tokenize(item.encode(), add_bos=True, special=True))
+            if not item:
+                raise InvalidParameter(f"'{where}' is empty.", param=where)
+            if count > self.context_window:
+                raise ContextLengthExceeded(requested=count, available=self.context_window, param=where)
+            texts.append(item)
+            total += count
+        with self._lock:
+            if self._embedder is None:
+                route_llama_logs()
+                self._embedder = Llama(str(self.entry.path), n_ctx=self.context_window, embedding=True,
+                                       pooling_type=LLAMA_POOLING_TYPE_MEAN, n_threads=os.cpu_count(), verbose=False)
+            vectors = [list(self._embedder.embed(text)) for text in texts]
+        return vectors, total

@@ -1,0 +1,55 @@
+"""What both engines share: a checked plan for a generation request, and chaining plans."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from millm.engine.events import Delta, Event, Finish, Usage
+from millm.engine.params import SamplingParams
+from millm.errors import ContextLengthExceeded, InvalidParameter
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A validated generation request: token ids per prompt and the resolved token budget."""
+
+    prompt_ids: list[list[int]]
+    params: SamplingParams
+    max_tokens: int
+    override: Any = None  # steering Override (transformers only)
+    readout: Any = None  # ReadoutSpec (transformers only)
+
+
+def token_budget(prompt_ids: list[list[int]], wanted: int | None, window: int, default: int) -> int:
+    """max_tokens for the plan: the asked number, checked against the window, or what fits of the default."""
+    longest = max(len(ids) for ids in prompt_ids)
+    if longest == 0:
+        raise InvalidParameter("The prompt tokenises to nothing.", param="prompt")
+    budget = wanted if wanted is not None else min(default, window - longest)
+    if longest + max(budget, 1) > window:
+        raise ContextLengthExceeded(requested=longest + max(budget, 1), available=window, prompt_tokens=longest)
+    return budget
+
+
+def run_each(run: Callable[[Plan, threading.Event | None], Iterator[Event]], plans: list[Plan],
+             cancel: threading.Event | None = None) -> Iterator[Event]:
+    """Decode plans one after another as one stream: choice indices follow on, one Usage at the end."""
+    offset, prompt_tokens, completion_tokens = 0, 0, 0
+    for plan in plans:
+        for event in run(plan, cancel):
+            if isinstance(event, Usage):
+                prompt_tokens += event.prompt_tokens
+                completion_tokens += event.completion_tokens
+            elif isinstance(event, Delta):
+                yield Delta(event.index + offset, event.text)
+            elif isinstance(event, Finish):
+                yield Finish(event.index + offset, event.reason, event.completion_tokens)
+            else:
+                yield event
+        if cancel is not None and cancel.is_set():
+            return
+        offset += len(plan.prompt_ids) * plan.params.n
+    yield Usage(prompt_tokens, completion_tokens)
