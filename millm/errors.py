@@ -160,3 +160,15 @@ class NoChatTemplate(MillmError):
     """Chat scoring on a model that ships no chat template."""
 
     status, type, code = 400, "invalid_request_error", "no_chat_template"
+
+
+class ResponseFormatUnsupported(MillmError):
+    """A response_format miLLM cannot enforce: a schema keyword, or a combination with other fields."""
+
+    status, type, code = 400, "invalid_request_error", "response_format_unsupported"
+
+
+class ConstrainedOutputInvalid(MillmError):
+    """The model closed a constrained document that does not validate against its schema."""
+
+    status, type, code = 500, "server_error", "constrained_output_invalid"

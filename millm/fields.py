@@ -44,7 +44,7 @@ TABLE: dict[str, tuple[str, str, str, str, str]] = {
     "return_tokens_as_token_ids": (_U, _R, _U, _R, _R),
     "add_special_tokens":         (_X, _X, _U, _R, _X),
     "top_logprobs":               (_U, _R, _R, _R, _R),
-    "response_format":            (_P, _R, _R, _R, _R),
+    "response_format":            (_U, _R, _R, _R, _R),
     "profile":                    (_U, _R, _R, _R, _R),
     "steering_intensity":         (_P, _R, _R, _R, _R),
     "return_sae_activations":     (_U, _R, _U, _R, _R),

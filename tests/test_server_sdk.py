@@ -114,7 +114,8 @@ def test_models(client):
     (dict(logit_bias={"1": 5}), openai.BadRequestError, "field_not_honoured", "logit_bias"),
     (dict(extra_body={"steering": {"x": 1}}), openai.BadRequestError, "field_not_honoured", "steering"),
     (dict(extra_body={"profile": "no-such-profile"}), openai.NotFoundError, "profile_not_found", "profile"),
-    (dict(response_format={"type": "json_object"}), openai.BadRequestError, "field_not_honoured", "response_format"),
+    (dict(response_format={"type": "json_object"}, stream=True), openai.BadRequestError,
+     "response_format_unsupported", "response_format"),
     (dict(logprobs=True, max_tokens=5), openai.BadRequestError, "invalid_parameter", "max_tokens"),
     (dict(top_logprobs=2, max_tokens=1), openai.BadRequestError, "invalid_parameter", "top_logprobs"),
 ])

@@ -47,3 +47,4 @@ class GenerationRequest:
     params: SamplingParams = field(default_factory=SamplingParams)
     override: Any = None  # a steering Override for this request only (per-request profile)
     readout: dict[str, Any] | None = None  # the raw return_sae_activations ask
+    constraint: Any = None  # a JsonConstraint (response_format), one matcher per row

@@ -21,6 +21,7 @@ class Plan:
     max_tokens: int
     override: Any = None  # steering Override (transformers only)
     readout: Any = None  # ReadoutSpec (transformers only)
+    constraint: Any = None  # JsonConstraint (transformers only)
 
 
 def token_budget(prompt_ids: list[list[int]], wanted: int | None, window: int, default: int) -> int:

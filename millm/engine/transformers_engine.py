@@ -19,9 +19,10 @@ from millm.engine.sampling import apply_penalties, sample, update_counts
 from millm.engine.templates import render_chat
 from millm.errors import ContextLengthExceeded, InvalidParameter, InvalidScoringRequest
 from millm.registry import ModelEntry
-from millm.steering.controller import Override, Steering
+from millm.steering.controller import Steering
 from millm.steering.monitor import Monitor
-from millm.steering.readout import ReadoutRecorder, ReadoutSpec, parse_readout
+from millm.steering.readout import ReadoutRecorder, parse_readout
+from millm.structured.constraint import ConstraintCompiler, RowGuides, validate
 
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "</s>")
 EMBED_BATCH = 32
@@ -53,6 +54,7 @@ class TransformersEngine:
         self._lock = threading.Lock()
         self.steering = Steering(model)
         self.monitor = Monitor()
+        self.constraints = ConstraintCompiler(tokenizer)
 
     def close(self) -> None:
         """Remove every hook before the model goes away."""
@@ -99,7 +101,7 @@ class TransformersEngine:
         if request.readout is not None:
             readout = parse_readout(request.readout, self.steering, rows=len(prompt_ids) * request.params.n,
                                     prompt_tokens=max(len(ids) for ids in prompt_ids), max_tokens=budget)
-        return Plan(prompt_ids, request.params, budget, request.override, readout)
+        return Plan(prompt_ids, request.params, budget, request.override, readout, request.constraint)
 
     def generate(self, request: GenerationRequest, cancel: threading.Event | None = None) -> Iterator[Event]:
         """Stream Delta and Finish events per choice, then one Usage.
@@ -170,12 +172,17 @@ class TransformersEngine:
         generator = None
         if params.seed is not None:
             generator = torch.Generator(device=self.device).manual_seed(params.seed)
+        guides = None
+        if plan.constraint is not None:
+            guides = RowGuides([self.constraints.matcher(plan.constraint) for _ in rows], logits.shape[-1])
 
         for step in range(plan.max_tokens):
             if cancel is not None and cancel.is_set():
                 return
             if counts is not None:
                 logits = apply_penalties(logits, counts, params.frequency_penalty, params.presence_penalty)
+            if guides is not None:
+                logits = guides.mask(logits, [row.finish_reason is None for row in rows])
             tokens = sample(logits, params.temperature, params.top_p, generator)
             if counts is not None:
                 update_counts(counts, tokens)
@@ -184,8 +191,12 @@ class TransformersEngine:
                 if row.finish_reason is not None:
                     continue
                 piece = row.feed(token)
+                if guides is not None and row.finish_reason is None and guides.advance(index, token):
+                    piece += row.close("stop")  # the document is closed
                 if row.finish_reason is None and last_step:
                     piece += row.close("length")
+                if guides is not None and row.finish_reason == "stop":
+                    validate(plan.constraint, row.text)
                 if piece:
                     yield Delta(index, piece)
                 if row.finish_reason is not None:

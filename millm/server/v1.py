@@ -12,11 +12,13 @@ from quart import Blueprint, Response, request
 
 from millm.engine import Engine
 from millm.engine.events import Activations, Delta, Event, Finish, Usage
-from millm.engine.params import ChatPrompt, GenerationRequest, TextPrompt
-from millm.errors import InvalidParameter, MillmError, ModelNotFound, Unauthorized, UnusedFieldsRefused
+from millm.engine.params import ChatPrompt, GenerationRequest, SamplingParams, TextPrompt
+from millm.errors import (InvalidParameter, MillmError, ModelNotFound, ResponseFormatUnsupported, Unauthorized,
+                          UnusedFieldsRefused)
 from millm.fields import check_fields
 from millm.registry import ModelEntry
 from millm.steering.controller import Override
+from millm.structured.schema import JsonConstraint, check_response_format
 from millm.server import scoring, sse
 from millm.server.headers import STRICT_HEADER, ignored_fields, seed_header, strict_mode
 from millm.server.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, parse
@@ -122,6 +124,19 @@ async def respond(shape: CompletionShape, events: AsyncIterator[Event], stream: 
     return await collect(shape, events), 200, headers
 
 
+def constraint_for(body: dict[str, Any], params: SamplingParams) -> JsonConstraint | None:
+    """response_format checked before anything loads, with the combinations it cannot live with."""
+    constraint = check_response_format(body.get("response_format"))
+    if constraint is not None:
+        if body.get("stream"):
+            raise ResponseFormatUnsupported("'response_format' cannot be streamed: a partial document would be "
+                                            "reported before it validates.", param="response_format")
+        if params.stop:
+            raise ResponseFormatUnsupported("'response_format' cannot be combined with 'stop': a stop string "
+                                            "could cut a document and report it complete.", param="response_format")
+    return constraint
+
+
 @bp.post("/chat/completions")
 async def chat_completions() -> Any:
     """Chat completion, streaming or not; extra_messages answers further conversations as further choices."""
@@ -137,16 +152,19 @@ async def chat_completions() -> Any:
     params = sampling_params(body)
     if wire.stream and params.n > 1:
         raise InvalidParameter("'n' above 1 cannot be streamed; send stream: false or n: 1.", param="n")
+    constraint = constraint_for(body, params)
     template_kwargs = wire.chat_template_kwargs or {}
     if wire.profile is not None:
         svc.steering.profile(wire.profile)  # 404 before any load
     engine = await svc.manager.engine_for(entry)
     override = svc.steering.override_for(engine, wire.profile) if wire.profile is not None else None
     generation = GenerationRequest([ChatPrompt(m, template_kwargs) for m in conversations], params,
-                                   override=override, readout=wire.return_sae_activations)
+                                   override=override, readout=wire.return_sae_activations, constraint=constraint)
     plan = engine.prepare(generation)
     scope = "batch-shape" if len(conversations) > 1 else "request"
     headers = miLLM_headers(ignored, params.seed, scope, steering_label(engine, override))
+    if constraint is not None:
+        headers["X-miLLM-Constrained"] = constraint.header()
     events = svc.worker.stream(lambda cancel: engine.run(plan, cancel))
     shape = CompletionShape(chat=True, model=entry.id, fingerprint=engine.fingerprint)
     return await respond(shape, events, bool(wire.stream), len(conversations) * params.n, headers)

@@ -1,0 +1,1 @@
+"""Structured output: response_format json_object / json_schema, enforced while generating."""

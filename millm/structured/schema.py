@@ -1,0 +1,121 @@
+"""Checking response_format before anything loads: miLLM's own JSON Schema subset and its limits.
+
+The subset is miLLM's list, not the constraint library's: some keywords compile there without being
+enforced, and a keyword that is only checked afterwards is not a constraint.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from millm.errors import ResponseFormatUnsupported
+
+ENFORCED = {"type", "properties", "required", "additionalProperties", "items", "minItems", "maxItems", "enum",
+            "const", "minimum", "maximum", "minLength", "maxLength", "pattern", "anyOf", "$ref", "$defs"}
+ANNOTATIONS = {"title", "description", "default", "examples"}
+TYPES = {"object", "array", "string", "number", "integer", "boolean", "null"}
+MAX_SCHEMA_BYTES = 64 * 1024
+MAX_DEPTH = 32
+MAX_PROPERTIES = 256
+PARAM = "response_format"
+
+
+@dataclass(frozen=True)
+class JsonConstraint:
+    """What to enforce: ``kind`` json_object or json_schema, the schema, and the name for the header."""
+
+    kind: str
+    schema: dict[str, Any]
+    name: str | None = None
+
+    @property
+    def key(self) -> str:
+        """Canonical text of the schema: the cache key for its compiled constraint."""
+        return json.dumps(self.schema, sort_keys=True, separators=(",", ":"))
+
+    def header(self) -> str:
+        """X-miLLM-Constrained."""
+        if self.kind == "json_object":
+            return "json_object"
+        escaped = (self.name or "").replace("\\", "\\\\").replace('"', '\\"')
+        return f'json_schema;name="{escaped}"'
+
+
+def _pointer(path: list[str]) -> str:
+    return "/" + "/".join(p.replace("~", "~0").replace("/", "~1") for p in path) if path else ""
+
+
+def _walk(node: Any, path: list[str], defs: dict[str, Any], problems: list[str], depth: int) -> None:
+    if depth > MAX_DEPTH:
+        raise ResponseFormatUnsupported(f"The schema nests deeper than {MAX_DEPTH} levels at '{_pointer(path)}'.",
+                                        param=PARAM)
+    if isinstance(node, bool):
+        return
+    if not isinstance(node, dict):
+        problems.append(f"'{_pointer(path)}' is not a schema object")
+        return
+    for key, value in node.items():
+        here = [*path, key]
+        if key in ANNOTATIONS:
+            continue
+        if key not in ENFORCED:
+            problems.append(f"'{key}' at '{_pointer(here)}'")
+        elif key == "type":
+            kinds = value if isinstance(value, list) else [value]
+            if not kinds or any(k not in TYPES for k in kinds):
+                problems.append(f"'type' {value!r} at '{_pointer(here)}'")
+        elif key == "properties":
+            if not isinstance(value, dict):
+                problems.append(f"'properties' at '{_pointer(here)}' is not an object")
+                continue
+            if len(value) > MAX_PROPERTIES:
+                raise ResponseFormatUnsupported(f"'{_pointer(here)}' has {len(value)} properties; at most "
+                                                f"{MAX_PROPERTIES} per object.", param=PARAM)
+            for name, sub in value.items():
+                _walk(sub, [*here, name], defs, problems, depth + 1)
+        elif key in ("items", "additionalProperties"):
+            _walk(value, here, defs, problems, depth + 1)
+        elif key == "anyOf":
+            if not isinstance(value, list) or not value:
+                problems.append(f"'anyOf' at '{_pointer(here)}' is not a non-empty list")
+                continue
+            for i, sub in enumerate(value):
+                _walk(sub, [*here, str(i)], defs, problems, depth + 1)
+        elif key == "$defs":
+            if not isinstance(value, dict):
+                problems.append(f"'$defs' at '{_pointer(here)}' is not an object")
+                continue
+            for name, sub in value.items():
+                _walk(sub, [*here, name], defs, problems, depth + 1)
+        elif key == "$ref":
+            target = value[len("#/$defs/"):] if isinstance(value, str) and value.startswith("#/$defs/") else None
+            if target is None or target not in defs:
+                problems.append(f"'$ref' {value!r} at '{_pointer(here)}' (only local refs into $defs)")
+
+
+def check_response_format(value: Any) -> JsonConstraint | None:
+    """The constraint a response_format asks for (None for text), or a 400 naming every problem."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or value.get("type") not in ("text", "json_object", "json_schema"):
+        raise ResponseFormatUnsupported("'response_format.type' must be text, json_object or json_schema.", param=PARAM)
+    if value["type"] == "text":
+        return None
+    if value["type"] == "json_object":
+        return JsonConstraint("json_object", {"type": "object"})
+    spec = value.get("json_schema")
+    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str) or not isinstance(spec.get("schema"), dict):
+        raise ResponseFormatUnsupported("'response_format.json_schema' needs a 'name' and a 'schema' object.",
+                                        param=PARAM)
+    schema = spec["schema"]
+    if len(json.dumps(schema).encode()) > MAX_SCHEMA_BYTES:
+        raise ResponseFormatUnsupported(f"The schema is over {MAX_SCHEMA_BYTES // 1024} KB.", param=PARAM)
+    problems: list[str] = []
+    defs = schema.get("$defs") if isinstance(schema.get("$defs"), dict) else {}
+    _walk(schema, [], defs, problems, 0)
+    if problems:
+        raise ResponseFormatUnsupported("The schema uses what miLLM cannot enforce while generating: "
+                                        + "; ".join(problems) + ".", param=PARAM)
+    return JsonConstraint("json_schema", schema, spec["name"])
