@@ -32,7 +32,7 @@ PROMPT = "Once upon a time, in a village by the sea, there lived"
 def in_process(engine, tokens: int) -> tuple[float, float, str]:
     request = GenerationRequest([TextPrompt(PROMPT)], sampling_params({"temperature": 0, "max_tokens": tokens}))
     start = time.perf_counter()
-    first, n, text = None, 0, []
+    first, _n, text = None, 0, []
     for event in engine.generate(request):
         if isinstance(event, Delta):
             first = first or time.perf_counter() - start

@@ -93,8 +93,7 @@ def steer_set(assignments: Annotated[list[str], typer.Argument(help="FEATURE=STR
 def steer_clear(model: ModelOption = None) -> None:
     """Clear every live value."""
     engine = engine_for(model)
-    engine.steering.clear()
-    steering_service().persist(engine)
+    steering_service().clear(engine)
     _print_json(engine.steering.snapshot())
 
 

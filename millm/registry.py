@@ -97,14 +97,15 @@ def list_models(settings: Settings) -> list[ModelEntry]:
     if gguf is not None:
         entries.append(ModelEntry(id=BUNDLED_ID, engine="transformers", source="bundled", path=gguf,
                                   quantization="Q4_1"))
-        entries.append(gguf_entry(gguf, "bundled"))
+        if (tagged := gguf_entry(gguf, "bundled")) is not None:
+            entries.append(tagged)
     if settings.models_dir.is_dir():
         for p in sorted(settings.models_dir.iterdir()):
             if _is_checkpoint(p):
                 entries.append(_from_directory(p))
             elif p.suffix == ".gguf" and (entry := gguf_entry(p, "path")) is not None:
                 entries.append(entry)
-    return [e for e in entries if e is not None] + _hf_cache_models()
+    return entries + _hf_cache_models()
 
 
 def resolve(model: str, settings: Settings) -> ModelEntry:

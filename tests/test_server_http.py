@@ -1,7 +1,6 @@
 """The /v1 server over raw HTTP: headers, SSE framing, backpressure, cancellation, model swaps."""
 
 import json
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 

@@ -14,7 +14,7 @@ from millm.engine import loader
 from millm.engine.events import Activations, Delta, Event, Finish, Usage
 from millm.engine.output import ChoiceOutput
 from millm.engine.plan import Plan, run_each, token_budget
-from millm.engine.params import ChatPrompt, GenerationRequest, Prompt, SamplingParams
+from millm.engine.params import ChatPrompt, GenerationRequest, Prompt
 from millm.engine.sampling import apply_penalties, sample, update_counts
 from millm.engine.templates import render_chat
 from millm.errors import ContextLengthExceeded, InvalidParameter, InvalidScoringRequest

@@ -144,27 +144,21 @@ async def patch_steering() -> Any:
 @bp.delete("/steering")
 async def clear_steering() -> Any:
     """Clear every value."""
-    svc, eng = services(), engine()
-    eng.steering.clear()
-    svc.steering.persist(eng)
+    services().steering.clear(engine())
     return steering_state()
 
 
 @bp.post("/steering/enable")
 async def enable_steering() -> Any:
     """Turn steering on."""
-    svc, eng = services(), engine()
-    eng.steering.set_enabled(True)
-    svc.steering.persist(eng)
+    services().steering.set_enabled(engine(), True)
     return steering_state()
 
 
 @bp.post("/steering/disable")
 async def disable_steering() -> Any:
     """Turn steering off (values are kept)."""
-    svc, eng = services(), engine()
-    eng.steering.set_enabled(False)
-    svc.steering.persist(eng)
+    services().steering.set_enabled(engine(), False)
     return steering_state()
 
 

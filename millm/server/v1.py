@@ -44,6 +44,14 @@ async def json_body() -> Any:
     return body
 
 
+async def begin(route: str, schema: type[Any]) -> tuple[dict[str, Any], Any, ModelEntry, list[str]]:
+    """What every /v1 request does first: parse, find the model, sort its fields (all before any load)."""
+    body = await json_body()
+    wire = parse(schema, body)
+    entry = services().manager.entry(wire.model)
+    return body, wire, entry, unused_fields(route, entry, body)
+
+
 def unused_fields(route: str, entry: ModelEntry, body: dict[str, Any]) -> list[str]:
     """Refuse unhonourable fields; in strict mode refuse unused ones too; otherwise log and return them."""
     strict = strict_mode(request.headers.get(STRICT_HEADER))
@@ -140,11 +148,8 @@ def constraint_for(body: dict[str, Any], params: SamplingParams) -> JsonConstrai
 @bp.post("/chat/completions")
 async def chat_completions() -> Any:
     """Chat completion, streaming or not; extra_messages answers further conversations as further choices."""
-    body = await json_body()
-    wire = parse(ChatCompletionRequest, body)
+    body, wire, entry, ignored = await begin("chat", ChatCompletionRequest)
     svc = services()
-    entry = svc.manager.entry(wire.model)
-    ignored = unused_fields("chat", entry, body)
     conversations = [check_messages(wire.messages)]
     conversations += [check_messages(c, f"extra_messages[{k}]") for k, c in enumerate(wire.extra_messages or [])]
     if scoring.is_chat_scoring(body):
@@ -173,11 +178,8 @@ async def chat_completions() -> Any:
 @bp.post("/completions")
 async def completions() -> Any:
     """Text completion: the prompt goes to the model verbatim; each prompt of a list is its own choice."""
-    body = await json_body()
-    wire = parse(CompletionRequest, body)
+    body, wire, entry, ignored = await begin("completions", CompletionRequest)
     svc = services()
-    entry = svc.manager.entry(wire.model)
-    ignored = unused_fields("completions", entry, body)
     prompts = [wire.prompt] if isinstance(wire.prompt, str) else wire.prompt
     if not prompts:
         raise InvalidParameter("'prompt' is an empty list.", param="prompt")
@@ -239,11 +241,8 @@ async def score_chat(body: dict[str, Any], entry: ModelEntry, conversations: lis
 @bp.post("/embeddings")
 async def embeddings() -> Any:
     """Mean-pooled last-hidden-layer embeddings, never steered."""
-    body = await json_body()
-    wire = parse(EmbeddingRequest, body)
+    body, wire, entry, ignored = await begin("embeddings", EmbeddingRequest)
     svc = services()
-    entry = svc.manager.entry(wire.model)
-    ignored = unused_fields("embeddings", entry, body)
     encoding = wire.encoding_format or "float"
     if encoding not in ("float", "base64"):
         raise InvalidParameter(f"'encoding_format' must be float or base64, got {encoding!r}.", param="encoding_format")

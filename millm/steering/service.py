@@ -124,6 +124,16 @@ class SteeringService:
         steering.set_values(sae_id, values, merge=merge)
         self.persist(engine)
 
+    def clear(self, engine: TransformersEngine) -> None:
+        """Clear every live value (persisted)."""
+        engine.steering.clear()
+        self.persist(engine)
+
+    def set_enabled(self, engine: TransformersEngine, enabled: bool) -> None:
+        """Turn steering on or off, keeping the values (persisted)."""
+        engine.steering.set_enabled(enabled)
+        self.persist(engine)
+
     # profiles
     def profile(self, name: str) -> dict[str, Any]:
         found = self.store.profile(name)
@@ -157,8 +167,7 @@ class SteeringService:
         self.persist(engine)
 
     def deactivate(self, engine: TransformersEngine) -> None:
-        engine.steering.clear()
-        self.persist(engine)
+        self.clear(engine)
 
     def export(self, name: str) -> dict[str, Any]:
         """The profile document, as import takes it."""
