@@ -1,6 +1,9 @@
 """GGUF decode speed: miLLM's llama.cpp engine vs raw llama-cpp-python, and through HTTP streaming.
 
-    python bench/gguf.py [--tokens 128] [--rounds 3]
+    python bench/gguf_speed.py [--tokens 128] [--rounds 3]
+
+(Not named gguf.py: run as a script from bench/, that name would shadow the gguf package
+that transformers imports to read GGUF files, breaking every other benchmark's first load.)
 
 Same model file, prompt and settings (greedy, no repeat penalty) for all three; prints tokens/s and
 the ratios miLLM/raw and HTTP/raw.
