@@ -215,3 +215,25 @@ def test_model_not_loaded(settings):
         ready = httpx.get(base + "/api/health/ready", timeout=10)
     assert r.status_code == 503 and r.json()["error"]["code"] == "model_not_loaded"
     assert ready.status_code == 503 and ready.json()["ready"] is False
+
+
+def test_unused_fields_logged_once_without_values(server, caplog):
+    import logging
+
+    caplog.set_level(logging.WARNING, logger="millm.server.v1")
+    chat(server, user="secret-user-id", mystery="secret-value")
+    records = [r for r in caplog.records if "request_fields_unused" in r.getMessage()]
+    assert len(records) == 1
+    assert "user" in records[0].getMessage() and "mystery" in records[0].getMessage()
+    assert "secret" not in records[0].getMessage()
+
+
+def test_admin_key_guards_management_changes(engine, settings):
+    app = create_app(settings.model_copy(update={"admin_key": "boss"}), engine)
+    with live_server(app) as base:
+        read = httpx.get(base + "/api/steering", timeout=10)
+        denied = httpx.delete(base + "/api/steering", timeout=10)
+        allowed = httpx.delete(base + "/api/steering", headers={"Authorization": "Bearer boss"}, timeout=10)
+        v1 = chat(base)
+    assert read.status_code == 200 and denied.status_code == 401 and allowed.status_code == 200
+    assert v1.status_code == 200  # the admin key guards /api only
