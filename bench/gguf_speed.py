@@ -13,10 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
-import sys
 import time
 
 import httpx
@@ -27,6 +24,7 @@ from millm.engine.events import Usage
 from millm.engine.params import ChatPrompt, GenerationRequest
 from millm.registry import resolve
 from millm.validation import sampling_params
+from served import millm_server
 
 MODEL = "SmolLM2-135M-Instruct:Q4_1"
 MESSAGES = [{"role": "user", "content": "Write a long story about a lighthouse keeper and a storm."}]
@@ -64,29 +62,13 @@ def main() -> None:
                     n = json.loads(line[6:])["usage"]["completion_tokens"]
         return n / (time.perf_counter() - start)
 
-    server = subprocess.Popen([sys.executable, "-m", "cli", "serve", "--port", str(args.port), "--model", MODEL],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ))
-    base = f"http://127.0.0.1:{args.port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if client.get(base + "/api/health/ready").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise SystemExit("server did not become ready")
-            time.sleep(0.2)
+    with millm_server(args.port, MODEL) as base:
         ours(), raw(), http(base)  # warm up
         results: dict[str, list[float]] = {"raw": [], "ours": [], "http": []}
         for _ in range(args.rounds):
             results["raw"].append(raw())
             results["ours"].append(ours())
             results["http"].append(http(base))
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
     m = {k: statistics.median(v) for k, v in results.items()}
     print(f"{MODEL}, up to {args.tokens} greedy tokens, medians of {args.rounds} rounds")
     print(f"raw llama-cpp-python create_chat_completion: {m['raw']:7.1f} tok/s")

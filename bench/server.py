@@ -10,10 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -25,6 +22,7 @@ from millm.engine.events import Delta
 from millm.engine.params import GenerationRequest, TextPrompt
 from millm.registry import resolve
 from millm.validation import sampling_params
+from served import millm_server
 
 PROMPT = "Once upon a time, in a village by the sea, there lived"
 
@@ -73,21 +71,7 @@ def main() -> None:
 
     settings = get_settings()
     engine = load_engine(resolve(settings.default_model, settings), settings)
-    server = subprocess.Popen([sys.executable, "-m", "cli", "serve", "--port", str(args.port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ))
-    base = f"http://127.0.0.1:{args.port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(base + "/api/health/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise SystemExit("server did not become ready")
-            time.sleep(0.2)
-
+    with millm_server(args.port) as base:
         in_process(engine, args.tokens), over_http(base, engine.model_id, args.tokens)  # warm up
         local, remote, reference = [], [], None
         for _ in range(args.rounds):
@@ -115,9 +99,6 @@ def main() -> None:
         print(f"{args.clients} concurrent clients: {correct}/{args.clients} correct bodies, "
               f"p50 {statistics.median(latencies):.2f} s, p95 {p95:.2f} s, "
               f"{sum(n for *_, n in results) / wall:.1f} tok/s overall")
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
 
 
 if __name__ == "__main__":
