@@ -19,11 +19,11 @@ from millm.engine.events import Delta, Event, Finish, Usage
 from millm.engine.output import ChoiceOutput
 from millm.engine.params import ChatPrompt, GenerationRequest, Prompt
 from millm.engine.plan import Plan, run_each, token_budget
+from millm.engine.templates import END_OF_TURN_TOKENS, fallback_template
 from millm.errors import ContextLengthExceeded, InvalidParameter, ModelLoadFailed
 from millm.registry import ModelEntry
 
 log = logging.getLogger("millm.llama_cpp")
-END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "</s>")
 _log_callback: Any = None
 
 
@@ -119,8 +119,6 @@ class LlamaCppEngine:
         return frozenset(ids)
 
     def _render(self, messages: list[dict[str, Any]]) -> str:
-        from millm.engine.templates import fallback_template
-
         if self._formatter is None:
             return fallback_template(messages, True)
         return self._formatter(messages=messages).prompt

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+# chat templates' end-of-turn markers: generation stops on them like on EOS (both engines)
+END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "</s>")
+
 FALLBACK_NAMES = {"system": "System", "user": "User", "assistant": "Assistant",
                   "tool": "Tool", "function": "Function", "developer": "Developer"}
 

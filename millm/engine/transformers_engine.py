@@ -16,7 +16,7 @@ from millm.engine.output import ChoiceOutput
 from millm.engine.plan import Plan, run_each, token_budget
 from millm.engine.params import ChatPrompt, GenerationRequest, Prompt
 from millm.engine.sampling import apply_penalties, sample, update_counts
-from millm.engine.templates import render_chat
+from millm.engine.templates import END_OF_TURN_TOKENS, render_chat
 from millm.errors import ContextLengthExceeded, InvalidParameter, InvalidScoringRequest
 from millm.registry import ModelEntry
 from millm.steering.controller import Steering
@@ -24,7 +24,6 @@ from millm.steering.monitor import Monitor
 from millm.steering.readout import ReadoutRecorder, parse_readout
 from millm.structured.constraint import ConstraintCompiler, RowGuides, validate
 
-END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "</s>")
 EMBED_BATCH = 32
 
 

@@ -58,7 +58,7 @@ def decoder_layers(model: Any) -> Any:
 class Steering:
     """Attached SAEs and live steering values for one model."""
 
-    def __init__(self, model: Any, on_change: Callable[[], None] | None = None) -> None:
+    def __init__(self, model: Any) -> None:
         self.model = model
         self.layers = decoder_layers(model)
         self.d_model = int(model.config.hidden_size)
@@ -67,11 +67,9 @@ class Steering:
         self.attachments: dict[str, Attachment] = {}
         self.enabled = True
         self.active_profile: str | None = None
-        self.version = 0
         self._override: Override | None = None
         self._suppressed = False
         self._lock = threading.RLock()
-        self._on_change = on_change or (lambda: None)
 
     # attaching
     def attach(self, sae_id: str, sae: SAE, layer: int) -> Attachment:
@@ -86,23 +84,20 @@ class Steering:
                 if other.layer == layer and other.sae_id != sae_id:
                     raise InvalidParameter(f"Layer {layer} already has SAE {other.sae_id} attached; detach it first.",
                                            param="layer")
-            values = self.detach(sae_id, notify=False).values if sae_id in self.attachments else {}
+            values = self.detach(sae_id).values if sae_id in self.attachments else {}
             att = Attachment(sae_id, sae.to(self.device, self.dtype), layer,
                              torch.zeros(self.d_model, device=self.device, dtype=self.dtype))
             att.handle = self.layers[layer].register_forward_hook(self._hook(att))
             self.attachments[sae_id] = att
             att.values = values
             self._refresh()
-            self._changed()
             return att
 
-    def detach(self, sae_id: str, notify: bool = True) -> Attachment:
+    def detach(self, sae_id: str) -> Attachment:
         with self._lock:
             att = self._attachment(sae_id)
             att.handle.remove()
             del self.attachments[sae_id]
-            if notify:
-                self._changed()
             return att
 
     def detach_all(self) -> None:
@@ -135,19 +130,19 @@ class Steering:
             new = {**att.values, **checked} if merge else checked
             att.values = {f: s for f, s in new.items() if s != 0.0}
             self.active_profile = None
-            self._operator_changed()
+            self._refresh()
 
     def clear(self) -> None:
         with self._lock:
             for att in self.attachments.values():
                 att.values = {}
             self.active_profile = None
-            self._operator_changed()
+            self._refresh()
 
     def set_enabled(self, enabled: bool) -> None:
         with self._lock:
             self.enabled = enabled
-            self._operator_changed()
+            self._refresh()
 
     def activate(self, name: str, values: dict[str, dict[int, float]]) -> None:
         """Make a profile's (already resolved) values the live base values."""
@@ -155,15 +150,7 @@ class Steering:
             for att in self.attachments.values():
                 att.values = dict(values.get(att.sae_id, {}))
             self.active_profile = name
-            self._operator_changed()
-
-    def _operator_changed(self) -> None:
-        self.version += 1
-        self._refresh()
-        self._changed()
-
-    def _changed(self) -> None:
-        self._on_change()
+            self._refresh()
 
     @property
     def live(self) -> bool:
