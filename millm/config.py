@@ -6,8 +6,10 @@ from functools import lru_cache
 from pathlib import Path
 
 from platformdirs import user_data_dir
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from millm.steering.intensity import ENVELOPE
 
 
 class Settings(BaseSettings):
@@ -23,6 +25,17 @@ class Settings(BaseSettings):
     max_queue: int = 32
     api_key: str | None = None
     admin_key: str | None = None
+    intensity_max: float = Field(default=2.0, gt=ENVELOPE[0], le=ENVELOPE[1])
+    cluster_intensity_min: float = Field(default=0.5, ge=ENVELOPE[0], le=ENVELOPE[1])
+    circuit_intensity_min: float = Field(default=0.0, ge=ENVELOPE[0], le=ENVELOPE[1])
+
+    @model_validator(mode="after")
+    def _dial_floors_below_max(self) -> Settings:
+        """The steering dial's default floors cannot sit above its ceiling."""
+        for name in ("cluster_intensity_min", "circuit_intensity_min"):
+            if getattr(self, name) > self.intensity_max:
+                raise ValueError(f"MILLM_{name.upper()} must not exceed MILLM_INTENSITY_MAX ({self.intensity_max}).")
+        return self
 
     @property
     def cache_dir(self) -> Path:

@@ -1,4 +1,5 @@
-"""The SQLite store: registered SAEs and their labels, saved profiles, and persisted steering state.
+"""The SQLite store: registered SAEs and their labels, saved profiles, imported clusters and circuits,
+and persisted steering state.
 
 Every write is one transaction, so a process killed mid-write leaves the previous state readable.
 """
@@ -9,8 +10,12 @@ import json
 import sqlite3
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from millm.steering.intensity import DEFAULT_DIAL
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS saes (
@@ -23,9 +28,14 @@ CREATE TABLE IF NOT EXISTS profiles (
     name TEXT PRIMARY KEY, description TEXT NOT NULL DEFAULT '', model TEXT, entries TEXT NOT NULL,
     created REAL NOT NULL, updated REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS state (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS clusters (
+    name TEXT PRIMARY KEY, document TEXT NOT NULL, intensity REAL NOT NULL, created REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS circuits (name TEXT PRIMARY KEY, document TEXT NOT NULL, created REAL NOT NULL);
 """
 
 SAE_COLUMNS = ("id", "name", "path", "format", "architecture", "d_in", "d_sae", "layer_hint", "model_hint")
+DOCUMENT_TABLES = {"cluster": "clusters", "circuit": "circuits"}
+ACTIVE_CIRCUIT = "active_circuit"  # the state key naming the active circuit
 
 
 class Store:
@@ -42,17 +52,23 @@ class Store:
             self._conn.execute("PRAGMA synchronous=FULL")
             self._conn.executescript(SCHEMA)
 
-    def _write(self, statements: list[tuple[str, tuple[Any, ...]]]) -> None:
-        """Run ``statements`` as one transaction: all of them land, or none."""
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction (reads inside it see a stable database): all of it lands, or none."""
         with self._lock:
             self._conn.execute("BEGIN IMMEDIATE")
             try:
-                for sql, args in statements:
-                    self._conn.execute(sql, args)
+                yield self._conn
                 self._conn.execute("COMMIT")
             except BaseException:
                 self._conn.execute("ROLLBACK")
                 raise
+
+    def _write(self, statements: list[tuple[str, tuple[Any, ...]]]) -> None:
+        """Run ``statements`` as one transaction: all of them land, or none."""
+        with self._transaction() as conn:
+            for sql, args in statements:
+                conn.execute(sql, args)
 
     def _rows(self, sql: str, args: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
         with self._lock:
@@ -115,6 +131,90 @@ class Store:
     def _profile_dict(row: sqlite3.Row) -> dict[str, Any]:
         return {"name": row["name"], "description": row["description"], "model": row["model"],
                 "entries": json.loads(row["entries"]), "created": row["created"], "updated": row["updated"]}
+
+    # imported clusters and circuits, each backing a profile of its name
+    def import_document(self, kind: Literal["cluster", "circuit"], document: dict[str, Any],
+                        profile: dict[str, Any], *, overwrite: bool) -> bool:
+        """Store a checked document and the profile backed by it, in one transaction.
+
+        False (nothing written) when a profile, cluster or circuit has the name and ``overwrite`` is off.
+        Overwriting replaces whatever held the name; a re-imported cluster's dial starts at the default again.
+        """
+        name, now = document["name"], time.time()
+        with self._transaction() as conn:
+            taken = conn.execute("SELECT 1 FROM profiles WHERE name = ? UNION ALL SELECT 1 FROM clusters "
+                                 "WHERE name = ? UNION ALL SELECT 1 FROM circuits WHERE name = ?",
+                                 (name, name, name)).fetchall()
+            if taken and not overwrite:
+                return False
+            self._drop_document(conn, name)
+            conn.execute("INSERT OR REPLACE INTO profiles VALUES (?, ?, ?, ?, ?, ?)",
+                         (profile["name"], profile.get("description") or "", profile.get("model"),
+                          json.dumps(profile["entries"]), now, now))
+            if kind == "cluster":
+                conn.execute("INSERT INTO clusters VALUES (?, ?, ?, ?)",
+                             (name, json.dumps(document), DEFAULT_DIAL, now))
+            else:
+                conn.execute("INSERT INTO circuits VALUES (?, ?, ?)", (name, json.dumps(document), now))
+        return True
+
+    @staticmethod
+    def _drop_document(conn: sqlite3.Connection, name: str) -> None:
+        """Inside a transaction: remove whatever holds ``name`` (cluster, circuit, profile, the active mark)."""
+        for table in DOCUMENT_TABLES.values():
+            conn.execute(f"DELETE FROM {table} WHERE name = ?", (name,))
+        conn.execute("DELETE FROM profiles WHERE name = ?", (name,))
+        conn.execute("DELETE FROM state WHERE key = ? AND value = ?", (ACTIVE_CIRCUIT, json.dumps(name)))
+
+    def documents(self, kind: Literal["cluster", "circuit"]) -> list[dict[str, Any]]:
+        """Every imported cluster (or circuit): ``{"name", "document", "created"}``, clusters with ``intensity``."""
+        return [self._document_dict(r) for r in self._rows(f"SELECT * FROM {DOCUMENT_TABLES[kind]} ORDER BY name")]
+
+    def document(self, kind: Literal["cluster", "circuit"], name: str) -> dict[str, Any] | None:
+        rows = self._rows(f"SELECT * FROM {DOCUMENT_TABLES[kind]} WHERE name = ?", (name,))
+        return self._document_dict(rows[0]) if rows else None
+
+    def backing(self, name: str) -> Literal["cluster", "circuit"] | None:
+        """What the profile ``name`` is backed by: an imported cluster, a circuit, or nothing (a plain profile)."""
+        for kind in ("cluster", "circuit"):
+            if self._rows(f"SELECT 1 FROM {DOCUMENT_TABLES[kind]} WHERE name = ?", (name,)):
+                return kind
+        return None
+
+    def delete_document(self, kind: Literal["cluster", "circuit"], name: str) -> bool:
+        """Remove a cluster (or circuit) with its profile, in one transaction; False when there is none."""
+        with self._transaction() as conn:
+            if not conn.execute(f"SELECT 1 FROM {DOCUMENT_TABLES[kind]} WHERE name = ?", (name,)).fetchall():
+                return False
+            self._drop_document(conn, name)
+            return True
+
+    def set_cluster_intensity(self, name: str, lam: float) -> bool:
+        """Set a cluster's persistent dial (already checked against its bounds); False when there is no cluster."""
+        with self._transaction() as conn:
+            return conn.execute("UPDATE clusters SET intensity = ? WHERE name = ?", (lam, name)).rowcount > 0
+
+    def set_active_circuit(self, name: str | None) -> bool:
+        """Make ``name`` the active circuit (None: none is); False when there is no such circuit."""
+        with self._transaction() as conn:
+            if name is None:
+                conn.execute("DELETE FROM state WHERE key = ?", (ACTIVE_CIRCUIT,))
+                return True
+            if not conn.execute("SELECT 1 FROM circuits WHERE name = ?", (name,)).fetchall():
+                return False
+            conn.execute("INSERT OR REPLACE INTO state VALUES (?, ?)", (ACTIVE_CIRCUIT, json.dumps(name)))
+            return True
+
+    def active_circuit(self) -> str | None:
+        name: str | None = self.get_state(ACTIVE_CIRCUIT)
+        return name
+
+    @staticmethod
+    def _document_dict(row: sqlite3.Row) -> dict[str, Any]:
+        out = {"name": row["name"], "document": json.loads(row["document"]), "created": row["created"]}
+        if "intensity" in row.keys():
+            out["intensity"] = row["intensity"]
+        return out
 
     # persisted state (steering, active profile, monitoring)
     def get_state(self, key: str, default: Any = None) -> Any:
