@@ -25,6 +25,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from millm.errors import InvalidParameter
+from millm.sfv import sf_decimal
 from millm.steering.values import clamp
 
 if TYPE_CHECKING:
@@ -172,9 +173,8 @@ def scale(strengths: Strengths, lam: float) -> dict[str, dict[int, float]]:
 
 
 def format_lambda(lam: float) -> str:
-    """λ as an RFC 8941 sf-decimal (at most three fractional digits): ``0.5``, ``1.0``, ``0.333``."""
-    whole, _, frac = f"{lam:.3f}".partition(".")
-    return f"{whole}.{frac.rstrip('0') or '0'}"
+    """λ for the X-miLLM-Steering-Intensity echo: an RFC 8941 sf-decimal (``0.5``, ``1.0``, ``0.333``)."""
+    return sf_decimal(lam)
 
 
 def resolve(dial: Dial, context: Context, base: Callable[[], Base], settings: IntensitySettings) -> Resolution:

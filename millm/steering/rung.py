@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from millm.server.headers import sf_string
+from millm.sfv import sf_string
 
 CIRCUIT_RUNG_HEADER = "X-miLLM-Circuit-Rung"
 

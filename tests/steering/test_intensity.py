@@ -9,6 +9,7 @@ import pytest
 
 from millm.config import Settings
 from millm.errors import InvalidParameter
+from millm.sfv import sf_string
 from millm.steering.intensity import (
     Base,
     BaseKind,
@@ -240,3 +241,8 @@ def test_the_rung_header_is_the_spec_ladder_in_rfc8941_form():
 def test_no_phrase_outside_the_ladder(rung):
     with pytest.raises(ValueError):
         rung_header(rung)
+
+
+def test_sf_string_escapes_what_would_break_a_parser():
+    assert sf_string('a "b" \\ c') == '"a \\"b\\" \\\\ c"'
+    assert sf_string("λ 100%") == '"%CE%BB 100%25"'
