@@ -1,21 +1,23 @@
 """Reading SAEs as published: SAELens (old and v6 configs), Gemma Scope npz, Llama Scope, EleutherAI sparsify.
 
-Each reader returns an ``SAE`` plus what the files say about where it belongs (format, layer and
-model hints). Anything malformed is an ``InvalidSAE`` naming the file and the key.
+Each reader returns an ``SAE`` that computes what the format's own library computes (encode, decode, and
+so a feature's steering direction), plus what the files say about where it belongs (format, layer and
+model hints). Anything malformed, or meaning something miLLM does not compute, is an ``InvalidSAE``
+naming the file and the key.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from millm.errors import InvalidSAE
-from millm.sae.model import SAE
+from millm.sae.model import SAE, fold_decoder_norms, fold_input_scale
 
 
 @dataclass(frozen=True)
@@ -71,53 +73,130 @@ def _cfg_value(cfg: dict[str, Any], key: str, path: Path, kind: type) -> Any:
     return value
 
 
+def _positive_int(value: Any, key: str, path: Path, what: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise InvalidSAE(f"{path}: key '{key}' must be a positive integer for {what}, got {value!r}.")
+    return value
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+# SAELens
+
+SAELENS_ARCHITECTURES = {"standard": "relu", "jumprelu": "jumprelu", "topk": "topk", "batchtopk": "jumprelu",
+                         "jumprelu_batchtopk": "jumprelu"}
+SAELENS_NORMALISATIONS = ("none", "expected_average_only_in", "constant_norm_rescale", "layer_norm")
+
+
+def _saelens_major_version(cfg: dict[str, Any], meta: dict[str, Any], path: Path) -> int | None:
+    version = cfg.get("sae_lens_version") or meta.get("sae_lens_version")
+    if not version:
+        return None
+    match = re.match(r"\s*v?(\d+)", str(version))
+    if not match:
+        raise InvalidSAE(f"{path}: key 'sae_lens_version' is {version!r}, not a version number.")
+    return int(match.group(1))
+
+
+def _saelens_config(raw: dict[str, Any], path: Path) -> dict[str, Any]:
+    """The config as SAELens' ``handle_config_defaulting`` reads it.
+
+    A config without ``sae_lens_version`` (top level or in ``metadata``), or older than 6.0, goes through
+    SAELens' pre-6.0 conversion: ``activation_fn_str`` "topk" with ``activation_fn_kwargs.k`` makes the
+    architecture topk whatever ``architecture`` says, a missing ``apply_b_dec_to_input`` is true, a
+    boolean ``normalize_activations`` true means ``expected_average_only_in``. A 6.x config is read as
+    written, with SAELens' ``SAEConfig`` defaults (``apply_b_dec_to_input`` true, no normalisation).
+    """
+    meta: dict[str, Any] = raw["metadata"] if isinstance(raw.get("metadata"), dict) else {}
+    cfg = {**raw}
+    major = _saelens_major_version(raw, meta, path)
+    if major is None or major < 6:
+        activation = cfg.get("activation_fn", cfg.get("activation_fn_str")) or "relu"
+        given = cfg.get("activation_fn_kwargs")
+        kwargs: dict[str, Any] = given if isinstance(given, dict) else {}
+        cfg["architecture"] = cfg.get("architecture") or "standard"
+        cfg.setdefault("hook_name", cfg.get("hook_point"))  # renamed in 6.0
+        if activation == "topk":
+            cfg["architecture"] = "topk"
+            cfg["k"] = _positive_int(kwargs.get("k"), "activation_fn_kwargs.k", path, "activation_fn_str 'topk'")
+        elif activation != "relu":
+            raise InvalidSAE(f"{path}: key 'activation_fn_str' is {activation!r}; miLLM reads relu and topk.")
+        elif cfg["architecture"] == "topk" and "k" in kwargs:
+            cfg["k"] = kwargs["k"]
+        if isinstance(cfg.get("normalize_activations"), bool):
+            cfg["normalize_activations"] = "expected_average_only_in" if cfg["normalize_activations"] else "none"
+    elif not cfg.get("architecture"):
+        raise InvalidSAE(f"{path}: key 'architecture' is missing (a SAELens {major}.x config names it).")
+    cfg.setdefault("apply_b_dec_to_input", True)
+    if cfg.get("normalize_activations") is None:
+        cfg["normalize_activations"] = "none"
+    for key in ("norm_scaling_factor", "hook_name", "hook_layer", "model_name"):
+        if cfg.get(key) is None and key in meta:
+            cfg[key] = meta[key]
+    return cfg
+
+
+def _saelens_threshold(w: dict[str, torch.Tensor], cfg: dict[str, Any], d_sae: int, path: Path,
+                       cfg_path: Path) -> torch.Tensor:
+    """A JumpReLU threshold: the ``threshold`` tensor, an older ``log_threshold`` (SAELens exponentiates it
+    on load), or BatchTopK's one global threshold (``topk_threshold`` tensor, or ``threshold`` in cfg.json)."""
+    if "threshold" in w:
+        return _shape(_need(w, "threshold", path), (d_sae,), "threshold", path)
+    if "log_threshold" in w:
+        return _shape(_need(w, "log_threshold", path), (d_sae,), "log_threshold", path).exp()
+    if "topk_threshold" in w:
+        return torch.full((d_sae,), float(_need(w, "topk_threshold", path).reshape(-1)[0]))
+    if _number(cfg.get("threshold")):
+        return torch.full((d_sae,), float(cfg["threshold"]))
+    raise InvalidSAE(f"{path}: missing key 'threshold' for a {cfg.get('architecture')} SAE (nor 'threshold' in "
+                     f"{cfg_path.name}).")
+
+
 def _saelens(folder: Path) -> LoadedSAE:
     cfg_path, weights_path = folder / "cfg.json", folder / "sae_weights.safetensors"
-    cfg = _json(cfg_path)
-    meta = cfg.get("metadata") if isinstance(cfg.get("metadata"), dict) else {}
+    cfg = _saelens_config(_json(cfg_path), cfg_path)
     d_in = _cfg_value(cfg, "d_in", cfg_path, int)
     d_sae = _cfg_value(cfg, "d_sae", cfg_path, int)
-    arch = str(cfg.get("architecture") or cfg.get("activation_fn_str") or "standard").lower()
-    arch = {"standard": "relu", "relu": "relu", "jumprelu": "jumprelu", "topk": "topk",
-            "batchtopk": "jumprelu", "jumprelu_batchtopk": "jumprelu"}.get(arch)
+    name = str(cfg["architecture"]).lower()
+    arch = SAELENS_ARCHITECTURES.get(name)
     if arch is None:
-        raise InvalidSAE(f"{cfg_path}: key 'architecture' is {cfg.get('architecture')!r}; miLLM reads standard "
+        raise InvalidSAE(f"{cfg_path}: key 'architecture' is {cfg['architecture']!r}; miLLM reads standard "
                          "(ReLU), jumprelu, topk and batchtopk.")
+    norm = cfg["normalize_activations"]
+    if norm not in SAELENS_NORMALISATIONS:
+        raise InvalidSAE(f"{cfg_path}: key 'normalize_activations' is {norm!r}; SAELens knows "
+                         f"{', '.join(SAELENS_NORMALISATIONS)}.")
     w = _tensors(weights_path)
+    if "scaling_factor" in w and not torch.all(w["scaling_factor"] == 1):
+        raise InvalidSAE(f"{weights_path}: key 'scaling_factor' is a finetuning scaling factor, which SAELens 6 "
+                         "does not apply either; miLLM does not read it.")
     sae = SAE(
         W_enc=_shape(_need(w, "W_enc", weights_path), (d_in, d_sae), "W_enc", weights_path),
         b_enc=_shape(_need(w, "b_enc", weights_path), (d_sae,), "b_enc", weights_path),
         W_dec=_shape(_need(w, "W_dec", weights_path), (d_sae, d_in), "W_dec", weights_path),
         b_dec=_shape(_need(w, "b_dec", weights_path), (d_in,), "b_dec", weights_path),
         architecture=arch,
-        apply_b_dec_to_input=bool(cfg.get("apply_b_dec_to_input", arch != "jumprelu")),
+        threshold=_saelens_threshold(w, cfg, d_sae, weights_path, cfg_path) if arch == "jumprelu" else None,
+        k=_positive_int(cfg.get("k"), "k", cfg_path, "a topk SAE") if arch == "topk" else None,
+        apply_b_dec_to_input=bool(cfg["apply_b_dec_to_input"]),
+        normalisation=norm if norm in ("constant_norm_rescale", "layer_norm") else "none",
     )
-    if arch == "jumprelu":
-        if "threshold" in w:
-            sae.threshold = _shape(_need(w, "threshold", weights_path), (d_sae,), "threshold", weights_path)
-        elif isinstance(cfg.get("threshold"), (int, float)):  # BatchTopK saved with one global threshold
-            sae.threshold = torch.full((d_sae,), float(cfg["threshold"]))
-        else:
-            raise InvalidSAE(f"{weights_path}: missing key 'threshold' for a {cfg.get('architecture')} SAE.")
-    if arch == "topk":
-        k = cfg.get("k", (cfg.get("activation_fn_kwargs") or {}).get("k"))
-        if not isinstance(k, int) or k < 1:
-            raise InvalidSAE(f"{cfg_path}: key 'k' must be a positive integer for a topk SAE, got {k!r}.")
-        sae.k = k
-    norm = cfg.get("normalize_activations") or "none"
-    if norm == "expected_average_only_in":
-        factor = cfg.get("norm_scaling_factor", meta.get("norm_scaling_factor"))
-        if factor is not None:  # else SAELens folded it into the weights when saving
-            sae.normalisation, sae.scale = "constant_scale", float(factor)
-    elif norm in ("constant_norm_rescale", "layer_norm"):
-        sae.normalisation = norm
-    elif norm != "none":
-        raise InvalidSAE(f"{cfg_path}: key 'normalize_activations' is {norm!r}, which miLLM does not know.")
-    hook = cfg.get("hook_name", meta.get("hook_name"))
-    layer = cfg.get("hook_layer", meta.get("hook_layer"))
-    return LoadedSAE(sae, "saelens", layer if isinstance(layer, int) else _layer_from(hook),
-                     cfg.get("model_name", meta.get("model_name")))
+    if name in ("topk", "batchtopk") and cfg.get("rescale_acts_by_decoder_norm"):
+        sae = fold_decoder_norms(sae)  # TopK selects, and BatchTopK thresholds, pre * ||W_dec[i]||
+    factor = cfg.get("norm_scaling_factor")
+    if norm == "expected_average_only_in" and factor is not None:
+        if not _number(factor) or factor <= 0:
+            raise InvalidSAE(f"{cfg_path}: key 'norm_scaling_factor' must be a positive number, got {factor!r}.")
+        sae = fold_input_scale(sae, float(factor))
+    # expected_average_only_in without a recorded factor: the factor was folded in when saving, or lives only
+    # in SAELens' pretrained registry; SAELens' load_from_disk applies nothing either.
+    hook, layer = cfg.get("hook_name"), cfg.get("hook_layer")
+    return LoadedSAE(sae, "saelens", layer if isinstance(layer, int) else _layer_from(hook), cfg.get("model_name"))
 
+
+# Gemma Scope
 
 def _gemma_scope(path: Path) -> LoadedSAE:
     import numpy as np
@@ -136,49 +215,108 @@ def _gemma_scope(path: Path) -> LoadedSAE:
     return LoadedSAE(sae, "gemma-scope", _layer_from(str(path)), None)
 
 
+# Llama Scope (OpenMOSS lm-saes)
+
+def _lm_saes_inference(sae: SAE, factor: float) -> SAE:
+    """lm-saes' ``standardize_parameters_of_dataset_norm`` for an SAE whose input and output share a hook:
+    the SAE reads raw residuals, ``b_enc``, ``b_dec`` and thresholds are divided by the dataset-wise factor,
+    and activations come out in the raw residual's units (lm-saes' "inference" mode)."""
+    threshold = None if sae.threshold is None else sae.threshold / factor
+    return replace(sae, b_enc=sae.b_enc / factor, b_dec=sae.b_dec / factor, threshold=threshold)
+
+
 def _llama_scope(folder: Path, weights_path: Path) -> LoadedSAE:
+    """Llama Scope as lm-saes runs it for inference (its Initializer, state "inference").
+
+    The weights are stored in the training space, where inputs are scaled by sqrt(d_model) /
+    ``dataset_average_activation_norm.in``. lm-saes folds that factor into the biases, makes the decoder
+    rows unit length (``sparsity_include_decoder_norm``, default true), and then applies
+    ``jump_relu_threshold`` from hyperparams.json as it stands: that threshold is in the raw residual's
+    units (it was measured on the folded SAE), which is the space miLLM's activations are in too. A
+    ``log_jumprelu_threshold`` tensor (newer lm-saes) is in the training space and is folded with the rest.
+    """
     cfg_path = folder / "hyperparams.json"
     cfg = _json(cfg_path)
+    hook_in = cfg.get("hook_point_in")
+    if cfg.get("hook_point_out", hook_in) != hook_in:
+        raise InvalidSAE(f"{cfg_path}: key 'hook_point_out' ({cfg.get('hook_point_out')!r}) differs from "
+                         f"'hook_point_in' ({hook_in!r}): a transcoder, which miLLM does not steer with.")
     w = _tensors(weights_path)
     enc = _need(w, "encoder.weight", weights_path)  # [d_sae, d_in]
     d_sae, d_in = enc.shape
-    sae = SAE(W_enc=enc.T.contiguous(), b_enc=_shape(_need(w, "encoder.bias", weights_path), (d_sae,), "encoder.bias",
-                                                      weights_path),
+    use_bias = cfg.get("use_decoder_bias", True) is not False
+    b_dec = _shape(_need(w, "decoder.bias", weights_path), (d_in,), "decoder.bias", weights_path) if use_bias \
+        else torch.zeros(d_in)
+    norm_mode = cfg.get("norm_activation", "token-wise")
+    if norm_mode == "dataset-wise":
+        norms = cfg.get("dataset_average_activation_norm")
+        if not isinstance(norms, dict) or not _number(norms.get("in")) or norms["in"] <= 0:
+            raise InvalidSAE(f"{cfg_path}: key 'dataset_average_activation_norm.in' must be a positive number for "
+                             "dataset-wise normalisation.")
+        factor = d_in ** 0.5 / float(norms["in"])
+    elif norm_mode == "inference":
+        factor = 1.0
+    else:
+        raise InvalidSAE(f"{cfg_path}: key 'norm_activation' is {norm_mode!r}; miLLM reads Llama Scope's "
+                         "dataset-wise and inference.")
+    act = str(cfg.get("act_fn", "relu")).lower()
+    scalar = cfg.get("jump_relu_threshold", 0.0)
+    if not _number(scalar):
+        raise InvalidSAE(f"{cfg_path}: key 'jump_relu_threshold' must be a number, got {scalar!r}.")
+    arch, threshold, k = act, None, None
+    if "log_jumprelu_threshold" in w:
+        arch = "jumprelu"
+        threshold = _shape(_need(w, "log_jumprelu_threshold", weights_path), (d_sae,), "log_jumprelu_threshold",
+                           weights_path).exp()
+    elif act == "jumprelu" or (act == "topk" and scalar > 0):  # lm-saes runs a thresholded topk as jumprelu
+        arch, threshold = "jumprelu", torch.full((d_sae,), float(scalar) * factor)
+    elif act == "topk":
+        k = _positive_int(cfg.get("top_k", 50), "top_k", cfg_path, "act_fn topk")
+    elif act != "relu":
+        raise InvalidSAE(f"{cfg_path}: key 'act_fn' is {act!r}; miLLM reads jumprelu, topk and relu.")
+    sae = SAE(W_enc=enc.T.contiguous(),
+              b_enc=_shape(_need(w, "encoder.bias", weights_path), (d_sae,), "encoder.bias", weights_path),
               W_dec=_shape(_need(w, "decoder.weight", weights_path), (d_in, d_sae), "decoder.weight",
                            weights_path).T.contiguous(),
-              b_dec=_shape(_need(w, "decoder.bias", weights_path), (d_in,), "decoder.bias", weights_path),
-              architecture="jumprelu", apply_b_dec_to_input=False)
-    if "log_jumprelu_threshold" in w:
-        sae.threshold = _shape(_need(w, "log_jumprelu_threshold", weights_path), (d_sae,),
-                               "log_jumprelu_threshold", weights_path).exp()
-    elif isinstance(cfg.get("jump_relu_threshold"), (int, float)):
-        sae.threshold = torch.full((d_sae,), float(cfg["jump_relu_threshold"]))
-    else:
-        raise InvalidSAE(f"{cfg_path}: missing key 'jump_relu_threshold' (or tensor 'log_jumprelu_threshold').")
-    if cfg.get("norm_activation") == "dataset-wise":
-        norms = cfg.get("dataset_average_activation_norm")
-        if not isinstance(norms, dict) or not isinstance(norms.get("in"), (int, float)):
-            raise InvalidSAE(f"{cfg_path}: key 'dataset_average_activation_norm.in' is needed for dataset-wise "
-                             "normalisation.")
-        sae.normalisation, sae.scale = "constant_scale", d_in ** 0.5 / float(norms["in"])
-    hook = cfg.get("hook_point_in")
-    return LoadedSAE(sae, "llama-scope", _layer_from(hook), cfg.get("model_name"))
+              b_dec=b_dec, architecture=arch, threshold=threshold, k=k,
+              apply_b_dec_to_input=use_bias and cfg.get("apply_decoder_bias_to_pre_encoder", True) is not False)
+    if cfg.get("sparsity_include_decoder_norm", True) is not False:
+        sae = fold_decoder_norms(sae)
+    return LoadedSAE(_lm_saes_inference(sae, factor), "llama-scope", _layer_from(hook_in), cfg.get("model_name"))
+
+
+# EleutherAI sparsify
+
+SPARSIFY_REFUSED = {
+    "transcode": "a transcoder (it predicts a module's output from its input)",
+    "skip_connection": "a skip transcoder (it adds a linear skip path to the output)",
+    "embed_skip": "a coder with an embedding skip path added to its output",
+    "gram_lookup": "a coder that subtracts an n-gram table from its input and target",
+}
 
 
 def _sparsify(folder: Path) -> LoadedSAE:
+    """sparsify's ``SparseCoder``: ``x - b_dec`` encoded with ReLU then topk, or groupmax (the largest of each
+    of k contiguous groups of latents), decoded as ``acts @ W_dec + b_dec``."""
     cfg_path, weights_path = folder / "cfg.json", folder / "sae.safetensors"
     cfg = _json(cfg_path)
-    if cfg.get("skip_connection"):
-        raise InvalidSAE(f"{cfg_path}: key 'skip_connection' is true (a transcoder); miLLM steers SAEs only.")
-    k = _cfg_value(cfg, "k", cfg_path, int)
+    for key, what in SPARSIFY_REFUSED.items():
+        if cfg.get(key):
+            raise InvalidSAE(f"{cfg_path}: key '{key}' is true: {what}; miLLM steers with SAEs only.")
+    activation = cfg.get("activation", "topk")
+    if activation not in ("topk", "groupmax"):
+        raise InvalidSAE(f"{cfg_path}: key 'activation' is {activation!r}; sparsify knows topk and groupmax.")
+    k = _positive_int(cfg.get("k"), "k", cfg_path, f"a {activation} coder")
     w = _tensors(weights_path)
     enc = _need(w, "encoder.weight", weights_path)
     d_sae, d_in = enc.shape
+    if activation == "groupmax" and d_sae % k:
+        raise InvalidSAE(f"{cfg_path}: key 'k' ({k}) must divide the number of latents ({d_sae}) for groupmax.")
     sae = SAE(W_enc=enc.T.contiguous(),
               b_enc=_shape(_need(w, "encoder.bias", weights_path), (d_sae,), "encoder.bias", weights_path),
               W_dec=_shape(_need(w, "W_dec", weights_path), (d_sae, d_in), "W_dec", weights_path),
               b_dec=_shape(_need(w, "b_dec", weights_path), (d_in,), "b_dec", weights_path),
-              architecture="topk", k=k, apply_b_dec_to_input=True)
+              architecture=activation, k=k, apply_b_dec_to_input=True)
     return LoadedSAE(sae, "sparsify", _layer_from(folder.name), None)
 
 
@@ -203,3 +341,4 @@ def load_sae(path: str | Path) -> LoadedSAE:
             return _llama_scope(path, weights[0])
     raise InvalidSAE(f"{path}: no SAE found (looked for cfg.json + sae_weights.safetensors, params.npz, "
                      "cfg.json + sae.safetensors, hyperparams.json + *.safetensors).")
+
