@@ -204,7 +204,11 @@ class Steering:
 
     # the buffers
     def _refresh(self) -> None:
-        """Rewrite every delta buffer in place from the override, or else the base."""
+        """Rewrite every delta buffer in place from the override, or else the base.
+
+        The buffer is the direction in the SAE's output space; for an SAE that normalises per position
+        (SAELens constant_norm_rescale, layer_norm) the hook scales it by each position's factor.
+        """
         for att in self.attachments.values():
             if self._override is not None:
                 values = self._override.values.get(att.sae_id, {})
@@ -226,7 +230,9 @@ class Steering:
             for read in att.pre_readers:
                 read(hidden)
             if att.steering:
-                hidden = hidden + att.delta
+                # per-position un-normalisation, as the SAE's own decode does for this residual
+                delta = att.delta * att.sae.output_scale(hidden) if att.sae.per_position else att.delta
+                hidden = hidden + delta
             for read in att.post_readers:
                 read(hidden)
             if not att.steering:
