@@ -17,6 +17,7 @@ import statistics
 import time
 
 import httpx
+from served import millm_server
 
 from millm.config import get_settings
 from millm.engine import load_engine
@@ -24,7 +25,6 @@ from millm.engine.events import Usage
 from millm.engine.params import ChatPrompt, GenerationRequest
 from millm.registry import resolve
 from millm.validation import sampling_params
-from served import millm_server
 
 MODEL = "SmolLM2-135M-Instruct:Q4_1"
 MESSAGES = [{"role": "user", "content": "Write a long story about a lighthouse keeper and a storm."}]

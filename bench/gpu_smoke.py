@@ -50,7 +50,8 @@ def main() -> None:
     tok.save_pretrained(ckpt)
     settings = Settings(home=home)
     engine = load_engine(resolve(str(ckpt), settings), settings)
-    print(f"device {engine.device}, dtype {engine.dtype}, params {sum(p.numel() for p in engine.model.parameters())/1e9:.2f} B")
+    params = sum(p.numel() for p in engine.model.parameters()) / 1e9
+    print(f"device {engine.device}, dtype {engine.dtype}, params {params:.2f} B")
 
     def text(prompt="Once upon a time", **fields):
         fields = {"temperature": 0, "max_tokens": 24} | fields

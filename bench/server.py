@@ -15,6 +15,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+from served import millm_server
 
 from millm.config import get_settings
 from millm.engine import load_engine
@@ -22,7 +23,6 @@ from millm.engine.events import Delta
 from millm.engine.params import GenerationRequest, TextPrompt
 from millm.registry import resolve
 from millm.validation import sampling_params
-from served import millm_server
 
 PROMPT = "Once upon a time, in a village by the sea, there lived"
 

@@ -1,20 +1,25 @@
-"""What every ``millm`` command shares: consoles, the error boundary, the loaded engine."""
+"""What every ``millm`` command shares: consoles, the error boundary, the loaded engine.
+
+Heavy modules (torch, transformers, llama.cpp) are imported inside the commands that need them,
+so ``millm --help`` answers at once.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from functools import wraps
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
 from rich.console import Console
 
 from millm.config import get_settings
-from millm.engine import Engine, load_engine
-from millm.errors import MillmError
-from millm.registry import resolve
-from millm.steering.service import SteeringService
-from millm.store import Store
+from millm.errors import InvalidParameter, MillmError
+
+if TYPE_CHECKING:
+    from millm.engine.base import Engine
+    from millm.steering.service import SteeringService
+    from millm.steering.target import SteeringTarget
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -39,20 +44,42 @@ def reports_errors(fn: F) -> F:
 
 def steering_service() -> SteeringService:
     """The SAE registry, profiles and persisted steering under MILLM_HOME."""
+    from millm.steering.service import SteeringService
+    from millm.store import Store
+
     return SteeringService(Store(get_settings().home / "millm.db"))
+
+
+def engine_of(model: str) -> str:
+    """Which engine runs ``model`` (an id, a GGUF repo name or a path), without loading it."""
+    from millm.registry import resolve
+
+    return resolve(model, get_settings()).engine
 
 
 def engine_for(model: str | None) -> Engine:
     """The engine for ``model`` (default: the configured default), loaded once per process, with the
     SAE attachments and steering values persisted for it re-applied."""
+    from millm.engine import load_engine
+    from millm.registry import resolve
+
     settings = get_settings()
     entry = resolve(model or settings.default_model, settings)
     if entry.id not in _engines:
         with err.status(f"loading {entry.id} ..."):
             engine = load_engine(entry, settings)
-            steering_service().restore(engine)
+            steering_service().restore(engine.steering_target())
             _engines[entry.id] = engine
     return _engines[entry.id]
+
+
+def steerable(engine: Engine) -> SteeringTarget:
+    """The engine's steering, or a clear error for an engine that has none."""
+    target = engine.steering_target()
+    if target is None:
+        raise InvalidParameter(f"'{engine.model_id}' runs on {engine.engine_name}, which cannot be steered.",
+                               param="model")
+    return target
 
 
 def loaded_ids() -> set[str]:

@@ -4,27 +4,21 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
 
 from cli import score as score_cli
 from cli import steering as steering_cli
-from cli.common import engine_for, err, loaded_ids, out, reports_errors, steering_service
+from cli.common import engine_for, engine_of, err, loaded_ids, out, reports_errors, steerable, steering_service
 from millm.config import get_settings
-from millm.engine import Engine
-from millm.engine.events import Delta, Finish
-from millm.engine.params import ChatPrompt, GenerationRequest
-from millm.errors import InvalidParameter, MillmError
-from millm.registry import list_models
-from millm.sae.formats import load_sae
-from millm.steering.controller import Override
-from millm.steering.profiles import resolve_entries
-from millm.steering.values import check_values, parse_assignments
-from millm.validation import check_messages, check_prompt_text, sampling_params
+from millm.errors import MillmError
+from millm.steering.values import parse_assignments
+
+if TYPE_CHECKING:
+    from millm.engine.base import Engine
+    from millm.steering.controller import Override
 
 app = typer.Typer(help="miLLM: run a local language model, steer it by SAE features, serve it over OpenAI's API.",
                   no_args_is_help=True, pretty_exceptions_enable=False)
@@ -33,10 +27,22 @@ app.add_typer(models_app, name="models")
 steering_cli.register(app)
 app.command()(score_cli.score)
 
+
+def chat_body(model: str, messages: list[dict[str, Any]], fields: dict[str, Any]) -> dict[str, Any]:
+    """The /v1/chat/completions body these CLI options stand for (unset options are left out)."""
+    return {"model": model, "messages": messages, **{k: v for k, v in fields.items() if v is not None}}
+
+
 def stream_answer(engine: Engine, messages: list[dict[str, Any]], fields: dict[str, Any],
                   override: Override | None = None) -> str:
     """Print the answer as it is generated; return its full text."""
-    request = GenerationRequest([ChatPrompt(check_messages(messages))], sampling_params(fields), override=override)
+    from dataclasses import replace
+
+    from millm.builder import build_chat
+    from millm.engine.events import Delta, Finish
+
+    built = build_chat(chat_body(engine.model_id, messages, fields), lambda _: engine.engine_name)
+    request = replace(built.generations[0], override=override)
     pieces = []
     finish = None
     for event in engine.generate(request):
@@ -71,56 +77,30 @@ def chat(
     profile: Annotated[str | None, typer.Option(help="Saved profile to steer this chat with.")] = None,
 ) -> None:
     """Chat with a model: one answer, stdin, or an interactive session (/reset, /exit)."""
+    from millm.builder import build_chat
+
     fields = {"temperature": temperature, "top_p": top_p, "max_tokens": max_tokens, "seed": seed, "stop": stop}
-    sampling_params(fields)  # refuse bad values before loading anything
     assignments = parse_assignments(steer or [])
     preamble = [{"role": "system", "content": system}] if system else []
     if prompt is None and not interactive and not sys.stdin.isatty():
         prompt = sys.stdin.read()
-    if prompt is not None:
-        check_prompt_text("prompt", prompt)
+    name = model or get_settings().default_model
+    first = preamble + [{"role": "user", "content": prompt if prompt is not None else "?"}]
+    build_chat(chat_body(name, first, fields), engine_of)  # refuse bad values before loading anything
     engine = engine_for(model)
-    with chat_steering(engine, sae, layer, assignments, profile) as override:
-        if prompt is not None:
-            stream_answer(engine, preamble + [{"role": "user", "content": prompt}], fields, override)
-            return
-        converse(engine, preamble, fields, override)
-
-
-@contextmanager
-def chat_steering(engine: Engine, sae: str | None, layer: int | None, assignments: dict[int, float],
-                  profile: str | None) -> Iterator[Override | None]:
-    """Steering for one chat, undone afterwards: --sae attaches (then detaches), --steer adds values
-    over the persisted ones, --profile replaces them."""
-    if sae is None and layer is not None:
-        raise InvalidParameter("--layer goes with --sae.", param="layer")
-    if engine.steering is None:
-        if sae is not None or assignments or profile is not None:
-            raise InvalidParameter(f"'{engine.model_id}' runs on llama.cpp, which cannot be steered.", param="model")
-        yield None
+    if sae is None and not assignments and profile is None:
+        run_chat(engine, prompt, preamble, fields, None)
         return
-    service = steering_service()
-    attached_here = sae is not None and sae not in engine.steering.attachments
-    if sae is not None:
-        record = service.sae(sae)
-        engine.steering.attach(sae, load_sae(record["path"]).sae, layer if layer is not None else record["layer_hint"])
-    try:
-        if profile is not None:
-            values = resolve_entries(service.profile_doc(profile), engine.steering, engine.model_id)
-            yield Override(profile, values)
-        elif assignments:
-            target = sae or (next(iter(engine.steering.attachments)) if len(engine.steering.attachments) == 1 else None)
-            if target is None:
-                raise InvalidParameter("--steer needs --sae when zero or several SAEs are attached.", param="steer")
-            values = {a.sae_id: dict(a.values) for a in engine.steering.attachments.values()}
-            values[target] = {**values[target], **check_values(assignments, engine.steering.attachments[target].sae.d_sae,
-                                                               "steer")}
-            yield Override("live", values)
-        else:
-            yield None
-    finally:
-        if attached_here:
-            engine.steering.detach(sae)
+    with steering_service().session(steerable(engine), sae, layer, assignments, profile) as override:
+        run_chat(engine, prompt, preamble, fields, override)
+
+
+def run_chat(engine: Engine, prompt: str | None, preamble: list[dict[str, Any]], fields: dict[str, Any],
+             override: Override | None) -> None:
+    if prompt is not None:
+        stream_answer(engine, preamble + [{"role": "user", "content": prompt}], fields, override)
+    else:
+        converse(engine, preamble, fields, override)
 
 
 def converse(engine: Engine, preamble: list[dict[str, Any]], fields: dict[str, Any],
@@ -157,7 +137,11 @@ def embed(
     model: Annotated[str | None, typer.Option(help="Model id or checkpoint directory.")] = None,
 ) -> None:
     """Print one embedding vector per text, as a JSON list of lists."""
-    vectors, _ = engine_for(model).embed(texts)
+    from millm.builder import build_embedding
+
+    name = model or get_settings().default_model
+    built = build_embedding({"model": name, "input": texts}, engine_of)
+    vectors, _ = engine_for(model).embed(built.embed_inputs)
     out.print(json.dumps(vectors), markup=False)
 
 
@@ -191,6 +175,8 @@ def serve(
 @reports_errors
 def models_list() -> None:
     """Models on this machine: id, engine, source, size on disk, state."""
+    from millm.registry import list_models
+
     table = Table("id", "engine", "source", "size", "state")
     for entry in list_models(get_settings()):
         state = "LOADED" if entry.id in loaded_ids() else "READY"

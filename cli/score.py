@@ -5,61 +5,71 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from cli.common import engine_for, err, reports_errors
-from millm.engine import TransformersEngine
-from millm.engine.params import ChatPrompt
-from millm.engine.scoring import (ScoreResult, ScoringParams, check_allowed, check_temperature, check_top_n,
-                                  score_row)
-from millm.engine.templates import has_chat_template
-from millm.errors import InvalidParameter, InvalidScoringRequest, MillmError, NoChatTemplate
-from millm.validation import check_messages
+from millm.errors import InvalidParameter, MillmError
+
+if TYPE_CHECKING:
+    from millm.engine.base import Engine
+    from millm.engine.scoring import ScoreResult, ScoreRow
+
+ROW_FIELDS = ("allowed_tokens", "logprobs", "temperature")
 
 
-def allowed_ids(engine: TransformersEngine, items: list[Any]) -> tuple[int, ...]:
+def allowed_ids(engine: Engine, items: list[Any]) -> list[Any]:
     """Allowed tokens given as ids or as strings that are exactly one token each."""
+    from millm.engine.params import TextPrompt
+
     ids = []
     for item in items:
         if isinstance(item, str):
-            found = engine.tokenizer(item, add_special_tokens=False)["input_ids"]
+            found = engine.tokenize(TextPrompt(item, add_special_tokens=False))
             if len(found) != 1:
                 raise InvalidParameter(f"Allowed token {item!r} is {len(found)} tokens, not one; give its id.",
                                        param="allowed_tokens")
             ids.append(found[0])
         else:
             ids.append(item)
-    return check_allowed(ids, len(engine.tokenizer))
-
-
-def row_params(engine: TransformersEngine, row: dict[str, Any], defaults: dict[str, Any]) -> ScoringParams:
-    merged = {**defaults, **{k: row[k] for k in ("allowed_tokens", "logprobs", "temperature") if k in row}}
-    allowed = allowed_ids(engine, merged["allowed_tokens"]) if merged.get("allowed_tokens") else None
-    top = check_top_n("logprobs", merged.get("logprobs", 5))
-    return ScoringParams(allowed, check_temperature(merged.get("temperature")), len(allowed) if allowed else top, True)
-
-
-def row_ids(engine: TransformersEngine, row: dict[str, Any]) -> list[int]:
-    if "messages" in row:
-        if not has_chat_template(engine.tokenizer):
-            raise NoChatTemplate(f"'{engine.model_id}' has no chat template; give prompts instead of messages.")
-        return engine.tokenize(ChatPrompt(check_messages(row["messages"])))
-    if not isinstance(row.get("prompt"), str):
-        raise InvalidParameter("each line needs 'prompt' (a string) or 'messages' (a list).", param="prompt")
-    ids = engine.tokenizer(row["prompt"], add_special_tokens=row.get("add_special_tokens", True))["input_ids"]
-    if not ids:
-        raise InvalidScoringRequest("'prompt' tokenises to nothing; there is no position to score.", param="prompt")
     return ids
 
 
-def result_line(engine: TransformersEngine, index: int, result: ScoreResult) -> dict[str, Any]:
-    decode = engine.tokenizer.decode
-    return {"row": index, "text": decode([result.chosen.token_id]), "token_id": result.chosen.token_id,
+def score_row_of(engine: Engine | None, row: Any, defaults: dict[str, Any]) -> ScoreRow:
+    """One line of the input file as a scoring row, checked by the same rules as the server's requests.
+
+    Without an engine (the up-front check of the options) allowed tokens given as text are not resolved.
+    """
+    from millm.builder import completion_scoring_params
+    from millm.engine.params import ChatPrompt, TextPrompt
+    from millm.engine.scoring import ScoreRow
+    from millm.validation import check_messages
+
+    if not isinstance(row, dict):
+        raise InvalidParameter("a line must be a JSON object.")
+    merged = {**defaults, **{k: row[k] for k in ROW_FIELDS if k in row}}
+    allowed = merged.get("allowed_tokens") or None
+    if allowed is not None and engine is not None:
+        allowed = allowed_ids(engine, allowed)
+    params = completion_scoring_params({"logprobs": merged.get("logprobs", 5), "temperature": merged.get("temperature"),
+                                        "allowed_token_ids": allowed if engine is not None else None})
+    if "messages" in row:
+        return ScoreRow(ChatPrompt(check_messages(row["messages"])), params, "messages")
+    if not isinstance(row.get("prompt"), str):
+        raise InvalidParameter("each line needs 'prompt' (a string) or 'messages' (a list).", param="prompt")
+    special = row.get("add_special_tokens", True)
+    if not isinstance(special, bool):
+        raise InvalidParameter("'add_special_tokens' must be true or false.", param="add_special_tokens")
+    return ScoreRow(TextPrompt(row["prompt"], special), params, "prompt")
+
+
+def result_line(engine: Engine, index: int, result: ScoreResult) -> dict[str, Any]:
+    text = engine.token_text
+    return {"row": index, "text": text(result.chosen.token_id), "token_id": result.chosen.token_id,
             "logprob": result.chosen.logprob,
-            "top": [{"token": decode([s.token_id]), "token_id": s.token_id, "logprob": s.logprob,
+            "top": [{"token": text(s.token_id), "token_id": s.token_id, "logprob": s.logprob,
                      "prob": math.exp(s.logprob)} for s in result.top]}
 
 
@@ -96,16 +106,15 @@ def score(
         raise InvalidParameter("--batch-size must be at least 1.", param="batch_size")
     defaults = {"allowed_tokens": [int(a) if a.lstrip("-").isdigit() else a for a in allowed or []],
                 "logprobs": logprobs, "temperature": temperature}
-    check_top_n("logprobs", logprobs)
-    check_temperature(temperature)
+    score_row_of(None, {"prompt": "-"}, defaults)  # the options obey the server's rules, checked before loading
     try:
         lines = input.read_text().splitlines()
     except OSError as exc:
         raise InvalidParameter(f"{input}: {exc.strerror}.", param="input") from None
     engine = engine_for(model)
-    if engine.engine_name != "transformers":
-        raise InvalidParameter(f"'{engine.model_id}' runs on llama.cpp, which exposes no next-token distribution "
-                               "here; score with a transformers model.", param="model")
+    if not engine.capabilities.scorable:
+        raise InvalidParameter(f"'{engine.model_id}' runs on {engine.engine_name}, which exposes no next-token "
+                               "distribution here; score with a transformers model.", param="model")
     done = done_rows(output)
     todo = [i for i in range(len(lines)) if i not in done]
     with output.open("a") as sink, Progress(TextColumn("scoring"), BarColumn(), MofNCompleteColumn(),
@@ -120,30 +129,25 @@ def score(
     err.print(f"scored {len(todo)} rows ({len(done)} already done) -> {output}")
 
 
-def write_batch(engine: TransformersEngine, lines: list[str], indices: list[int], defaults: dict[str, Any],
+def write_batch(engine: Engine, lines: list[str], indices: list[int], defaults: dict[str, Any],
                 sink: Any) -> None:
     """Score one batch; a bad row gets an error line and the others go on."""
+    from millm.engine.scoring import ScoreRequest
+
     results: dict[int, dict[str, Any]] = {}
-    ready: list[tuple[int, list[int], ScoringParams]] = []
+    ready: list[tuple[int, ScoreRow]] = []
     for i in indices:
         try:
-            row = json.loads(lines[i])
-            if not isinstance(row, dict):
-                raise InvalidParameter("a line must be a JSON object.")
-            ready.append((i, row_ids(engine, row), row_params(engine, row, defaults)))
+            ready.append((i, score_row_of(engine, json.loads(lines[i]), defaults)))
         except (json.JSONDecodeError, MillmError) as exc:
             results[i] = {"row": i, "error": getattr(exc, "message", str(exc))}
     try:
-        logits = engine.next_token_logits([ids for _, ids, _ in ready]) if ready else []
-        for (i, _, params), row_logits in zip(ready, logits):
+        scored = engine.score(ScoreRequest([row for _, row in ready], batch_size=len(ready) or 1)) if ready else []
+        results |= {i: result_line(engine, i, r) for (i, _), r in zip(ready, scored)}
+    except MillmError:  # one bad row in the batch: score its rows one by one to isolate it
+        for i, row in ready:
             try:
-                results[i] = result_line(engine, i, score_row(row_logits, params))
-            except MillmError as exc:
-                results[i] = {"row": i, "error": exc.message}
-    except MillmError:  # one bad prompt in the batch: score its rows one by one to isolate it
-        for i, ids, params in ready:
-            try:
-                results[i] = result_line(engine, i, score_row(engine.next_token_logits([ids])[0], params))
+                results[i] = result_line(engine, i, engine.score(ScoreRequest([row]))[0])
             except MillmError as exc:
                 results[i] = {"row": i, "error": exc.message}
     for i in indices:

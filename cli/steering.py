@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 from rich.table import Column, Table
 
-from cli.common import engine_for, out, reports_errors, steering_service
+from cli.common import engine_for, out, reports_errors, steerable, steering_service
 from millm.config import get_settings
 from millm.errors import InvalidParameter
 from millm.steering.values import parse_assignments
@@ -64,7 +64,7 @@ def sae_list(model: ModelOption = None) -> None:
 def sae_attach(sae_id: str, layer: Annotated[int | None, typer.Option(help="Layer (default: the hint).")] = None,
                model: ModelOption = None) -> None:
     """Attach an SAE to a layer of the model (persisted)."""
-    view = steering_service().attach(engine_for(model), sae_id, layer)
+    view = steering_service().attach(steerable(engine_for(model)), sae_id, layer)
     out.print(f"{sae_id} attached at layer {view['attached_layer']}", markup=False)
 
 
@@ -72,7 +72,7 @@ def sae_attach(sae_id: str, layer: Annotated[int | None, typer.Option(help="Laye
 @reports_errors
 def sae_detach(sae_id: str, model: ModelOption = None) -> None:
     """Detach an SAE from the model (persisted)."""
-    steering_service().detach(engine_for(model), sae_id)
+    steering_service().detach(steerable(engine_for(model)), sae_id)
     out.print(f"{sae_id} detached", markup=False)
 
 
@@ -83,25 +83,25 @@ def steer_set(assignments: Annotated[list[str], typer.Argument(help="FEATURE=STR
               replace: Annotated[bool, typer.Option(help="Replace the SAE's values instead of merging.")] = False,
               model: ModelOption = None) -> None:
     """Set live strengths (merged into the current ones; 0 removes a feature)."""
-    engine = engine_for(model)
-    steering_service().set_values(engine, sae, parse_assignments(assignments), merge=not replace)
-    _print_json(engine.steering.snapshot())
+    target = steerable(engine_for(model))
+    steering_service().set_values(target, sae, parse_assignments(assignments), merge=not replace)
+    _print_json(target.steering.snapshot())
 
 
 @steer_app.command("clear")
 @reports_errors
 def steer_clear(model: ModelOption = None) -> None:
     """Clear every live value."""
-    engine = engine_for(model)
-    steering_service().clear(engine)
-    _print_json(engine.steering.snapshot())
+    target = steerable(engine_for(model))
+    steering_service().clear(target)
+    _print_json(target.steering.snapshot())
 
 
 @steer_app.command("show")
 @reports_errors
 def steer_show(model: ModelOption = None) -> None:
     """Show attached SAEs and live values."""
-    _print_json(engine_for(model).steering.snapshot())
+    _print_json(steerable(engine_for(model)).steering.snapshot())
 
 
 @profiles_app.command("list")
@@ -132,7 +132,7 @@ def profiles_create(name: str,
     """Save a profile from FEATURE=STRENGTH entries, or from the live values (--from-current)."""
     service = steering_service()
     if from_current:
-        saved = service.profile_from_current(engine_for(model), name, description)
+        saved = service.profile_from_current(steerable(engine_for(model)), name, description)
     else:
         if sae is None or not entries:
             raise InvalidParameter("Give --sae and FEATURE=STRENGTH entries, or --from-current.", param="entries")
@@ -147,8 +147,7 @@ def profiles_create(name: str,
 @reports_errors
 def profiles_activate(name: str, model: ModelOption = None) -> None:
     """Make a profile's values the live values (persisted)."""
-    engine = engine_for(model)
-    steering_service().activate(engine, name)
+    steering_service().activate(steerable(engine_for(model)), name)
     out.print(f"active profile: {name}", markup=False)
 
 

@@ -25,6 +25,7 @@ class Settings(BaseSettings):
     max_queue: int = 32
     api_key: str | None = None
     admin_key: str | None = None
+    cache: Path | None = None  # MILLM_CACHE: derived artefacts elsewhere than MILLM_HOME/cache
     intensity_max: float = Field(default=2.0, gt=ENVELOPE[0], le=ENVELOPE[1])
     cluster_intensity_min: float = Field(default=0.5, ge=ENVELOPE[0], le=ENVELOPE[1])
     circuit_intensity_min: float = Field(default=0.0, ge=ENVELOPE[0], le=ENVELOPE[1])
@@ -40,7 +41,7 @@ class Settings(BaseSettings):
     @property
     def cache_dir(self) -> Path:
         """Where dequantised weights and other derived artefacts live."""
-        return self.home / "cache"
+        return self.cache or self.home / "cache"
 
     @property
     def models_dir(self) -> Path:

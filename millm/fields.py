@@ -14,50 +14,51 @@ from millm.errors import FieldNotHonoured
 
 USE, REFUSE, PENDING, REPORT = "use", "refuse", "pending", "report"
 
-# column order of every row
-COLUMNS = (("chat", "transformers"), ("chat", "llama.cpp"), ("completions", "transformers"),
-           ("completions", "llama.cpp"), ("embeddings", "transformers"))
+# column order of every row: each route, split by engine, with scoring requests as routes of their own
+COLUMNS = (("chat", "transformers"), ("chat-scoring", "transformers"), ("chat", "llama.cpp"),
+           ("completions", "transformers"), ("completions-scoring", "transformers"), ("completions", "llama.cpp"),
+           ("embeddings", "transformers"))
 _U, _R, _P, _X = USE, REFUSE, PENDING, REPORT
 
-TABLE: dict[str, tuple[str, str, str, str, str]] = {
-    # field                      chat-tf chat-gguf compl-tf compl-gguf embeddings
-    "model":                      (_U, _U, _U, _U, _U),
-    "messages":                   (_U, _U, _X, _X, _X),
-    "extra_messages":             (_U, _U, _X, _X, _X),
-    "prompt":                     (_X, _X, _U, _U, _X),
-    "input":                      (_X, _X, _X, _X, _U),
-    "encoding_format":            (_X, _X, _X, _X, _U),
-    "stream":                     (_U, _U, _U, _U, _X),
-    "stream_options":             (_U, _U, _U, _U, _X),
-    "temperature":                (_U, _U, _U, _U, _X),
-    "top_p":                      (_U, _U, _U, _U, _X),
-    "stop":                       (_U, _U, _U, _U, _X),
-    "frequency_penalty":          (_U, _U, _U, _U, _X),
-    "presence_penalty":           (_U, _U, _U, _U, _X),
-    "max_tokens":                 (_U, _U, _U, _U, _X),
-    "max_completion_tokens":      (_U, _U, _U, _U, _R),
-    "n":                          (_U, _R, _R, _R, _R),
-    "seed":                       (_U, _R, _U, _R, _R),
-    "chat_template_kwargs":       (_U, _X, _X, _X, _X),
-    "logprobs":                   (_U, _R, _U, _R, _R),
-    "allowed_token_ids":          (_U, _R, _U, _R, _R),
-    "return_tokens_as_token_ids": (_U, _R, _U, _R, _R),
-    "add_special_tokens":         (_X, _X, _U, _R, _X),
-    "top_logprobs":               (_U, _R, _R, _R, _R),
-    "response_format":            (_U, _R, _R, _R, _R),
-    "profile":                    (_U, _R, _R, _R, _R),
-    "steering_intensity":         (_P, _R, _R, _R, _R),
-    "return_sae_activations":     (_U, _R, _U, _R, _R),
-    "steering":                   (_R, _R, _R, _R, _R),
-    "dimensions":                 (_R, _R, _R, _R, _R),
-    "tools":                      (_R, _R, _R, _R, _R),
-    "tool_choice":                (_R, _R, _R, _R, _R),
-    "functions":                  (_R, _R, _R, _R, _R),
-    "function_call":              (_R, _R, _R, _R, _R),
-    "logit_bias":                 (_R, _R, _R, _R, _R),
-    "echo":                       (_X, _X, _R, _R, _X),
-    "suffix":                     (_X, _X, _R, _R, _X),
-    "best_of":                    (_X, _X, _R, _R, _X),
+TABLE: dict[str, tuple[str, str, str, str, str, str, str]] = {
+    # field                      chat-tf score  gguf  compl score  gguf  embeddings
+    "model":                      (_U, _U, _U, _U, _U, _U, _U),
+    "messages":                   (_U, _U, _U, _X, _X, _X, _X),
+    "extra_messages":             (_U, _U, _U, _X, _X, _X, _X),
+    "prompt":                     (_X, _X, _X, _U, _U, _U, _X),
+    "input":                      (_X, _X, _X, _X, _X, _X, _U),
+    "encoding_format":            (_X, _X, _X, _X, _X, _X, _U),
+    "stream":                     (_U, _U, _U, _U, _U, _U, _X),
+    "stream_options":             (_U, _X, _U, _U, _X, _U, _X),
+    "temperature":                (_U, _U, _U, _U, _U, _U, _X),
+    "top_p":                      (_U, _X, _U, _U, _X, _U, _X),
+    "stop":                       (_U, _X, _U, _U, _X, _U, _X),
+    "frequency_penalty":          (_U, _X, _U, _U, _X, _U, _X),
+    "presence_penalty":           (_U, _X, _U, _U, _X, _U, _X),
+    "max_tokens":                 (_U, _U, _U, _U, _U, _U, _X),
+    "max_completion_tokens":      (_U, _U, _U, _U, _U, _U, _R),
+    "n":                          (_U, _U, _R, _R, _U, _R, _R),
+    "seed":                       (_U, _U, _R, _U, _U, _R, _R),
+    "chat_template_kwargs":       (_U, _U, _X, _X, _X, _X, _X),
+    "logprobs":                   (_R, _U, _R, _R, _U, _R, _R),
+    "allowed_token_ids":          (_R, _U, _R, _R, _U, _R, _R),
+    "return_tokens_as_token_ids": (_X, _U, _R, _X, _U, _R, _R),
+    "add_special_tokens":         (_X, _X, _X, _U, _U, _R, _X),
+    "top_logprobs":               (_R, _U, _R, _R, _R, _R, _R),
+    "response_format":            (_U, _R, _R, _R, _R, _R, _R),
+    "profile":                    (_U, _R, _R, _R, _R, _R, _R),
+    "steering_intensity":         (_P, _R, _R, _R, _R, _R, _R),
+    "return_sae_activations":     (_U, _R, _R, _U, _R, _R, _R),
+    "steering":                   (_R, _R, _R, _R, _R, _R, _R),
+    "dimensions":                 (_R, _R, _R, _R, _R, _R, _R),
+    "tools":                      (_R, _R, _R, _R, _R, _R, _R),
+    "tool_choice":                (_R, _R, _R, _R, _R, _R, _R),
+    "functions":                  (_R, _R, _R, _R, _R, _R, _R),
+    "function_call":              (_R, _R, _R, _R, _R, _R, _R),
+    "logit_bias":                 (_R, _R, _R, _R, _R, _R, _R),
+    "echo":                       (_X, _X, _X, _R, _R, _R, _X),
+    "suffix":                     (_X, _X, _X, _R, _R, _R, _X),
+    "best_of":                    (_X, _X, _X, _R, _R, _R, _X),
 }
 
 # values that change nothing and are accepted everywhere (an explicit null too)
@@ -71,16 +72,28 @@ PART_KEYS = {"type", "text"}
 ROUTE_NAMES = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "embeddings": "/v1/embeddings"}
 
 
-def policy(field: str, route: str, engine: str) -> str:
+def column(route: str, engine: str, scoring: bool = False) -> tuple[str, str]:
+    """The table column of a request: its route (a scoring one when scoring) and engine."""
+    if route == "embeddings":
+        return route, "transformers"
+    if scoring and engine == "transformers":
+        return f"{route}-scoring", engine
+    return route, engine
+
+
+def policy(field: str, route: str, engine: str, scoring: bool = False) -> str:
     """What the table says for ``field`` on ``route`` with ``engine`` (unknown fields are reported)."""
     row = TABLE.get(field)
     if row is None:
         return REPORT
-    return row[COLUMNS.index((route, "transformers" if route == "embeddings" else engine))]
+    return row[COLUMNS.index(column(route, engine, scoring))]
 
 
-def _refusal(field: str, route: str, engine: str, kind: str) -> FieldNotHonoured:
+def _refusal(field: str, route: str, engine: str, kind: str, scoring: bool) -> FieldNotHonoured:
     where = ROUTE_NAMES[route] + ("" if route == "embeddings" else f" with the {engine} engine")
+    if scoring:
+        return FieldNotHonoured(f"'{field}' cannot apply to a scoring request on {where}: scoring is never "
+                                "steered, constrained or read out; it was refused rather than ignored.", param=field)
     if kind == PENDING:
         return FieldNotHonoured(f"'{field}' is not implemented yet on {where}; it was refused rather than ignored.",
                                 param=field)
@@ -110,18 +123,18 @@ def is_no_change(field: str, value: Any) -> bool:
     return value is None or any(type(value) is type(v) and value == v for v in NO_CHANGE.get(field, []))
 
 
-def check_fields(route: str, engine: str, body: Mapping[str, Any]) -> list[str]:
+def check_fields(route: str, engine: str, body: Mapping[str, Any], scoring: bool = False) -> list[str]:
     """Refuse what cannot be honoured; return the locations of fields this request path does not use."""
     ignored: list[str] = []
     for field, value in body.items():
         if is_no_change(field, value):
             continue
-        kind = policy(field, route, engine)
+        kind = policy(field, route, engine, scoring)
         if kind in (REFUSE, PENDING):
-            raise _refusal(field, route, engine, kind)
+            raise _refusal(field, route, engine, kind, scoring)
         if kind == REPORT:
             ignored.append(field)
-    if policy("messages", route, engine) == USE:
+    if policy("messages", route, engine, scoring) == USE:
         ignored += _message_locations(body.get("messages"), "messages")
         extra = body.get("extra_messages")
         if isinstance(extra, list):

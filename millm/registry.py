@@ -122,6 +122,6 @@ def resolve(model: str, settings: Settings) -> ModelEntry:
     path = Path(model).expanduser()
     if _is_checkpoint(path):
         return _from_directory(path, model_id=model)
-    if path.is_file() and (entry := gguf_entry(path, "path")) is not None:
-        return entry
+    if path.is_file() and (tagged := gguf_entry(path, "path")) is not None:
+        return tagged
     raise ModelNotFound(model)

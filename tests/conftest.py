@@ -11,11 +11,14 @@ import pytest
 
 _HOME = Path(tempfile.mkdtemp(prefix="millm-test-home-"))
 os.environ["MILLM_HOME"] = str(_HOME)
+# the dequantised model is derived data: one cache serves every test session on this machine
+os.environ.setdefault("MILLM_CACHE", str(Path(tempfile.gettempdir()) / "millm-test-cache"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from millm.config import Settings, get_settings  # noqa: E402  (after MILLM_HOME is set)
-from millm.engine import TransformersEngine, load_engine  # noqa: E402
+from millm.engine import load_engine  # noqa: E402
+from millm.engine.transformers_engine import TransformersEngine  # noqa: E402
 from millm.registry import BUNDLED_ID, resolve  # noqa: E402
 
 
@@ -31,6 +34,7 @@ def engine(settings: Settings) -> Iterator[TransformersEngine]:
     import cli.common
 
     eng = load_engine(resolve(BUNDLED_ID, settings), settings)
+    assert isinstance(eng, TransformersEngine)
     cli.common._engines[eng.model_id] = eng  # the CLI reuses the session's model
     yield eng
 
@@ -56,9 +60,7 @@ def client(server: str):
 @pytest.fixture(scope="session")
 def gguf_engine(settings: Settings):
     """The bundled GGUF file on llama.cpp."""
-    from millm.engine import load_engine as load
-
-    eng = load(resolve("SmolLM2-135M-Instruct:Q4_1", settings), settings)
+    eng = load_engine(resolve("SmolLM2-135M-Instruct:Q4_1", settings), settings)
     yield eng
     eng.close()
 
@@ -70,3 +72,13 @@ def gguf_server(gguf_engine, settings: Settings) -> Iterator[str]:
 
     with live_server(create_app(settings, gguf_engine)) as base:
         yield base
+
+
+MODEL_FIXTURES = {"engine", "server", "client", "gguf_engine", "gguf_server", "base"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests that need a real model are marked ``model``; ``-m "not model"`` is the fast tier."""
+    for item in items:
+        if MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.model)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from millm.engine import TransformersEngine
 from millm.engine.events import Delta, Event, Finish, Usage
 from millm.engine.params import ChatPrompt, GenerationRequest, Prompt, TextPrompt
+from millm.engine.transformers_engine import TransformersEngine
 from millm.validation import sampling_params
 
 

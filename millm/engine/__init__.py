@@ -1,22 +1,25 @@
-"""The engine core every front end shares."""
+"""The engine core every front end shares. Engines import lazily: nothing here loads torch."""
 
 from __future__ import annotations
 
-from typing import Union
+from typing import TYPE_CHECKING
 
-from millm.config import Settings
-from millm.engine.llama_engine import LlamaCppEngine
-from millm.engine.transformers_engine import TransformersEngine
-from millm.registry import ModelEntry
+from millm.engine.base import Capabilities, Engine, StepControl
 
-Engine = Union[TransformersEngine, LlamaCppEngine]
+if TYPE_CHECKING:
+    from millm.config import Settings
+    from millm.registry import ModelEntry
 
 
 def load_engine(entry: ModelEntry, settings: Settings) -> Engine:
     """Load the engine that runs ``entry``: llama.cpp for GGUF ids, transformers otherwise."""
     if entry.engine == "llama.cpp":
+        from millm.engine.llama_engine import LlamaCppEngine
+
         return LlamaCppEngine.load(entry, settings)
+    from millm.engine.transformers_engine import TransformersEngine
+
     return TransformersEngine.load(entry, settings)
 
 
-__all__ = ["Engine", "LlamaCppEngine", "TransformersEngine", "load_engine"]
+__all__ = ["Capabilities", "Engine", "StepControl", "load_engine"]

@@ -11,16 +11,19 @@ import ctypes
 import logging
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from typing import Any
 
 from millm.config import Settings
-from millm.engine.events import Delta, Event, Finish, Usage
+from millm.engine.base import Capabilities, StepControl, check_supported, fingerprint
+from millm.engine.events import Event, Usage
 from millm.engine.output import ChoiceOutput
 from millm.engine.params import ChatPrompt, GenerationRequest, Prompt
-from millm.engine.plan import Plan, run_each, token_budget
+from millm.engine.plan import Plan, token_budget
+from millm.engine.rows import Row, emit
+from millm.engine.scoring import ScoreRequest, ScoreResult
 from millm.engine.templates import END_OF_TURN_TOKENS, fallback_template
-from millm.errors import ContextLengthExceeded, InvalidParameter, ModelLoadFailed
+from millm.errors import ContextLengthExceeded, FieldNotHonoured, InvalidParameter, ModelLoadFailed
 from millm.registry import ModelEntry
 
 log = logging.getLogger("millm.llama_cpp")
@@ -61,8 +64,8 @@ class LlamaCppEngine:
     """
 
     engine_name = "llama.cpp"
-    steering = None  # llama.cpp exposes no residual stream to hook
-    monitor = None
+    capabilities = Capabilities(steerable=False, scorable=False, seedable=False, constrainable=False,
+                                multiple_choices=False)
 
     def __init__(self, entry: ModelEntry, llm: Any, default_max_tokens: int = 1024) -> None:
         self.entry = entry
@@ -104,8 +107,22 @@ class LlamaCppEngine:
 
     @property
     def fingerprint(self) -> str:
-        return f"millm:{self.entry.repo}@{self.entry.revision or 'unrecorded'}:unrecorded/" \
-               f"{self.entry.quantization or 'unrecorded'}:{self.engine_name}"
+        return fingerprint(self.entry.repo, self.entry.revision, None, self.entry.quantization, self.engine_name)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.llm.n_vocab())
+
+    def token_text(self, token_id: int) -> str:
+        return self.decoder.decode([token_id])
+
+    def steering_target(self) -> None:
+        """llama.cpp exposes no residual stream to hook."""
+        return None
+
+    def score(self, request: ScoreRequest) -> list[ScoreResult]:
+        raise FieldNotHonoured("Scoring needs the next-token distribution, which llama.cpp does not expose here; "
+                               "use a transformers model.", param="logprobs")
 
     def _special_text(self, token_id: int) -> str:
         return "" if token_id < 0 else self.llm.detokenize([token_id], special=True).decode("utf-8", errors="replace")
@@ -121,7 +138,7 @@ class LlamaCppEngine:
     def _render(self, messages: list[dict[str, Any]]) -> str:
         if self._formatter is None:
             return fallback_template(messages, True)
-        return self._formatter(messages=messages).prompt
+        return str(self._formatter(messages=messages).prompt)  # type: ignore[arg-type]
 
     def tokenize(self, prompt: Prompt) -> list[int]:
         """Chat prompts through the file's template; a trailing assistant message is continued, not closed."""
@@ -136,48 +153,42 @@ class LlamaCppEngine:
 
     def prepare(self, request: GenerationRequest) -> Plan:
         """Tokenise and check against the context window (400, never llama.cpp's bare error)."""
-        if request.params.n != 1:
-            raise InvalidParameter("'n' above 1 is not available on the llama.cpp engine.", param="n")
+        check_supported(request, self.capabilities, self.engine_name)
         prompt_ids = [self.tokenize(p) for p in request.prompts]
         return Plan(prompt_ids, request.params,
                     token_budget(prompt_ids, request.params.max_tokens, self.context_window, self.default_max_tokens))
 
-    def generate(self, request: GenerationRequest, cancel: threading.Event | None = None) -> Iterator[Event]:
-        return self.run(self.prepare(request), cancel)
+    def generate(self, request: GenerationRequest, control: StepControl | None = None) -> Iterator[Event]:
+        return self.run(self.prepare(request), control)
 
-    def run(self, plan: Plan, cancel: threading.Event | None = None) -> Iterator[Event]:
+    def run(self, plan: Plan, control: StepControl | None = None) -> Iterator[Event]:
         """Each prompt of the plan in turn (llama.cpp decodes one sequence here)."""
         with self._lock:
             completion = 0
             for index, ids in enumerate(plan.prompt_ids):
-                row = ChoiceOutput(self.decoder, plan.params.stop, self.stop_ids)
-                yield from self._decode(index, ids, plan, row, cancel)
-                completion += row.tokens
-                if cancel is not None and cancel.is_set():
+                row = Row(index, ChoiceOutput(self.decoder, plan.params.stop, self.stop_ids), plan.params,
+                          plan.max_tokens)
+                cancelled = yield from self._decode(ids, row, control)
+                completion += row.output.tokens
+                if cancelled:
                     return
             yield Usage(sum(len(ids) for ids in plan.prompt_ids), completion)
 
-    def run_each(self, plans: list[Plan], cancel: threading.Event | None = None) -> Iterator[Event]:
-        return run_each(self.run, plans, cancel)
-
-    def _decode(self, index: int, ids: list[int], plan: Plan, row: ChoiceOutput,
-                cancel: threading.Event | None) -> Iterator[Event]:
-        p = plan.params
+    def _decode(self, ids: list[int], row: Row, control: StepControl | None) -> Generator[Event, None, bool]:
+        """Yield the row's events; return True when the consumer went away."""
+        p = row.params
         tokens = self.llm.generate(ids, temp=p.temperature, top_p=p.top_p, top_k=0, min_p=0.0, repeat_penalty=1.0,
                                    frequency_penalty=p.frequency_penalty, presence_penalty=p.presence_penalty)
         try:
             for token in tokens:
-                piece = row.feed(token)
-                if row.finish_reason is None and row.tokens >= plan.max_tokens:
-                    piece += row.close("length")
-                if piece:
-                    yield Delta(index, piece)
-                if row.finish_reason is not None or (cancel is not None and cancel.is_set()):
-                    break
+                yield from emit(row, token)
+                if row.done:
+                    return False
+                if control is not None and control.between_steps():
+                    return True
         finally:
             tokens.close()
-        if row.finish_reason is not None:
-            yield Finish(index, row.finish_reason, row.tokens)
+        return False
 
     def embed(self, inputs: list[Any]) -> tuple[list[list[float]], int]:
         """Mean-pooled last hidden layer, from a second llama.cpp context made for embeddings."""

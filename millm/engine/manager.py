@@ -6,13 +6,14 @@ import gc
 import logging
 from collections.abc import Callable
 
-import torch
-
 from millm.config import Settings
 from millm.engine import Engine, load_engine
 from millm.engine.worker import EngineWorker
 from millm.errors import MillmError, ModelBusy, ModelLoadFailed, ModelNotLoaded
 from millm.registry import ModelEntry, list_models, resolve
+
+Loader = Callable[[ModelEntry, Settings], Engine]
+Registry = Callable[[str], ModelEntry]
 
 log = logging.getLogger(__name__)
 
@@ -27,19 +28,23 @@ class ModelManager:
     """
 
     def __init__(self, settings: Settings, worker: EngineWorker, engine: Engine | None = None,
-                 on_load: Callable[[Engine], None] | None = None) -> None:
+                 on_load: Callable[[Engine], None] | None = None, loader: Loader = load_engine,
+                 registry: Registry | None = None) -> None:
         self.settings = settings
         self.on_load = on_load
+        self.loader = loader
+        self.resolve: Registry = registry or (lambda model: resolve(model, settings))
         self.worker = worker
         self.engine = engine
         self.state: str | None = None  # "LOADING" or "UNLOADING" while a swap runs
         self._target: str | None = None
 
     def entry(self, model: str) -> ModelEntry:
-        """The registry entry a request names (404 model_not_found if none)."""
+        """The registry entry a request names (404 model_not_found if none; model_busy during a swap)."""
+        self.check_not_busy()
         if self.engine is not None and model == self.engine.model_id:
             return self.engine.entry
-        return resolve(model, self.settings)
+        return self.resolve(model)
 
     def entries(self) -> list[ModelEntry]:
         """Every model on disk, the loaded one included."""
@@ -80,10 +85,7 @@ class ModelManager:
                 await self.unload_now()
             self.state = "LOADING"
             try:
-                engine = await self.worker.call(load_engine, entry, self.settings)
-                if self.on_load is not None:
-                    self.on_load(engine)
-                self.engine = engine
+                self.engine = await self.worker.call(self._load, entry)
             except MillmError:
                 raise
             except Exception as exc:  # any failure of the loader becomes one typed error
@@ -93,11 +95,21 @@ class ModelManager:
             self.state = None
             self._target = None
 
+    def _load(self, entry: ModelEntry) -> Engine:
+        """On the engine thread: load, then re-apply what was persisted for the model (its hooks)."""
+        engine = self.loader(entry, self.settings)
+        if self.on_load is not None:
+            self.on_load(engine)
+        return engine
+
     async def unload_now(self) -> None:
         """Detach every SAE hook, drop the loaded engine and give its memory back."""
         if self.engine is not None:
             self.engine.close()
         self.engine = None
         gc.collect()
-        if torch.cuda.is_available():
+        import sys
+
+        torch = sys.modules.get("torch")  # only an engine that used torch has memory to give back
+        if torch is not None and torch.cuda.is_available():
             torch.cuda.empty_cache()

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from millm.engine.events import Delta, Event, Finish, Usage
 from millm.engine.params import SamplingParams
 from millm.errors import ContextLengthExceeded, InvalidParameter
+
+if TYPE_CHECKING:
+    from millm.engine.base import StepControl
 
 
 @dataclass(frozen=True)
@@ -35,12 +37,12 @@ def token_budget(prompt_ids: list[list[int]], wanted: int | None, window: int, d
     return budget
 
 
-def run_each(run: Callable[[Plan, threading.Event | None], Iterator[Event]], plans: list[Plan],
-             cancel: threading.Event | None = None) -> Iterator[Event]:
+def run_each(run: Callable[[Plan, StepControl | None], Iterator[Event]], plans: list[Plan],
+             control: StepControl | None = None) -> Iterator[Event]:
     """Decode plans one after another as one stream: choice indices follow on, one Usage at the end."""
     offset, prompt_tokens, completion_tokens = 0, 0, 0
     for plan in plans:
-        for event in run(plan, cancel):
+        for event in run(plan, control):
             if isinstance(event, Usage):
                 prompt_tokens += event.prompt_tokens
                 completion_tokens += event.completion_tokens
@@ -50,7 +52,7 @@ def run_each(run: Callable[[Plan, threading.Event | None], Iterator[Event]], pla
                 yield Finish(event.index + offset, event.reason, event.completion_tokens)
             else:
                 yield event
-        if cancel is not None and cancel.is_set():
+        if control is not None and control.cancel.is_set():
             return
         offset += len(plan.prompt_ids) * plan.params.n
     yield Usage(prompt_tokens, completion_tokens)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 
@@ -43,3 +45,17 @@ def sample(logits: torch.Tensor, temperature: float, top_p: float,
 def update_counts(counts: torch.Tensor, tokens: torch.Tensor) -> None:
     """Record one newly generated token per row into ``counts`` in place."""
     counts.scatter_add_(1, tokens.view(-1, 1), torch.ones_like(tokens.view(-1, 1), dtype=counts.dtype))
+
+
+LogitsProcessor = Callable[[torch.Tensor], torch.Tensor]
+Sampler = Callable[[torch.Tensor], torch.Tensor]
+
+
+def penalty_processor(counts: torch.Tensor, frequency: float, presence: float) -> LogitsProcessor:
+    """OpenAI's additive penalties over the tokens each row generated so far (``counts``, updated by the loop)."""
+    return lambda logits: apply_penalties(logits, counts, frequency, presence)
+
+
+def make_sampler(temperature: float, top_p: float, generator: torch.Generator | None = None) -> Sampler:
+    """Greedy at temperature 0, else softmax(logits / T) restricted by top_p."""
+    return lambda logits: sample(logits, temperature, top_p, generator)

@@ -9,11 +9,13 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
+from millm.engine.params import Prompt
 from millm.errors import InvalidParameter, InvalidScoringRequest, NonFiniteLogits
+
+if TYPE_CHECKING:
+    import torch
 
 MAX_LOGPROBS = 20
 MIN_TEMPERATURE = 0.001
@@ -31,6 +33,24 @@ class ScoringParams:
 
 
 @dataclass(frozen=True)
+class ScoreRow:
+    """One prompt to score; ``where`` names it in errors (``prompt[3]``, ``extra_messages[0]``)."""
+
+    prompt: Prompt
+    params: ScoringParams
+    where: str = "prompt"
+
+
+@dataclass(frozen=True)
+class ScoreRequest:
+    """Rows scored in padded batches, or ``one_at_a_time`` (chat conversations, each failing on its own)."""
+
+    rows: list[ScoreRow]
+    one_at_a_time: bool = False
+    batch_size: int = 32
+
+
+@dataclass(frozen=True)
 class TokenScore:
     token_id: int
     logprob: float
@@ -40,6 +60,7 @@ class TokenScore:
 class ScoreResult:
     chosen: TokenScore
     top: list[TokenScore]
+    prompt_tokens: int = 0
 
 
 def check_temperature(value: float | None) -> float:
@@ -51,14 +72,18 @@ def check_temperature(value: float | None) -> float:
     return t
 
 
-def check_allowed(ids: Any, vocab_size: int) -> tuple[int, ...]:
-    """A non-empty list of token ids inside the vocabulary (duplicates dropped, order kept)."""
+def check_allowed(ids: Any) -> tuple[int, ...]:
+    """A non-empty list of token ids (duplicates dropped, order kept); the vocabulary is the engine's check."""
     if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
         raise InvalidParameter("'allowed_token_ids' must be a non-empty list of token ids.", param="allowed_token_ids")
-    if bad := [i for i in ids if not 0 <= i < vocab_size]:
+    return tuple(dict.fromkeys(ids))
+
+
+def check_in_vocab(params: ScoringParams, vocab_size: int) -> None:
+    """Every allowed id inside the loaded model's vocabulary."""
+    if bad := [i for i in params.allowed or () if not 0 <= i < vocab_size]:
         raise InvalidScoringRequest(f"'allowed_token_ids' has {bad[0]}, outside this model's vocabulary "
                                     f"(0-{vocab_size - 1}).", param="allowed_token_ids")
-    return tuple(dict.fromkeys(ids))
 
 
 def check_top_n(name: str, value: Any) -> int:
@@ -80,8 +105,10 @@ def check_scoring_shape(fields: Mapping[str, Any]) -> None:
         raise InvalidParameter("Scoring mode cannot be streamed; send stream: false.", param="stream")
 
 
-def score_row(logits: torch.Tensor, params: ScoringParams) -> ScoreResult:
+def score_row(logits: torch.Tensor, params: ScoringParams, prompt_tokens: int = 0) -> ScoreResult:
     """Score one ``[vocab]`` logits row: the most probable (allowed) token and the top alternatives."""
+    import torch
+
     logits = logits.double()
     if params.temperature > 0:
         logits = logits / params.temperature
@@ -99,4 +126,4 @@ def score_row(logits: torch.Tensor, params: ScoringParams) -> ScoreResult:
               for lp, i in zip(top.values.tolist(), top.indices.tolist())]
     if not math.isfinite(scores[0].logprob) or any(math.isinf(s.logprob) for s in scores[:max(params.top_n, 1)]):
         raise NonFiniteLogits("A reported token has a -inf logit; it cannot be scored.")
-    return ScoreResult(scores[0], scores)
+    return ScoreResult(scores[0], scores, prompt_tokens)

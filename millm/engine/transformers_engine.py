@@ -11,17 +11,21 @@ import torch
 
 from millm.config import Settings
 from millm.engine import loader
-from millm.engine.events import Activations, Delta, Event, Finish, Usage
+from millm.engine.base import Capabilities, StepControl, fingerprint
+from millm.engine.events import Activations, Event, Usage
 from millm.engine.output import ChoiceOutput
-from millm.engine.plan import Plan, run_each, token_budget
 from millm.engine.params import ChatPrompt, GenerationRequest, Prompt
-from millm.engine.sampling import apply_penalties, sample, update_counts
-from millm.engine.templates import END_OF_TURN_TOKENS, render_chat
-from millm.errors import ContextLengthExceeded, InvalidParameter, InvalidScoringRequest
+from millm.engine.plan import Plan, token_budget
+from millm.engine.rows import Row, emit
+from millm.engine.sampling import LogitsProcessor, make_sampler, penalty_processor, update_counts
+from millm.engine.scoring import ScoreRequest, ScoreResult, check_in_vocab, score_row
+from millm.engine.templates import END_OF_TURN_TOKENS, has_chat_template, render_chat
+from millm.errors import ContextLengthExceeded, InvalidParameter, InvalidScoringRequest, MillmError, NoChatTemplate
 from millm.registry import ModelEntry
 from millm.steering.controller import Steering
 from millm.steering.monitor import Monitor
 from millm.steering.readout import ReadoutRecorder, parse_readout
+from millm.steering.target import SteeringTarget
 from millm.structured.constraint import ConstraintCompiler, RowGuides, validate
 
 EMBED_BATCH = 32
@@ -37,6 +41,8 @@ class TransformersEngine:
     """A loaded HuggingFace causal LM behind miLLM's engine interface."""
 
     engine_name = "transformers"
+    capabilities = Capabilities(steerable=True, scorable=True, seedable=True, constrainable=True,
+                                multiple_choices=True)
 
     def __init__(self, entry: ModelEntry, model: Any, tokenizer: Any, device: torch.device,
                  dtype: torch.dtype, default_max_tokens: int = 1024) -> None:
@@ -54,6 +60,7 @@ class TransformersEngine:
         self.steering = Steering(model)
         self.monitor = Monitor()
         self.constraints = ConstraintCompiler(tokenizer)
+        self._target = SteeringTarget(entry.id, self.steering, self.monitor)
 
     def close(self) -> None:
         """Remove every hook before the model goes away."""
@@ -70,10 +77,18 @@ class TransformersEngine:
 
     @property
     def fingerprint(self) -> str:
-        """``millm:<model>@<revision>:<dtype>/<quantization>:<engine>``; unknown parts say unrecorded."""
-        dtype = str(self.dtype).removeprefix("torch.")
-        return (f"millm:{self.entry.id}@{self.entry.revision or 'unrecorded'}:"
-                f"{dtype}/{self.entry.quantization or 'unrecorded'}:{self.engine_name}")
+        return fingerprint(self.entry.id, self.entry.revision, str(self.dtype).removeprefix("torch."),
+                           self.entry.quantization, self.engine_name)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.tokenizer)
+
+    def token_text(self, token_id: int) -> str:
+        return str(self.tokenizer.decode([token_id]))
+
+    def steering_target(self) -> SteeringTarget:
+        return self._target
 
     def _end_token_ids(self) -> frozenset[int]:
         """EOS ids from the tokenizer and generation config, plus the chat template's end-of-turn tokens."""
@@ -102,14 +117,14 @@ class TransformersEngine:
                                     prompt_tokens=max(len(ids) for ids in prompt_ids), max_tokens=budget)
         return Plan(prompt_ids, request.params, budget, request.override, readout, request.constraint)
 
-    def generate(self, request: GenerationRequest, cancel: threading.Event | None = None) -> Iterator[Event]:
+    def generate(self, request: GenerationRequest, control: StepControl | None = None) -> Iterator[Event]:
         """Stream Delta and Finish events per choice, then one Usage.
 
-        Closing the iterator, or setting ``cancel`` (checked once per decode step), stops generation.
+        Closing the iterator, or cancelling ``control`` (checked once per decode step), stops generation.
         """
-        return self.run(self.prepare(request), cancel)
+        return self.run(self.prepare(request), control)
 
-    def run(self, plan: Plan, cancel: threading.Event | None = None) -> Iterator[Event]:
+    def run(self, plan: Plan, control: StepControl | None = None) -> Iterator[Event]:
         """Decode a prepared plan; the engine lock is held for the whole stream."""
         with self._lock, torch.inference_mode(), self.steering.request(plan.override), ExitStack() as stack:
             recorder = None
@@ -124,14 +139,10 @@ class TransformersEngine:
                 session.sae = self.steering.attachments[config.sae].sae
                 stack.enter_context(self.steering.reading(config.sae, session, "pre"))
             try:
-                yield from self._decode(plan, cancel, recorder)
+                yield from self._decode(plan, control, recorder)
             finally:
                 if session is not None:
                     self.monitor.commit(session, self.model_id)
-
-    def run_each(self, plans: list[Plan], cancel: threading.Event | None = None) -> Iterator[Event]:
-        """Decode plans one after another as one stream (each prompt of a list, seeded separately)."""
-        return run_each(self.run, plans, cancel)
 
     def _left_pad(self, prompt_ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor | None]:
         width = max(len(ids) for ids in prompt_ids)
@@ -153,7 +164,11 @@ class TransformersEngine:
         out = self.model(input_ids=ids, cache=cache, use_cache=cache is not None, logits_to_keep=1, **kwargs)
         return out.logits[:, -1, :].float()
 
-    def _decode(self, plan: Plan, cancel: threading.Event | None,
+    def _rows(self, plan: Plan, count: int) -> list[Row]:
+        return [Row(i, ChoiceOutput(self.tokenizer, plan.params.stop, self.stop_ids), plan.params, plan.max_tokens)
+                for i in range(count)]
+
+    def _decode(self, plan: Plan, control: StepControl | None,
                 recorder: ReadoutRecorder | None = None) -> Iterator[Event]:
         from transformers import DynamicCache
 
@@ -165,42 +180,37 @@ class TransformersEngine:
             logits = logits.repeat_interleave(params.n, dim=0)
             cache.batch_repeat_interleave(params.n)
             mask = None if mask is None else mask.repeat_interleave(params.n, dim=0)
-        rows = [ChoiceOutput(self.tokenizer, params.stop, self.stop_ids) for _ in range(logits.shape[0])]
-        penalised = params.frequency_penalty != 0.0 or params.presence_penalty != 0.0
-        counts = torch.zeros(logits.shape, dtype=torch.int32, device=self.device) if penalised else None
-        generator = None
-        if params.seed is not None:
-            generator = torch.Generator(device=self.device).manual_seed(params.seed)
+        rows = self._rows(plan, logits.shape[0])
+        processors: list[LogitsProcessor] = []
+        counts = None
+        if params.frequency_penalty != 0.0 or params.presence_penalty != 0.0:
+            counts = torch.zeros(logits.shape, dtype=torch.int32, device=self.device)
+            processors.append(penalty_processor(counts, params.frequency_penalty, params.presence_penalty))
         guides = None
         if plan.constraint is not None:
             guides = RowGuides([self.constraints.matcher(plan.constraint) for _ in rows], logits.shape[-1])
+            processors.append(lambda lg: guides.mask(lg, [not row.done for row in rows]))
+        generator = None
+        if params.seed is not None:
+            generator = torch.Generator(device=self.device).manual_seed(params.seed)
+        sampler = make_sampler(params.temperature, params.top_p, generator)
 
-        for step in range(plan.max_tokens):
-            if cancel is not None and cancel.is_set():
+        for _ in range(plan.max_tokens):
+            if control is not None and control.between_steps():
                 return
-            if counts is not None:
-                logits = apply_penalties(logits, counts, params.frequency_penalty, params.presence_penalty)
-            if guides is not None:
-                logits = guides.mask(logits, [row.finish_reason is None for row in rows])
-            tokens = sample(logits, params.temperature, params.top_p, generator)
+            for process in processors:
+                logits = process(logits)
+            tokens = sampler(logits)
             if counts is not None:
                 update_counts(counts, tokens)
-            last_step = step == plan.max_tokens - 1
-            for index, (row, token) in enumerate(zip(rows, tokens.tolist())):
-                if row.finish_reason is not None:
+            for row, token in zip(rows, tokens.tolist()):
+                if row.done:
                     continue
-                piece = row.feed(token)
-                if guides is not None and row.finish_reason is None and guides.advance(index, token):
-                    piece += row.close("stop")  # the document is closed
-                if row.finish_reason is None and last_step:
-                    piece += row.close("length")
-                if guides is not None and row.finish_reason == "stop":
-                    validate(plan.constraint, row.text)
-                if piece:
-                    yield Delta(index, piece)
-                if row.finish_reason is not None:
-                    yield Finish(index, row.finish_reason, row.tokens)
-            if all(row.finish_reason is not None for row in rows):
+                closes = None if guides is None else (lambda t, i=row.index: guides.advance(i, t))
+                yield from emit(row, token, closes)
+                if guides is not None and row.output.finish_reason == "stop":
+                    validate(plan.constraint, row.output.text)
+            if all(row.done for row in rows):
                 break
             if mask is not None:
                 mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=-1)
@@ -208,17 +218,38 @@ class TransformersEngine:
 
         if recorder is not None:
             prompt = plan.prompt_ids[0]
-            yield Activations(recorder.result(prompt + rows[0].detok.ids, len(prompt)))
+            yield Activations(recorder.result(prompt + rows[0].output.detok.ids, len(prompt)))
         prompt_tokens = sum(len(ids) for ids in plan.prompt_ids)
-        yield Usage(prompt_tokens, sum(row.tokens for row in rows))
+        yield Usage(prompt_tokens, sum(row.output.tokens for row in rows))
 
-    def next_token_logits(self, prompt_ids: list[list[int]], batch_size: int = 32) -> torch.Tensor:
+    def score(self, request: ScoreRequest) -> list[ScoreResult]:
+        """Next-token log-probabilities per row; never steered or monitored (every hook is suppressed)."""
+        prompt_ids = []
+        for row in request.rows:
+            if isinstance(row.prompt, ChatPrompt) and not has_chat_template(self.tokenizer):
+                raise NoChatTemplate(f"'{self.model_id}' has no chat template, so chat scoring would score a prompt "
+                                     "it was never trained on; use /v1/completions with the prompt you mean.")
+            check_in_vocab(row.params, self.vocab_size)
+            prompt_ids.append(self.tokenize(row.prompt))
+        if not request.one_at_a_time:
+            logits = self.next_token_logits(prompt_ids, [r.where for r in request.rows], request.batch_size)
+            return [score_row(lg, row.params, len(ids)) for lg, row, ids in zip(logits, request.rows, prompt_ids)]
+        results = []
+        for k, (row, ids) in enumerate(zip(request.rows, prompt_ids)):
+            try:
+                results.append(score_row(self.next_token_logits([ids], [row.where])[0], row.params, len(ids)))
+            except MillmError as exc:
+                exc.message, exc.param = f"Conversation {k} ({row.where}): {exc.message}", row.where
+                exc.args = (exc.message,)
+                raise
+        return results
+
+    def next_token_logits(self, prompt_ids: list[list[int]], names: list[str], batch_size: int = 32) -> torch.Tensor:
         """Last-position logits ``[len(prompt_ids), vocab]`` (fp32, CPU), in left-padded batches.
 
         Scoring: every SAE hook is suppressed, so nothing steers or records these passes.
         """
-        for i, ids in enumerate(prompt_ids):
-            where = "prompt" if len(prompt_ids) == 1 else f"prompt[{i}]"
+        for ids, where in zip(prompt_ids, names):
             if not ids:
                 raise InvalidScoringRequest(f"'{where}' tokenises to nothing; there is no position to score.",
                                             param=where)
@@ -228,11 +259,11 @@ class TransformersEngine:
         rows = []
         with self._lock, torch.inference_mode(), self.steering.suppressed():
             for start in range(0, len(prompt_ids), batch_size):
-                ids, mask = self._left_pad(prompt_ids[start:start + batch_size])
-                rows.append(self._forward(ids, None, mask).cpu())
+                batch, mask = self._left_pad(prompt_ids[start:start + batch_size])
+                rows.append(self._forward(batch, None, mask).cpu())
         return torch.cat(rows)
 
-    def embed(self, inputs: list[str] | list[list[int]]) -> tuple[list[list[float]], int]:
+    def embed(self, inputs: list[Any]) -> tuple[list[list[float]], int]:
         """Masked mean of the last hidden layer per input (text, or this model's token ids), and the
         total token count. Never steered."""
         encoded = []

@@ -1,18 +1,22 @@
 """One thread that runs all engine work beside the event loop, behind a bounded queue.
 
 The event loop never blocks on torch: it submits work here and awaits the result, or consumes
-a stream of events. A consumer that goes away sets a cancel flag the decode loop checks each step.
+a stream of events. A request is admitted (or refused with queue_full) when it is submitted, before
+any response starts, and counted from that moment. Steering and monitoring changes are commands:
+they run on this thread between two decode steps of whatever is generating, or at once when idle.
 """
 
 from __future__ import annotations
 
 import asyncio
+import queue
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from millm.engine.base import StepControl
 from millm.errors import QueueFull
 
 T = TypeVar("T")
@@ -35,6 +39,7 @@ class EngineWorker:
         self._running = 0
         self._idle = threading.Event()
         self._idle.set()
+        self._commands: queue.SimpleQueue[tuple[Callable[..., Any], tuple[Any, ...], Future[Any]]] = queue.SimpleQueue()
 
     @property
     def pending(self) -> int:
@@ -65,6 +70,7 @@ class EngineWorker:
         def counted() -> T:
             self._running += 1
             try:
+                self.run_commands()
                 return fn(*args)
             finally:
                 self._running -= 1
@@ -77,33 +83,62 @@ class EngineWorker:
         """Run ``fn(*args)`` on the engine thread and await its result."""
         return await asyncio.wrap_future(self._submit(fn, *args))
 
+    def run_commands(self) -> None:
+        """Run every queued command (on the engine thread, between decode steps)."""
+        while True:
+            try:
+                fn, args, future = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn(*args))
+            except BaseException as exc:  # handed to the caller, raised there
+                future.set_exception(exc)
+
+    async def command(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(*args)`` on the engine thread at the next step boundary (at once when idle).
+
+        Commands are not requests: they are never refused for a full queue and never wait for a
+        generation to finish.
+        """
+        future: Future[T] = Future()
+        self._commands.put((fn, args, future))
+        self._executor.submit(self.run_commands)
+        return await asyncio.wrap_future(future)
+
     async def wait_idle(self, timeout: float) -> bool:
         """Wait until no job is queued or running; False if ``timeout`` passed first."""
         return await asyncio.to_thread(self._idle.wait, timeout)
 
-    async def stream(self, make_events: Callable[[threading.Event], Iterator[T]]) -> AsyncIterator[T]:
-        """Run ``make_events(cancel)`` on the engine thread and yield its items as they come.
+    def stream(self, make_events: Callable[[StepControl], Iterator[T]]) -> AsyncIterator[T]:
+        """Admit now (raising QueueFull before any response starts), then run ``make_events(control)`` on
+        the engine thread; the returned iterator yields its items as they come.
 
-        Leaving the loop early (a client disconnect, a consumer that stops) sets ``cancel``; the
-        producer is expected to check it once per decode step.
+        Leaving the loop early (a client disconnect, a consumer that stops) cancels ``control``; the
+        producer checks it between decode steps, and a job whose consumer left before it started
+        does not start at all.
         """
         loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[Any] = asyncio.Queue()
-        cancel = threading.Event()
+        items: asyncio.Queue[Any] = asyncio.Queue()
+        control = StepControl(run_commands=self.run_commands)
 
         def put(item: Any) -> None:
             try:
-                loop.call_soon_threadsafe(queue.put_nowait, item)
+                loop.call_soon_threadsafe(items.put_nowait, item)
             except RuntimeError:  # the loop is gone: nobody is listening any more
-                cancel.set()
+                control.cancel.set()
 
         def work() -> None:
             try:
-                events = make_events(cancel)
+                if control.cancel.is_set():
+                    return
+                events = make_events(control)
                 try:
                     for event in events:
                         put(event)
-                        if cancel.is_set():
+                        if control.cancel.is_set():
                             break
                 finally:
                     close = getattr(events, "close", None)
@@ -115,13 +150,17 @@ class EngineWorker:
                 put(_END)
 
         self._submit(work)
+        return self._consume(items, control)
+
+    @staticmethod
+    async def _consume(items: asyncio.Queue[Any], control: StepControl) -> AsyncIterator[Any]:
         try:
-            while (item := await queue.get()) is not _END:
+            while (item := await items.get()) is not _END:
                 if isinstance(item, _Failure):
                     raise item.exc
                 yield item
         finally:
-            cancel.set()
+            control.cancel.set()
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)

@@ -2,22 +2,25 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from quart import Blueprint, request
 
-from millm.engine import TransformersEngine
 from millm.errors import InvalidParameter, ModelNotLoaded, Unauthorized
-from millm.steering.monitor import MAX_FEATURES, MonitorConfig
+from millm.server.auth import bearer_matches
 from millm.server.state import services
+from millm.steering.target import SteeringTarget
 
 bp = Blueprint("api", __name__, url_prefix="/api")
+T = TypeVar("T")
 
 
 @bp.before_request
 async def require_admin_key() -> None:
     key = services().settings.admin_key
-    if key and request.method not in ("GET", "HEAD") and request.headers.get("Authorization", "") != f"Bearer {key}":
+    if key and request.method not in ("GET", "HEAD") and not bearer_matches(request.headers.get("Authorization", ""),
+                                                                             key):
         raise Unauthorized("Management changes need 'Authorization: Bearer <MILLM_ADMIN_KEY>'.")
 
 
@@ -32,16 +35,17 @@ async def body() -> dict[str, Any]:
     return data
 
 
-def engine() -> TransformersEngine:
-    """The loaded engine, which must be one that can be steered."""
+def engine() -> SteeringTarget:
+    """The loaded model's steering, which must exist."""
     manager = services().manager
     manager.check_not_busy()
     if manager.engine is None:
         raise ModelNotLoaded("No model is loaded.")
-    if manager.engine.steering is None:
-        raise InvalidParameter(f"'{manager.engine.model_id}' runs on llama.cpp, which has no SAE hooks; load a "
-                               "transformers model to steer.", param="model")
-    return manager.engine
+    target = manager.engine.steering_target()
+    if target is None:
+        raise InvalidParameter(f"'{manager.engine.model_id}' runs on {manager.engine.engine_name}, which has no SAE "
+                               "hooks; load a transformers model to steer.", param="model")
+    return target
 
 
 def steering_state() -> dict[str, Any]:
@@ -49,11 +53,16 @@ def steering_state() -> dict[str, Any]:
     return {**eng.steering.snapshot(), "live": eng.steering.live}
 
 
+async def command(fn: Callable[..., T], *args: Any) -> T:
+    """Run a steering or monitoring change on the engine thread, between decode steps."""
+    return await services().worker.command(fn, *args)
+
+
 # SAEs
-def steerable() -> TransformersEngine | None:
-    """The loaded engine if it can carry SAEs, else None (for read-only views)."""
+def steerable() -> SteeringTarget | None:
+    """The loaded model's steering if it has any, else None (for read-only views)."""
     eng = services().manager.engine
-    return eng if eng is not None and eng.steering is not None else None
+    return eng.steering_target() if eng is not None else None
 
 
 @bp.get("/saes")
@@ -85,13 +94,13 @@ async def get_sae(sae_id: str) -> Any:
 async def attach_sae(sae_id: str) -> Any:
     """Attach to a layer of the loaded model: {"layer"?} (default: the SAE's layer hint)."""
     data = await body()
-    return services().steering.attach(engine(), sae_id, data.get("layer"))
+    return await command(services().steering.attach, engine(), sae_id, data.get("layer"))
 
 
 @bp.post("/saes/<sae_id>/detach")
 async def detach_sae(sae_id: str) -> Any:
     """Detach from the loaded model."""
-    return services().steering.detach(engine(), sae_id)
+    return await command(services().steering.detach, engine(), sae_id)
 
 
 @bp.get("/saes/<sae_id>/features")
@@ -109,7 +118,7 @@ async def delete_sae(sae_id: str) -> Any:
     svc.steering.sae(sae_id)
     eng = steerable()
     if eng is not None and sae_id in eng.steering.attachments:
-        svc.steering.detach(eng, sae_id)
+        await command(svc.steering.detach, eng, sae_id)
     svc.steering.store.delete_sae(sae_id)
     return {"deleted": sae_id}
 
@@ -125,7 +134,8 @@ async def _set_values(merge: bool) -> Any:
     data = await body()
     if "values" not in data:
         raise InvalidParameter("'values' ({feature: strength}) is required.", param="values")
-    services().steering.set_values(engine(), data.get("sae"), data["values"], merge=merge)
+    svc, eng = services().steering, engine()
+    await command(lambda: svc.set_values(eng, data.get("sae"), data["values"], merge=merge))
     return steering_state()
 
 
@@ -144,21 +154,21 @@ async def patch_steering() -> Any:
 @bp.delete("/steering")
 async def clear_steering() -> Any:
     """Clear every value."""
-    services().steering.clear(engine())
+    await command(services().steering.clear, engine())
     return steering_state()
 
 
 @bp.post("/steering/enable")
 async def enable_steering() -> Any:
     """Turn steering on."""
-    services().steering.set_enabled(engine(), True)
+    await command(services().steering.set_enabled, engine(), True)
     return steering_state()
 
 
 @bp.post("/steering/disable")
 async def disable_steering() -> Any:
     """Turn steering off (values are kept)."""
-    services().steering.set_enabled(engine(), False)
+    await command(services().steering.set_enabled, engine(), False)
     return steering_state()
 
 
@@ -209,14 +219,14 @@ async def delete_profile(name: str) -> Any:
 @bp.post("/profiles/<name>/activate")
 async def activate_profile(name: str) -> Any:
     """Make a profile's values the live values."""
-    services().steering.activate(engine(), name)
+    await command(services().steering.activate, engine(), name)
     return {"active": name, **steering_state()}
 
 
 @bp.post("/profiles/deactivate")
 async def deactivate_profile() -> Any:
     """Clear the live values the active profile set."""
-    services().steering.deactivate(engine())
+    await command(services().steering.deactivate, engine())
     return {"active": None, **steering_state()}
 
 
@@ -244,28 +254,7 @@ async def get_monitoring() -> Any:
 async def put_monitoring() -> Any:
     """Configure monitoring: {"enabled", "sae", "features", "history"}."""
     data = await body()
-    eng = engine()
-    enabled = data.get("enabled", True)
-    if not isinstance(enabled, bool):
-        raise InvalidParameter("'enabled' must be true or false.", param="enabled")
-    sae_id = data.get("sae")
-    features = data.get("features", [])
-    history = data.get("history", eng.monitor.config.history)
-    if enabled:
-        if sae_id is None and len(eng.steering.attachments) == 1:
-            sae_id = next(iter(eng.steering.attachments))
-        att = eng.steering.resolve_sae(sae_id) if sae_id is not None else None
-        if att is None:
-            raise InvalidParameter("'sae' (an attached SAE) is required to monitor.", param="sae")
-        sae_id = att.sae_id
-        if not isinstance(features, list) or not features or len(features) > MAX_FEATURES or not all(
-                isinstance(f, int) and not isinstance(f, bool) and 0 <= f < att.sae.d_sae for f in features):
-            raise InvalidParameter(f"'features' must be 1-{MAX_FEATURES} feature indices below {att.sae.d_sae}.",
-                                   param="features")
-    if isinstance(history, bool) or not isinstance(history, int) or not 1 <= history <= 100_000:
-        raise InvalidParameter("'history' must be an integer from 1 to 100000.", param="history")
-    eng.monitor.configure(MonitorConfig(enabled, sae_id, list(dict.fromkeys(features)), history))
-    return eng.monitor.describe()
+    return await command(services().steering.configure_monitor, engine(), data)
 
 
 @bp.get("/monitoring/history")
@@ -283,5 +272,5 @@ async def monitoring_stats() -> Any:
 @bp.delete("/monitoring/history")
 async def clear_monitoring_history() -> Any:
     """Forget the history (statistics stay)."""
-    engine().monitor.clear_history()
+    await command(engine().monitor.clear_history)
     return {"data": []}

@@ -9,8 +9,8 @@ from quart import Quart
 from werkzeug.exceptions import HTTPException
 
 from millm.config import Settings
-from millm.engine import Engine
-from millm.engine.manager import ModelManager
+from millm.engine import Engine, load_engine
+from millm.engine.manager import Loader, ModelManager, Registry
 from millm.engine.worker import EngineWorker
 from millm.errors import MillmError
 from millm.server import api, health, openapi, v1
@@ -21,15 +21,19 @@ from millm.store import Store
 log = logging.getLogger(__name__)
 
 
-def create_app(settings: Settings, engine: Engine | None = None) -> Quart:
-    """An app serving ``engine`` (already loaded); without one, /v1 answers model_not_loaded."""
+def create_app(settings: Settings, engine: Engine | None = None, loader: Loader = load_engine,
+               registry: Registry | None = None) -> Quart:
+    """An app serving ``engine`` (already loaded); without one, /v1 answers model_not_loaded.
+
+    ``loader`` loads the model a request names and ``registry`` finds it (tests give scripted ones)."""
     app = Quart("millm")
     app.config.update(RESPONSE_TIMEOUT=None, BODY_TIMEOUT=None)
     worker = EngineWorker(settings.max_queue)
     steering = SteeringService(Store(settings.home / "millm.db"))
     if engine is not None:
-        steering.restore(engine)
-    manager = ModelManager(settings, worker, engine, on_load=steering.restore)
+        steering.restore(engine.steering_target())
+    manager = ModelManager(settings, worker, engine, on_load=lambda e: steering.restore(e.steering_target()),
+                           loader=loader, registry=registry)
     app.extensions["millm"] = Services(settings, worker, manager, steering)
     app.register_blueprint(v1.bp)
     app.register_blueprint(health.bp)

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from millm.builder import STRICT_HEADER
 from millm.errors import InvalidParameter
 
 IGNORED_FIELDS_HEADER_MAX_BYTES = 1024
-STRICT_HEADER = "X-miLLM-Strict"
 
 
 def sf_string(value: str) -> str:

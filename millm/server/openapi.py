@@ -9,7 +9,7 @@ from pydantic import BaseModel
 from quart import Quart
 
 from millm import __version__
-from millm.server.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
+from millm.wire import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 
 REQUEST_BODIES: dict[str, type[BaseModel]] = {
     "v1.chat_completions": ChatCompletionRequest,
@@ -32,13 +32,12 @@ def build(app: Quart) -> dict[str, Any]:
         path = re.sub(r"<(?:[^:<>]+:)?([^<>]+)>", r"{\1}", rule.rule)
         params = [{"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
                   for name in re.findall(r"{([^}]+)}", path)]
-        for method in sorted(rule.methods - {"HEAD", "OPTIONS"}):
+        for method in sorted((rule.methods or set()) - {"HEAD", "OPTIONS"}):
             op: dict[str, Any] = {
                 "summary": (view.__doc__ or "").strip().splitlines()[0] if view.__doc__ else rule.endpoint,
                 "operationId": f"{rule.endpoint}_{method.lower()}",
-                "responses": {"200": {"description": "OK"},
-                              "default": {"description": "Error",
-                                          "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}},
+                "responses": {"200": {"description": "OK"}, "default": {"description": "Error", "content": {
+                    "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}},
             }
             if params:
                 op["parameters"] = params

@@ -11,12 +11,18 @@ import time
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from millm.errors import InvalidParameter
+
+if TYPE_CHECKING:
+    from millm.steering.controller import Steering
+
 MAX_FEATURES = 1024
 DEFAULT_HISTORY = 100
+MAX_HISTORY = 100_000
 
 
 @dataclass
@@ -25,6 +31,30 @@ class MonitorConfig:
     sae: str | None = None
     features: list[int] = field(default_factory=list)
     history: int = DEFAULT_HISTORY
+
+
+def parse_monitor_config(data: dict[str, Any], steering: Steering, history_now: int) -> MonitorConfig:
+    """A monitoring configuration checked against the attached SAEs; each problem names its field."""
+    enabled = data.get("enabled", True)
+    if not isinstance(enabled, bool):
+        raise InvalidParameter("'enabled' must be true or false.", param="enabled")
+    sae_id = data.get("sae")
+    features = data.get("features", [])
+    history = data.get("history", history_now)
+    if enabled:
+        if sae_id is None and len(steering.attachments) == 1:
+            sae_id = next(iter(steering.attachments))
+        att = steering.resolve_sae(sae_id) if sae_id is not None else None
+        if att is None:
+            raise InvalidParameter("'sae' (an attached SAE) is required to monitor.", param="sae")
+        sae_id = att.sae_id
+        if not isinstance(features, list) or not features or len(features) > MAX_FEATURES or not all(
+                isinstance(f, int) and not isinstance(f, bool) and 0 <= f < att.sae.d_sae for f in features):
+            raise InvalidParameter(f"'features' must be 1-{MAX_FEATURES} feature indices below {att.sae.d_sae}.",
+                                   param="features")
+    if isinstance(history, bool) or not isinstance(history, int) or not 1 <= history <= MAX_HISTORY:
+        raise InvalidParameter(f"'history' must be an integer from 1 to {MAX_HISTORY}.", param="history")
+    return MonitorConfig(enabled, sae_id, list(dict.fromkeys(features)), history)
 
 
 class Monitor:
@@ -54,12 +84,15 @@ class Monitor:
             self.history.clear()
 
     def session(self) -> MonitorSession:
-        return MonitorSession(self, torch.tensor(self.config.features, dtype=torch.long))
+        return MonitorSession(self, torch.tensor(self.config.features, dtype=torch.long), self.config)
 
     def commit(self, session: MonitorSession, model: str) -> None:
+        """Add a finished request; one that started under an older configuration is dropped, not misfiled."""
         if session.positions == 0:
             return
         with self._lock:
+            if session.config is not self.config:
+                return
             self.positions += session.positions
             self.sums += session.sums
             self.maxes = torch.maximum(self.maxes, session.maxes)
@@ -88,6 +121,7 @@ class MonitorSession:
 
     monitor: Monitor
     features: torch.Tensor
+    config: MonitorConfig
     positions: int = 0
     sums: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.float64))
     maxes: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.float64))

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from millm.errors import InvalidFeatureIndex, InvalidParameter
-from millm.steering.controller import Steering
+
+if TYPE_CHECKING:
+    import torch
+
+    from millm.steering.controller import Steering
 
 SAE_ACTIVATIONS_MAX_TOP_K = 64
 SAE_ACTIVATIONS_MAX_ENTRIES = 65_536
@@ -31,6 +33,13 @@ def _bad(message: str, key: str | None = None) -> InvalidParameter:
     return InvalidParameter(message, param=f"{FIELD}.{key}" if key else FIELD)
 
 
+def check_readout_rows(rows: int) -> None:
+    """A read-out has one position axis: exactly one prompt answered once."""
+    if rows != 1:
+        raise _bad(f"'{FIELD}' needs exactly one prompt and n = 1 (n > 1, extra_messages and prompt lists have "
+                   "no single position axis).")
+
+
 @dataclass(frozen=True)
 class ReadoutSpec:
     sae_id: str
@@ -47,9 +56,7 @@ def parse_readout(raw: Any, steering: Steering, *, rows: int, prompt_tokens: int
         raise _bad(f"'{FIELD}' must be an object.")
     if unknown := sorted(set(raw) - KEYS):
         raise _bad(f"'{FIELD}' has unknown keys: {', '.join(unknown)}.", unknown[0])
-    if rows != 1:
-        raise _bad(f"'{FIELD}' needs exactly one prompt and n = 1 (n > 1, extra_messages and prompt lists have "
-                   "no single position axis).")
+    check_readout_rows(rows)
     if not steering.attachments:
         raise _bad(f"'{FIELD}': no SAE is attached to the loaded model.", "sae_id")
     sae_id = raw.get("sae_id")
@@ -81,8 +88,8 @@ def parse_readout(raw: Any, steering: Steering, *, rows: int, prompt_tokens: int
     positions = raw.get("positions", "last")
     if isinstance(positions, dict):
         start, end = positions.get("start"), positions.get("end")
-        if set(positions) != {"start", "end"} or not all(
-                isinstance(v, int) and not isinstance(v, bool) for v in (start, end)) or not 0 <= start < end:
+        if (set(positions) != {"start", "end"} or not isinstance(start, int) or not isinstance(end, int)
+                or isinstance(start, bool) or isinstance(end, bool) or not 0 <= start < end):
             raise _bad(f"'{FIELD}.positions' range must be {{\"start\": int, \"end\": int}} with 0 <= start < end.",
                        "positions")
         positions = (start, end)
@@ -112,6 +119,8 @@ class ReadoutRecorder:
     indices: list[torch.Tensor] = field(default_factory=list)
 
     def __call__(self, hidden: torch.Tensor) -> None:
+        import torch
+
         sae = self.steering.attachments[self.spec.sae_id].sae
         feats = None if self.spec.features is None else torch.tensor(self.spec.features, device=hidden.device)
         acts = sae.encode(hidden[0], feats).float()
@@ -131,10 +140,13 @@ class ReadoutRecorder:
             return list(range(prompt_tokens, read))
         if mode == "all":
             return list(range(read))
+        assert isinstance(mode, tuple)
         start, end = mode
         return list(range(start, min(end, read)))
 
     def result(self, token_ids: list[int], prompt_tokens: int) -> dict[str, Any]:
+        import torch
+
         values = torch.cat(self.values) if self.values else torch.zeros(0, 0)
         indices = torch.cat(self.indices) if self.indices else torch.zeros(0, 0, dtype=torch.long)
         keep_zeros = self.spec.features is not None

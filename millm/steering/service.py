@@ -1,21 +1,27 @@
 """Steering as the front ends use it: the SAE registry, attachments, values and profiles, persisted.
 
-The CLI and the server share this: what ``millm sae attach`` and ``millm steer set`` persist is what
-the next ``millm chat`` or ``millm serve`` of that model starts with.
+This is the one way to steer from any front end. The CLI and the server share it: what ``millm sae
+attach`` and ``millm steer set`` persist is what the next ``millm chat`` or ``millm serve`` of that
+model starts with. Its methods change hooks, so the server runs each mutation as an engine command
+(between decode steps, on the engine thread); the CLI, which has no other thread, calls them directly.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from millm.engine import TransformersEngine
 from millm.errors import InvalidParameter, ProfileConflict, ProfileNotFound, SAENotFound
 from millm.sae.formats import load_sae
 from millm.steering.controller import Override
+from millm.steering.monitor import MonitorConfig, parse_monitor_config
 from millm.steering.profiles import ProfileDoc, parse_profile, request_override, resolve_entries
+from millm.steering.target import SteeringTarget
+from millm.steering.values import check_values
 from millm.store import Store
 
 ACTIVE_PROFILE_KEY = "active_profile"
@@ -39,7 +45,8 @@ class SteeringService:
         self.store = store
 
     # SAEs
-    def register_sae(self, path: str | Path, name: str | None = None, labels: str | Path | None = None) -> dict[str, Any]:
+    def register_sae(self, path: str | Path, name: str | None = None,
+                     labels: str | Path | None = None) -> dict[str, Any]:
         """Read the SAE (so a malformed one is refused now) and record it; returns the SAE object."""
         path = Path(path).expanduser().resolve()
         loaded = load_sae(path)
@@ -61,13 +68,13 @@ class SteeringService:
             raise SAENotFound(f"No SAE has id '{sae_id}'; see `millm sae list` or GET /api/saes.", param="sae")
         return record
 
-    def view(self, record: dict[str, Any], engine: TransformersEngine | None) -> dict[str, Any]:
+    def view(self, record: dict[str, Any], engine: SteeringTarget | None) -> dict[str, Any]:
         """The SAE object the API returns: the record plus where it is attached now."""
         att = engine.steering.attachments.get(record["id"]) if engine is not None else None
         out = {k: v for k, v in record.items() if k != "added"}
         return {**out, "attached_layer": att.layer if att is not None else None}
 
-    def attach(self, engine: TransformersEngine, sae_id: str, layer: int | None = None) -> dict[str, Any]:
+    def attach(self, engine: SteeringTarget, sae_id: str, layer: int | None = None) -> dict[str, Any]:
         record = self.sae(sae_id)
         if layer is None:
             layer = record["layer_hint"]
@@ -77,7 +84,7 @@ class SteeringService:
         self.persist(engine)
         return self.view(record, engine)
 
-    def detach(self, engine: TransformersEngine, sae_id: str) -> dict[str, Any]:
+    def detach(self, engine: SteeringTarget, sae_id: str) -> dict[str, Any]:
         record = self.sae(sae_id)
         engine.steering.detach(sae_id)
         self.persist(engine)
@@ -92,17 +99,19 @@ class SteeringService:
         """Persisted attachments of ``model_id``: SAE id to layer."""
         return self.store.get_state(self._key(model_id), {}).get("attachments", {})
 
-    def persist(self, engine: TransformersEngine) -> None:
+    def persist(self, engine: SteeringTarget) -> None:
         s = engine.steering
         self.store.set_state(self._key(engine.model_id), {
             "enabled": s.enabled, "active_profile": s.active_profile,
             "attachments": {a.sae_id: a.layer for a in s.attachments.values()},
             "values": {a.sae_id: {str(f): v for f, v in a.values.items()} for a in s.attachments.values()}})
 
-    def restore(self, engine: TransformersEngine) -> None:
+    def restore(self, engine: SteeringTarget | None) -> None:
         """Re-attach and re-apply what was persisted for this model (SAEs gone from disk are skipped)."""
+        if engine is None:
+            return
         state = self.store.get_state(self._key(engine.model_id))
-        if not state or engine.steering is None:
+        if not state:
             return
         s = engine.steering
         for sae_id, layer in state.get("attachments", {}).items():
@@ -113,7 +122,7 @@ class SteeringService:
         s.set_enabled(state.get("enabled", True))
         s.active_profile = state.get("active_profile")
 
-    def set_values(self, engine: TransformersEngine, sae_id: str | None, values: Any, *, merge: bool) -> None:
+    def set_values(self, engine: SteeringTarget, sae_id: str | None, values: Any, *, merge: bool) -> None:
         steering = engine.steering
         if sae_id is None:
             if len(steering.attachments) != 1:
@@ -124,12 +133,12 @@ class SteeringService:
         steering.set_values(sae_id, values, merge=merge)
         self.persist(engine)
 
-    def clear(self, engine: TransformersEngine) -> None:
+    def clear(self, engine: SteeringTarget) -> None:
         """Clear every live value (persisted)."""
         engine.steering.clear()
         self.persist(engine)
 
-    def set_enabled(self, engine: TransformersEngine, enabled: bool) -> None:
+    def set_enabled(self, engine: SteeringTarget, enabled: bool) -> None:
         """Turn steering on or off, keeping the values (persisted)."""
         engine.steering.set_enabled(enabled)
         self.persist(engine)
@@ -148,13 +157,13 @@ class SteeringService:
             raise ProfileConflict(f"A profile named '{checked.name}' exists; overwrite it explicitly.", param="name")
         return self.profile(checked.name)
 
-    def profile_from_current(self, engine: TransformersEngine, name: str, description: str = "") -> dict[str, Any]:
+    def profile_from_current(self, engine: SteeringTarget, name: str, description: str = "") -> dict[str, Any]:
         entries = [{"sae": a.sae_id, "feature": f, "strength": v}
                    for a in engine.steering.attachments.values() for f, v in sorted(a.values.items())]
         return self.save_profile({"name": name, "description": description, "model": engine.model_id,
                                   "entries": entries}, overwrite=False)
 
-    def override_for(self, engine: TransformersEngine, name: str) -> Override:
+    def override_for(self, engine: SteeringTarget, name: str) -> Override:
         """The per-request override for profile ``name`` (404 unknown, 400 invalid for what is attached)."""
         return request_override(self.profile_doc(name), engine.steering, engine.model_id)
 
@@ -162,12 +171,49 @@ class SteeringService:
         """The saved profile as a document (404 when unknown)."""
         return ProfileDoc.model_validate(self.export(name))
 
-    def activate(self, engine: TransformersEngine, name: str) -> None:
+    def activate(self, engine: SteeringTarget, name: str) -> None:
         engine.steering.activate(name, resolve_entries(self.profile_doc(name), engine.steering, engine.model_id))
         self.persist(engine)
 
-    def deactivate(self, engine: TransformersEngine) -> None:
+    def deactivate(self, engine: SteeringTarget) -> None:
         self.clear(engine)
+
+    # one chat's own steering (CLI, TUI)
+    @contextmanager
+    def session(self, engine: SteeringTarget, sae: str | None, layer: int | None, assignments: dict[int, float],
+                profile: str | None) -> Iterator[Override | None]:
+        """Steering for one chat, undone afterwards: ``sae`` attaches (then detaches), ``assignments`` add
+        values over the persisted ones, ``profile`` replaces them. Yields the override to run with."""
+        if sae is None and layer is not None:
+            raise InvalidParameter("--layer goes with --sae.", param="layer")
+        steering = engine.steering
+        attached_here = sae is not None and sae not in steering.attachments
+        if sae is not None:
+            record = self.sae(sae)
+            steering.attach(sae, load_sae(record["path"]).sae, layer if layer is not None else record["layer_hint"])
+        try:
+            if profile is not None:
+                yield Override(profile, resolve_entries(self.profile_doc(profile), steering, engine.model_id))
+            elif assignments:
+                target = sae or (next(iter(steering.attachments)) if len(steering.attachments) == 1 else None)
+                if target is None:
+                    raise InvalidParameter("--steer needs --sae when zero or several SAEs are attached.", param="steer")
+                values = {a.sae_id: dict(a.values) for a in steering.attachments.values()}
+                width = steering.attachments[target].sae.d_sae
+                values[target] = {**values[target], **check_values(assignments, width, "steer")}
+                yield Override("live", values)
+            else:
+                yield None
+        finally:
+            if attached_here and sae is not None:
+                steering.detach(sae)
+
+    # monitoring
+    def configure_monitor(self, engine: SteeringTarget, data: dict[str, Any]) -> dict[str, Any]:
+        """Check and apply a monitoring configuration; returns the configuration now in force."""
+        config: MonitorConfig = parse_monitor_config(data, engine.steering, engine.monitor.config.history)
+        engine.monitor.configure(config)
+        return engine.monitor.describe()
 
     def export(self, name: str) -> dict[str, Any]:
         """The profile document, as import takes it."""

@@ -77,3 +77,24 @@ def test_score_errors(engine, tmp_path):
     assert result.exit_code == 1 and "missing.jsonl" in result.stderr
     result = runner.invoke(app, ["score", str(tmp_path / "x"), "-o", str(tmp_path / "o"), "--logprobs", "30"])
     assert result.exit_code == 1 and "logprobs" in result.stderr
+
+
+@pytest.mark.parametrize("temperature", ["5", "-1", "0.0005"])
+def test_score_options_obey_the_servers_rules(tmp_path, temperature):
+    """The CLI builds scoring rows with the server's rules: a temperature the server refuses is refused here,
+    before anything is loaded or written."""
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps({"prompt": "2+2="}) + "\n")
+    out = tmp_path / "out.jsonl"
+    result = runner.invoke(app, ["score", str(src), "-o", str(out), "--temperature", temperature])
+    assert result.exit_code == 1
+    assert "temperature" in result.output and not out.exists()
+
+
+def test_score_row_temperature_is_checked_per_row(engine, tmp_path):
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps({"prompt": "2+2=", "temperature": 5}) + "\n" + json.dumps({"prompt": "1+1="}) + "\n")
+    out = tmp_path / "out.jsonl"
+    assert runner.invoke(app, ["score", str(src), "-o", str(out)]).exit_code == 0
+    first, second = lines(out)
+    assert "temperature" in first["error"] and "top" in second

@@ -10,7 +10,7 @@ from millm.steering.controller import Steering
 from millm.steering.profiles import parse_profile, resolve_entries
 from tests.saes import random_sae
 
-EXAMPLES = sorted((Path(__file__).parent.parent / "profiles").glob("*.json"))
+EXAMPLES = sorted((Path(__file__).parents[2] / "profiles").glob("*.json"))
 
 
 def test_there_are_examples():

@@ -145,34 +145,32 @@ def test_health_answers_during_generation(server):
 
     with ThreadPoolExecutor(1) as pool:
         job = pool.submit(long_generation)
-        deadline = time.monotonic() + 30
         while httpx.get(server + "/api/health/inference", timeout=5).json()["in_flight"] == 0:
-            assert time.monotonic() < deadline
+            assert not job.done(), "the generation ended before it was seen running"
             time.sleep(0.01)
-        timings = []
         for route in ("/api/health", "/api/health/ready", "/api/health/inference") * 3:
-            start = time.perf_counter()
-            r = httpx.get(server + route, timeout=5)
-            timings.append(time.perf_counter() - start)
-            assert r.status_code == 200
+            assert httpx.get(server + route, timeout=30).status_code == 200
         busy = httpx.get(server + "/api/health/inference", timeout=5).json()
-        assert not job.done()
+        assert not job.done()  # every health answer came while the generation was still running
         assert job.result().status_code == 200
-    assert max(timings) < 0.1, timings
     assert busy["backend"] == "serial" and busy["in_flight"] == 1 and busy["model"] == MODEL
 
 
-def test_disconnect_cancels_generation(server):
-    with httpx.Client(timeout=60) as http:
-        with http.stream("POST", server + "/v1/completions",
-                         json={"model": MODEL, "prompt": "Once upon a time", "max_tokens": 2000,
-                               "temperature": 0, "stream": True}) as r:
-            lines = r.iter_lines()
-            assert next(lines).startswith("data: ")
-    deadline = time.monotonic() + 5  # 2000 tokens would take a minute; a cancelled one stops within a step
-    while httpx.get(server + "/api/health/inference", timeout=5).json()["in_flight"]:
-        assert time.monotonic() < deadline, "generation kept running after the client left"
-        time.sleep(0.02)
+def test_disconnect_cancels_generation(server, engine):
+    steps = []
+    handle = engine.model.register_forward_hook(lambda *_: steps.append(1))
+    try:
+        with httpx.Client(timeout=60) as http:
+            with http.stream("POST", server + "/v1/completions",
+                             json={"model": MODEL, "prompt": "Once upon a time", "max_tokens": 2000,
+                                   "temperature": 0, "stream": True}) as r:
+                lines = r.iter_lines()
+                assert next(lines).startswith("data: ")
+        while httpx.get(server + "/api/health/inference", timeout=5).json()["in_flight"]:
+            time.sleep(0.02)
+    finally:
+        handle.remove()
+    assert len(steps) < 100, "generation kept running after the client left"  # uncancelled: 2000 steps
 
 
 def test_openapi_document(server):

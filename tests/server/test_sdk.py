@@ -50,7 +50,8 @@ def test_n_and_extra_messages(client):
     colours = [{"role": "user", "content": "Please list three primary colours, briefly."}]
     alone = client.chat.completions.create(model=MODEL, messages=colours, temperature=0, max_tokens=12)
     r = client.chat.completions.with_raw_response.create(
-        model=MODEL, messages=FRANCE, temperature=0, max_tokens=12, n=2, seed=3, extra_body={"extra_messages": [colours]})
+        model=MODEL, messages=FRANCE, temperature=0, max_tokens=12, n=2, seed=3,
+        extra_body={"extra_messages": [colours]})
     assert r.headers["X-miLLM-Seed"] == '3;scope="batch-shape"'
     choices = r.parse().choices
     assert [c.index for c in choices] == [0, 1, 2, 3]  # conversation-major: messages x n, then each extra x n

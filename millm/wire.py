@@ -6,7 +6,7 @@ refused or reported.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -56,7 +56,10 @@ class EmbeddingRequest(_Wire):
     encoding_format: str | None = Field(None, description="float (default) or base64")
 
 
-def parse(schema: type[_Wire], body: Any) -> _Wire:
+W = TypeVar("W", bound=_Wire)
+
+
+def parse(schema: type[W], body: Any) -> W:
     """Check the body's shape; the first problem becomes a 400 naming the field's location."""
     if not isinstance(body, dict):
         raise InvalidParameter("The request body must be a JSON object.")

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from millm.engine.params import ChatPrompt
-from millm.engine.scoring import ScoringParams, check_allowed, check_temperature, score_row
+from millm.engine.scoring import ScoringParams, check_allowed, check_in_vocab, check_temperature, score_row
 from millm.errors import InvalidParameter, InvalidScoringRequest, NonFiniteLogits
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -54,11 +54,11 @@ def test_non_finite_logits():
 
 
 def test_allowed_ids_checked():
-    assert check_allowed([3, 1, 3], 10) == (3, 1)
+    assert check_allowed([3, 1, 3]) == (3, 1)
     with pytest.raises(InvalidScoringRequest, match="vocabulary"):
-        check_allowed([1, 10], 10)
+        check_in_vocab(ScoringParams((1, 10), 1.0, 0, True), 10)
     with pytest.raises(InvalidParameter):
-        check_allowed([], 10)
+        check_allowed([])
 
 
 def post(server, route, **body):
@@ -170,7 +170,8 @@ def test_chat_scoring_extra_messages(server):
 @pytest.mark.parametrize("route,body,status,code,param", [
     ("completions", {"prompt": "x", "logprobs": 1, "allowed_token_ids": [10**6]}, 400, "invalid_scoring_request",
      "allowed_token_ids"),
-    ("completions", {"prompt": "", "logprobs": 1, "add_special_tokens": False}, 400, "invalid_scoring_request", "prompt"),
+    ("completions", {"prompt": "", "logprobs": 1, "add_special_tokens": False}, 400, "invalid_scoring_request",
+     "prompt"),
     ("completions", {"prompt": "x", "logprobs": 1, "temperature": 0.0005}, 400, "invalid_parameter", "temperature"),
     ("completions", {"prompt": "x", "logprobs": 21}, 400, "invalid_parameter", "logprobs"),
     ("completions", {"prompt": "x", "logprobs": 1, "max_tokens": 2}, 400, "invalid_parameter", "max_tokens"),

@@ -1,0 +1,228 @@
+"""The one request builder: a /v1 body (or CLI options written as one) becomes a typed engine request.
+
+Every field is decided in one pass before any model work: the wire shape is parsed, the request's
+column of the field table is chosen (scoring requests have columns of their own), each field is used,
+reported or refused (strict mode refuses the reported ones too), and every value is checked. The
+server, the CLI and the TUI build requests here, so a rule is written once.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from millm.engine.params import ChatPrompt, GenerationRequest, SamplingParams, TextPrompt
+from millm.engine.scoring import (
+    ScoreRequest,
+    ScoreRow,
+    ScoringParams,
+    check_allowed,
+    check_scoring_shape,
+    check_temperature,
+    check_top_n,
+)
+from millm.errors import InvalidParameter, ResponseFormatUnsupported, UnusedFieldsRefused
+from millm.fields import check_fields, is_no_change
+from millm.steering.readout import check_readout_rows
+from millm.structured.schema import JsonConstraint, check_response_format
+from millm.validation import check_messages, check_number, check_prompt_text, max_tokens_of, sampling_params
+from millm.wire import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, parse
+
+log = logging.getLogger(__name__)
+
+STRICT_HEADER = "X-miLLM-Strict"
+ENCODINGS = ("float", "base64")
+
+
+@dataclass(frozen=True)
+class Built:
+    """A request with every field decided: what to run, and what the response must say about it."""
+
+    route: str  # "chat", "completions" or "embeddings"
+    model: str
+    ignored: list[str]
+    stream: bool = False
+    generations: list[GenerationRequest] = field(default_factory=list)  # run one after another
+    score: ScoreRequest | None = None
+    embed_inputs: list[Any] = field(default_factory=list)
+    encoding: str = "float"
+    profile: str | None = None
+    seed: int | None = None
+    seed_scope: str = "request"
+    prompt_texts: list[str] = field(default_factory=list)  # completions scoring: text offsets
+
+    @property
+    def choices(self) -> int:
+        return sum(len(g.prompts) * g.params.n for g in self.generations)
+
+    @property
+    def constraint(self) -> JsonConstraint | None:
+        return self.generations[0].constraint if self.generations else None
+
+
+EngineOf = Callable[[str], str]  # model name -> the engine that runs it ("transformers", "llama.cpp")
+
+
+def decide_fields(route: str, engine: str, body: Mapping[str, Any], strict: bool, scoring: bool) -> list[str]:
+    """Refuse what cannot be honoured; in strict mode refuse what is unused too; else log and return it."""
+    locations = check_fields(route, engine, body, scoring)
+    if locations and strict:
+        raise UnusedFieldsRefused(f"{STRICT_HEADER} is set and these fields are not used: {', '.join(locations)}.",
+                                  param=locations[0])
+    if locations:
+        log.warning("request_fields_unused locations=%s", locations)
+    return locations
+
+
+# scoring
+def is_chat_scoring(body: Mapping[str, Any]) -> bool:
+    """logprobs true or allowed_token_ids; top_logprobs alone comes here too, to be refused."""
+    logprobs = body.get("logprobs")
+    if logprobs is not None and not isinstance(logprobs, bool):
+        raise InvalidParameter("'logprobs' must be true or false on chat completions.", param="logprobs")
+    return logprobs is True or body.get("allowed_token_ids") is not None or body.get("top_logprobs") is not None
+
+
+def is_completion_scoring(body: Mapping[str, Any]) -> bool:
+    return not is_no_change("logprobs", body.get("logprobs")) or body.get("allowed_token_ids") is not None
+
+
+def _bool(body: Mapping[str, Any], name: str, default: bool) -> bool:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise InvalidParameter(f"'{name}' must be true or false.", param=name)
+    return value
+
+
+def scoring_common(fields: Mapping[str, Any]) -> tuple[tuple[int, ...] | None, float, bool]:
+    """The allowed set, the temperature (0-2, and 0 or >= 0.001) and the key style of any scoring ask."""
+    temperature = fields.get("temperature")
+    if temperature is not None:
+        check_number("temperature", temperature)
+    allowed = check_allowed(fields["allowed_token_ids"]) if fields.get("allowed_token_ids") is not None else None
+    return allowed, check_temperature(temperature), _bool(fields, "return_tokens_as_token_ids", False)
+
+
+def completion_scoring_params(fields: Mapping[str, Any]) -> ScoringParams:
+    """logprobs 0-20 and/or allowed_token_ids; with both, every allowed token is returned."""
+    allowed, temperature, as_ids = scoring_common(fields)
+    logprobs = fields.get("logprobs")
+    n = None if is_no_change("logprobs", logprobs) else check_top_n("logprobs", logprobs)
+    top_n = len(allowed) if allowed is not None and n is not None else (n or 0)
+    return ScoringParams(allowed, temperature, top_n, n is not None, as_ids)
+
+
+def chat_scoring_params(fields: Mapping[str, Any]) -> ScoringParams:
+    """logprobs true, top_logprobs 0-20, allowed_token_ids."""
+    logprobs, top = fields.get("logprobs"), fields.get("top_logprobs")
+    if top is not None and logprobs is not True:
+        raise InvalidParameter("'top_logprobs' needs logprobs: true.", param="top_logprobs")
+    allowed, temperature, as_ids = scoring_common(fields)
+    top_n = check_top_n("top_logprobs", top) if top is not None else 0
+    return ScoringParams(allowed, temperature, top_n, logprobs is True, as_ids)
+
+
+def _scoring_seed(body: Mapping[str, Any]) -> int | None:
+    """Accepted and echoed on scoring requests, where it changes nothing."""
+    return sampling_params({"seed": body.get("seed")}).seed
+
+
+def _check_scoring(body: Mapping[str, Any]) -> None:
+    max_tokens_of(body)
+    check_scoring_shape(body)
+
+
+# generation
+def constraint_for(body: Mapping[str, Any], params: SamplingParams) -> JsonConstraint | None:
+    """response_format, with the combinations it cannot live with."""
+    constraint = check_response_format(body.get("response_format"))
+    if constraint is not None:
+        if body.get("stream"):
+            raise ResponseFormatUnsupported("'response_format' cannot be streamed: a partial document would be "
+                                            "reported before it validates.", param="response_format")
+        if params.stop:
+            raise ResponseFormatUnsupported("'response_format' cannot be combined with 'stop': a stop string "
+                                            "could cut a document and report it complete.", param="response_format")
+    return constraint
+
+
+def _stream(params: SamplingParams, stream: bool) -> bool:
+    if stream and params.n > 1:
+        raise InvalidParameter("'n' above 1 cannot be streamed; send stream: false or n: 1.", param="n")
+    return stream
+
+
+def build_chat(body: Any, engine_of: EngineOf, strict: bool = False) -> Built:
+    """A chat completion, a chat scoring request, or a refusal."""
+    wire = parse(ChatCompletionRequest, body)
+    engine = engine_of(wire.model)
+    scoring = engine == "transformers" and is_chat_scoring(body)
+    ignored = decide_fields("chat", engine, body, strict, scoring)
+    conversations = [check_messages(wire.messages)]
+    conversations += [check_messages(c, f"extra_messages[{k}]") for k, c in enumerate(wire.extra_messages or [])]
+    kwargs = wire.chat_template_kwargs or {}
+    if scoring:
+        _check_scoring(body)
+        scoring_params = chat_scoring_params(body)
+        names = ["messages"] + [f"extra_messages[{k}]" for k in range(len(conversations) - 1)]
+        rows = [ScoreRow(ChatPrompt(m, kwargs), scoring_params, where) for m, where in zip(conversations, names)]
+        return Built("chat", wire.model, ignored, score=ScoreRequest(rows, one_at_a_time=True),
+                     seed=_scoring_seed(body))
+    params = sampling_params(body)
+    stream = _stream(params, bool(wire.stream))
+    constraint = constraint_for(body, params)
+    if wire.return_sae_activations is not None:
+        check_readout_rows(len(conversations) * params.n)
+    generation = GenerationRequest([ChatPrompt(m, kwargs) for m in conversations], params,
+                                   readout=wire.return_sae_activations, constraint=constraint)
+    return Built("chat", wire.model, ignored, stream, [generation], profile=wire.profile, seed=params.seed,
+                 seed_scope="batch-shape" if len(conversations) > 1 else "request")
+
+
+def build_completion(body: Any, engine_of: EngineOf, strict: bool = False) -> Built:
+    """A text completion (each prompt of a list its own choice, seeded separately), scoring, or a refusal."""
+    wire = parse(CompletionRequest, body)
+    engine = engine_of(wire.model)
+    scoring = engine == "transformers" and is_completion_scoring(body)
+    ignored = decide_fields("completions", engine, body, strict, scoring)
+    single = isinstance(wire.prompt, str)
+    prompts = [wire.prompt] if isinstance(wire.prompt, str) else list(wire.prompt)
+    if not prompts:
+        raise InvalidParameter("'prompt' is an empty list.", param="prompt")
+    names = ["prompt"] if single else [f"prompt[{i}]" for i in range(len(prompts))]
+    special = _bool(body, "add_special_tokens", True)
+    if scoring:
+        _check_scoring(body)
+        scoring_params = completion_scoring_params(body)
+        rows = [ScoreRow(TextPrompt(p, special), scoring_params, where) for p, where in zip(prompts, names)]
+        return Built("completions", wire.model, ignored, score=ScoreRequest(rows), seed=_scoring_seed(body),
+                     prompt_texts=prompts)
+    for where, text in zip(names, prompts):
+        check_prompt_text(where, text)
+    sampling = sampling_params(body)
+    if wire.return_sae_activations is not None:
+        check_readout_rows(len(prompts) * sampling.n)
+    generations = [GenerationRequest([TextPrompt(p, special)], sampling, readout=wire.return_sae_activations)
+                   for p in prompts]
+    return Built("completions", wire.model, ignored, _stream(sampling, bool(wire.stream)), generations,
+                 seed=sampling.seed)
+
+
+def build_embedding(body: Any, engine_of: EngineOf, strict: bool = False) -> Built:
+    """Embeddings of a string, a list of strings, token ids or a list of token-id lists."""
+    wire = parse(EmbeddingRequest, body)
+    engine_of(wire.model)
+    ignored = decide_fields("embeddings", "transformers", body, strict, False)
+    encoding = wire.encoding_format or "float"
+    if encoding not in ENCODINGS:
+        raise InvalidParameter(f"'encoding_format' must be float or base64, got {encoding!r}.",
+                               param="encoding_format")
+    raw = wire.input
+    inputs: list[Any] = [raw] if isinstance(raw, str) or (raw and all(isinstance(t, int) for t in raw)) else list(raw)
+    if not inputs:
+        raise InvalidParameter("'input' is an empty list.", param="input")
+    return Built("embeddings", wire.model, ignored, embed_inputs=inputs, encoding=encoding)

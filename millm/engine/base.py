@@ -1,0 +1,112 @@
+"""The engine interface every front end uses: what an engine can do, and how it is asked.
+
+Front ends (server, CLI, TUI) hold an ``Engine`` and call only what this Protocol declares. An
+engine refuses what it cannot do (``Capabilities`` says so up front, and ``prepare``/``score``
+raise when asked anyway), so a front end that bypasses the field table still cannot get a silently
+dropped constraint, override or read-out.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from millm.engine.events import Event
+from millm.engine.params import GenerationRequest, Prompt
+from millm.engine.plan import Plan
+
+if TYPE_CHECKING:
+    from millm.engine.scoring import ScoreRequest, ScoreResult
+    from millm.registry import ModelEntry
+    from millm.steering.target import SteeringTarget
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What an engine can honour; the field table's engine columns are checked against these."""
+
+    steerable: bool  # SAE hooks: steering, monitoring, return_sae_activations
+    scorable: bool  # next-token log-probabilities (scoring mode)
+    seedable: bool  # seeded sampling that repeats byte for byte
+    constrainable: bool  # response_format enforced token by token
+    multiple_choices: bool  # n > 1 in one request
+
+
+@dataclass
+class StepControl:
+    """What the decode loop checks between steps: cancellation, and commands to run on this thread.
+
+    Steering and monitoring changes are queued as commands and run here, between two forward
+    passes, so a hook never changes under a forward pass that is reading it.
+    """
+
+    cancel: threading.Event = field(default_factory=threading.Event)
+    run_commands: Callable[[], None] = lambda: None
+
+    def between_steps(self) -> bool:
+        """Run pending commands; True when the consumer has gone and decoding should stop."""
+        self.run_commands()
+        return self.cancel.is_set()
+
+
+class Engine(Protocol):
+    """A loaded model behind miLLM's engine interface."""
+
+    engine_name: str
+    entry: ModelEntry
+    capabilities: Capabilities
+    context_window: int
+
+    @property
+    def model_id(self) -> str: ...
+
+    @property
+    def fingerprint(self) -> str: ...
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    def tokenize(self, prompt: Prompt) -> list[int]: ...
+
+    def token_text(self, token_id: int) -> str: ...
+
+    def prepare(self, request: GenerationRequest) -> Plan: ...
+
+    def run(self, plan: Plan, control: StepControl | None = None) -> Iterator[Event]: ...
+
+    def generate(self, request: GenerationRequest, control: StepControl | None = None) -> Iterator[Event]: ...
+
+    def score(self, request: ScoreRequest) -> list[ScoreResult]: ...
+
+    def embed(self, inputs: list[Any]) -> tuple[list[list[float]], int]: ...
+
+    def steering_target(self) -> SteeringTarget | None: ...
+
+    def close(self) -> None: ...
+
+
+def fingerprint(model: str, revision: str | None, dtype: str | None, quantization: str | None, engine: str) -> str:
+    """``millm:<model>@<revision>:<dtype>/<quantization>:<engine>``; a part not known says unrecorded."""
+    def part(value: str | None) -> str:
+        return value or "unrecorded"
+
+    return f"millm:{model}@{part(revision)}:{part(dtype)}/{part(quantization)}:{engine}"
+
+
+def check_supported(request: GenerationRequest, caps: Capabilities, engine_name: str) -> None:
+    """Refuse, naming the field, what a generation request asks of an engine that cannot do it."""
+    from millm.errors import FieldNotHonoured
+
+    asks = {
+        "profile": request.override is not None and not caps.steerable,
+        "return_sae_activations": request.readout is not None and not caps.steerable,
+        "response_format": request.constraint is not None and not caps.constrainable,
+        "seed": request.params.seed is not None and not caps.seedable,
+        "n": request.params.n > 1 and not caps.multiple_choices,
+    }
+    for name, refused in asks.items():
+        if refused:
+            raise FieldNotHonoured(f"'{name}' cannot be honoured by the {engine_name} engine; it was refused "
+                                   "rather than ignored.", param=name)

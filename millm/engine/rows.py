@@ -1,0 +1,46 @@
+"""One generated choice's state, and the one rule that turns a sampled token into events.
+
+Both engines decode through ``emit``: the same stop, hold-back and length rules on every engine,
+and the per-row shape a continuous-batching scheduler drives (rows join and leave independently).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from millm.engine.events import Delta, Event, Finish
+from millm.engine.output import ChoiceOutput
+from millm.engine.params import SamplingParams
+
+
+@dataclass
+class Row:
+    """One choice being generated: its text so far, its parameters and its token budget."""
+
+    index: int
+    output: ChoiceOutput
+    params: SamplingParams
+    max_tokens: int
+
+    @property
+    def done(self) -> bool:
+        return self.output.finish_reason is not None
+
+
+def emit(row: Row, token: int, closes: Callable[[int], bool] | None = None) -> list[Event]:
+    """Feed one sampled token to ``row``: the text now safe to show, and its Finish when it ends.
+
+    ``closes(token)`` is asked (only while the row is still open) whether the token completes a
+    constrained document, which ends the row with "stop". Reaching ``max_tokens`` ends it with "length".
+    """
+    out = row.output
+    piece = out.feed(token)
+    if closes is not None and out.finish_reason is None and closes(token):
+        piece += out.close("stop")
+    if out.finish_reason is None and out.tokens >= row.max_tokens:
+        piece += out.close("length")
+    events: list[Event] = [Delta(row.index, piece)] if piece else []
+    if out.finish_reason is not None:
+        events.append(Finish(row.index, out.finish_reason, out.tokens))
+    return events
