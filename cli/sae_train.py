@@ -1,0 +1,149 @@
+"""``millm sae train`` and ``millm sae features``: make an SAE for a model, and find its features by label."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from cli.common import err, out, reports_errors, steering_service
+from millm.config import get_settings
+from millm.errors import InvalidParameter, SAENotFound
+from millm.sae import recipe
+from millm.sae.bundled import register_bundled
+from millm.sae.labels import FEATURES_FILE, LabelIndex, Match
+from millm.sae.train import StepStats
+
+
+def _sae_folder(ref: str) -> tuple[Path, str]:
+    """An SAE named by registered id (bundled ones included) or by its folder; (folder, name)."""
+    path = Path(ref).expanduser()
+    if path.exists():
+        return (path if path.is_dir() else path.parent), ref
+    service = steering_service()
+    register_bundled(service.store)
+    found = service.store.sae(ref)
+    if found is None:
+        raise SAENotFound(f"No SAE has id '{ref}' and no folder is there; see `millm sae list`.", param="sae")
+    folder = Path(found["path"])
+    return (folder if folder.is_dir() else folder.parent), ref
+
+
+class _Bar:
+    """The rich progress display: one bar per phase; training shows tokens/s, loss, L0, FVU and dead."""
+
+    def __init__(self, progress: Progress) -> None:
+        self.progress = progress
+        self.task: Any = None
+        self.started = time.monotonic()
+        self.tokens0: int | None = None
+
+    def phase(self, name: str, total: int) -> None:
+        if self.task is not None:
+            self.progress.update(self.task, completed=self.progress.tasks[self.task].total)
+        self.task = self.progress.add_task(name, total=total, stats="")
+        self.started, self.tokens0 = time.monotonic(), None
+
+    def advance(self, done: int) -> None:
+        self.progress.update(self.task, completed=done)
+
+    def step(self, stats: StepStats, tokens: int) -> None:
+        if self.tokens0 is None:
+            self.tokens0, self.started = tokens, time.monotonic()
+        rate = (tokens - self.tokens0) / max(1e-9, time.monotonic() - self.started)
+        self.progress.update(self.task, stats=f"{rate:,.0f} tok/s  loss {stats.loss:.4f}  L0 {stats.l0:.1f}  "
+                                              f"FVU {stats.fvu:.4f}  dead {stats.dead_fraction:.1%}")
+
+
+def train(
+    layer: Annotated[int, typer.Option(help="Decoder layer whose output (resid_post) the SAE reads.")],
+    model: Annotated[str | None, typer.Option(help="Model id (default: the bundled one).")] = None,
+    width: Annotated[int | None, typer.Option(help="Latents (default: 8 x the model's width).")] = None,
+    k: Annotated[int, typer.Option(help="Latents active per token (TopK).")] = 32,
+    tokens: Annotated[int, typer.Option(help="Activation tokens to collect.")] = 400_000,
+    epochs: Annotated[float, typer.Option(help="Passes over the collected tokens.")] = 1.0,
+    batch_size: Annotated[int, typer.Option("--batch-size", help="Tokens per optimiser step.")] = 4096,
+    context: Annotated[int, typer.Option(help="Tokens per window the model reads.")] = 256,
+    lr: Annotated[float, typer.Option(help="Adam learning rate (0: scaled with the width).")] = 0.0,
+    seed: Annotated[int, typer.Option(help="Seed for the corpus, the shuffle and the initialisation.")] = 0,
+    corpus: Annotated[list[Path] | None, typer.Option(help="Text/jsonl file or folder to train on "
+                                                           "(repeatable; default: text the model writes).")] = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Folder for the SAE "
+                                                "(default: MILLM_HOME/saes/MODEL-L<layer>).")] = None,
+    device: Annotated[str | None, typer.Option(help="cpu, cuda or auto (default: the configured device).")] = None,
+    save_dtype: Annotated[str, typer.Option("--save-dtype", help="float32, or bfloat16 for half the size.")
+                          ] = "float32",
+    resume: Annotated[bool, typer.Option(help="Continue the unfinished run in --output.")] = False,
+    register: Annotated[bool, typer.Option(help="Register the finished SAE (see `millm sae list`).")] = True,
+) -> None:
+    """Train a TopK SAE on a model's residual stream at LAYER; writes SAELens files and labels."""
+    from millm.engine.loader import load
+    from millm.registry import resolve
+
+    settings = get_settings()
+    if device is not None:
+        settings = settings.model_copy(update={"device": device})
+    entry = resolve(model or settings.default_model, settings)
+    folder = output or settings.home / "saes" / f"{entry.id.replace('/', '--')}-L{layer}"
+    spec = recipe.RunSpec(model_id=entry.id, layer=layer, output=folder, width=width, k=k, tokens=tokens,
+                          epochs=epochs, batch_size=batch_size, context=context, lr=lr, seed=seed,
+                          corpus_paths=tuple(corpus or ()), save_dtype=save_dtype, resume=resume)
+    started = time.monotonic()
+    with err.status(f"loading {entry.id} ..."):
+        loaded, tokenizer, _, _ = load(entry, settings)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TextColumn("{task.fields[stats]}"))
+    with Progress(*columns, console=err) as progress:
+        bar = _Bar(progress)
+        try:
+            result = recipe.run(spec, loaded, tokenizer, settings.cache_dir,
+                                recipe.Progress(phase=bar.phase, advance=bar.advance, step=bar.step))
+        except (ValueError, FileExistsError) as exc:
+            raise InvalidParameter(str(exc)) from None
+    final = result.summary["final"] or {}
+    out.print(f"SAE written to {result.output}: d_sae={result.summary['train_config']['d_sae']} "
+              f"k={k} tokens={result.summary['tokens']} FVU(last batch)={final.get('fvu', float('nan')):.4f} "
+              f"live features={result.summary['live_features']}", markup=False)
+    if register:
+        record = steering_service().register_sae(result.output)
+        out.print(f"registered as {record['id']}", markup=False)
+    out.print(f"wall time {time.monotonic() - started:.0f} s", markup=False)
+
+
+def features(
+    sae: Annotated[str, typer.Argument(help="SAE id (see `millm sae list`) or folder.")],
+    search: Annotated[str | None, typer.Option(help="Only features whose label contains this.")] = None,
+    limit: Annotated[int, typer.Option(help="Most features to list.")] = 50,
+) -> None:
+    """List an SAE's labelled features, closest label matches first with --search."""
+    import json
+
+    folder, name = _sae_folder(sae)
+    index = LabelIndex.load(folder, name)
+    matches = index.search(search, limit) if search else [Match(i, lab) for i, lab in
+                                                          list(index.labels.items())[:limit]]
+    details: dict[int, dict[str, Any]] = {}
+    if (folder / FEATURES_FILE).is_file():
+        wanted = {m.index for m in matches}
+        for line in (folder / FEATURES_FILE).read_text().splitlines():
+            item = json.loads(line)
+            if item["index"] in wanted:
+                details[item["index"]] = item
+    table = Table("feature", "label", "fires on", "promotes")
+    for m in matches:
+        item = details.get(m.index, {})
+        freq = f"{item['frequency']:.2%}" if "frequency" in item else "-"
+        table.add_row(str(m.index), m.label, freq, " ".join(t.strip() for t in item.get("promotes", [])[:5]) or "-")
+    out.print(table)
+    if not matches:
+        err.print(f"no feature label of {name} contains {search!r}" if search else f"{name} has no labels")
+
+
+def register(sae_app: typer.Typer) -> None:
+    """Add ``train`` and ``features`` to ``millm sae``."""
+    sae_app.command("train")(reports_errors(train))
+    sae_app.command("features")(reports_errors(features))

@@ -1,0 +1,270 @@
+"""Text to train SAEs on, with no network: the user's files, or a default built on the machine.
+
+The default corpus has two parts, both deterministic:
+
+- everyday text the model writes itself: it answers chat prompts built from ~170 everyday topics
+  (weather, food, animals, sport, music, places, feelings ...) in 10 kinds of writing (story,
+  explanation, news report, description, letter, facts, poem, dialogue, diary, opinion), two per topic
+  by default. Each document is the whole rendered conversation (template, prompt, answer): what a chat
+  user later steers. Sampling is seeded per batch; the text is cached under MILLM_HOME, batch by batch,
+  so an interrupted generation resumes. It is the only source of concept text on a fresh install, and
+  the costly part (the model writes ~20-40 tokens/s on 2 busy CPU cores);
+- Python's own documentation, installed with every Python: the language reference topics
+  (``pydoc_data``) and the standard library's docstrings that read as prose (~320k tokens, free).
+  Technical, but varied English that fills the token budget.
+
+``--corpus PATH`` takes ``.txt``/``.md`` files (documents separated by blank lines) and ``.jsonl``
+files (one object per line with a ``text`` field, or a bare JSON string), or folders of them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+TOPICS = (
+    "rain", "snow", "thunderstorms", "a sunny summer day", "the weather forecast", "hurricanes", "fog",
+    "autumn leaves", "winter", "spring flowers", "cooking pasta", "baking bread", "chocolate cake", "pizza",
+    "coffee", "tea", "soup", "fresh fruit", "vegetables from the garden", "a restaurant dinner", "breakfast",
+    "spicy food", "cheese", "ice cream", "cats", "dogs", "horses", "birds", "owls", "whales", "sharks",
+    "dolphins", "bees", "spiders", "butterflies", "elephants", "lions", "dinosaurs", "a farm", "fishing",
+    "the ocean", "a beach holiday", "mountains", "a forest walk", "rivers", "deserts", "volcanoes",
+    "earthquakes", "islands", "the jungle", "outer space", "the moon", "Mars", "stars and galaxies",
+    "astronauts", "rockets", "black holes", "football", "basketball", "tennis", "swimming", "running a marathon",
+    "cycling", "the Olympic Games", "chess", "yoga", "skiing", "music", "playing the guitar", "the piano",
+    "a rock concert", "jazz", "singing", "painting", "photography", "sculpture", "dancing", "theatre",
+    "movies", "television", "video games", "books", "a library", "poetry", "writing a novel", "newspapers",
+    "trains", "cars", "airplanes", "ships", "bicycles", "traffic", "a road trip", "airports", "computers",
+    "the internet", "smartphones", "programming", "robots", "artificial intelligence", "electricity",
+    "solar power", "batteries", "mathematics", "physics", "chemistry", "biology", "medicine", "hospitals",
+    "doctors", "a cold and fever", "sleep", "dreams", "exercise", "healthy eating", "school", "exams",
+    "university", "teachers", "homework", "money", "banks", "shopping", "a job interview", "an office",
+    "a small business", "taxes", "the stock market", "houses", "gardening", "trees", "furniture",
+    "cleaning the house", "a birthday party", "a wedding", "Christmas", "Halloween", "New Year",
+    "holidays abroad", "Paris", "Japan", "New York", "ancient Rome", "ancient Egypt", "the Middle Ages",
+    "kings and queens", "castles", "knights", "pirates", "war", "peace", "elections", "the law",
+    "a court trial", "police detectives", "a mystery", "ghosts", "dragons", "magic", "fairy tales",
+    "friendship", "love", "family", "grandparents", "babies", "sadness", "anger", "fear", "happiness",
+    "loneliness", "kindness", "climate change", "recycling", "fire", "ice", "gold and jewels", "clothes and fashion",
+)
+
+GENRES = (
+    "Write a short story about {topic}.",
+    "Explain {topic} to a curious child.",
+    "Write a short news report about {topic}.",
+    "Describe {topic} in vivid detail.",
+    "Write a letter to a friend about {topic}.",
+    "Give me some interesting facts about {topic}.",
+    "Write a poem about {topic}.",
+    "Write a dialogue between two people talking about {topic}.",
+    "Write a diary entry about a day involving {topic}.",
+    "What do you think about {topic}? Give your opinion.",
+)
+
+GENERATION = {"temperature": 0.8, "top_p": 0.95, "repetition_penalty": 1.15}
+
+
+def corpus_prompts(seed: int, per_topic: int = len(GENRES)) -> list[str]:
+    """``per_topic`` prompts for every topic (genres drawn by ``seed``), in an order shuffled by ``seed``."""
+    rng = random.Random(seed)
+    pairs = [(topic, genre) for topic in TOPICS for genre in rng.sample(GENRES, min(per_topic, len(GENRES)))]
+    rng.shuffle(pairs)
+    return [genre.format(topic=topic) for topic, genre in pairs]
+
+
+def _chat_text(tokenizer: Any, prompt: str, answer: str | None = None) -> str:
+    messages = [{"role": "user", "content": prompt}]
+    if answer is None:
+        return str(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False))
+    messages.append({"role": "assistant", "content": answer})
+    return str(tokenizer.apply_chat_template(messages, tokenize=False))
+
+
+def _sample(logits: torch.Tensor, seen: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """One token per row: repetition penalty on tokens already in the row, temperature, top-p over the
+    64 likeliest (sorting only those keeps a step cheap)."""
+    penalty = GENERATION["repetition_penalty"]
+    logits = torch.where(seen, torch.where(logits > 0, logits / penalty, logits * penalty), logits)
+    top = (logits / GENERATION["temperature"]).topk(64, dim=-1)
+    probs = top.values.softmax(-1)
+    keep = probs.cumsum(-1) - probs < GENERATION["top_p"]
+    probs = probs * keep
+    choice = torch.multinomial(probs / probs.sum(-1, keepdim=True), 1, generator=generator)
+    return top.indices.gather(-1, choice).squeeze(-1)
+
+
+@torch.inference_mode()
+def sample_answers(model: Any, tokenizer: Any, prompts: list[str], seed: int, max_new_tokens: int) -> list[str]:
+    """One sampled answer per chat prompt, as one seeded batch (whatever hooks the model has apply).
+
+    A plain decode loop over the left-padded batch with a preallocated KV cache (a growing one copies
+    the whole cache every step); rows stop at an end-of-turn token.
+    """
+    from transformers import StaticCache
+
+    rows = [tokenizer(_chat_text(tokenizer, p), add_special_tokens=False)["input_ids"] for p in prompts]
+    device = next(model.parameters()).device
+    width = max(len(r) for r in rows)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r):], mask[i, width - len(r):] = torch.tensor(r), 1
+    ids, mask = ids.to(device), mask.to(device)
+    seen = torch.zeros((len(rows), model.config.vocab_size), dtype=torch.bool, device=device)
+    seen.scatter_(1, ids, mask.bool())
+    stops = torch.tensor(sorted({tokenizer.eos_token_id, *tokenizer.convert_tokens_to_ids(["<|im_end|>"])} - {None}),
+                         device=device)
+    generator = torch.Generator(device=device).manual_seed(seed)
+    cache = StaticCache(config=model.config, max_cache_len=width + max_new_tokens)
+    out, done = [], torch.zeros(len(rows), dtype=torch.bool, device=device)
+    step_ids, filled = ids, 0
+    for _ in range(max_new_tokens):
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, -step_ids.shape[1]:]
+        where = torch.arange(filled, filled + step_ids.shape[1], device=device)
+        logits = model(input_ids=step_ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                       cache_position=where, use_cache=True, logits_to_keep=1).logits[:, -1].float()
+        filled += step_ids.shape[1]
+        token = torch.where(done, pad, _sample(logits, seen, generator))
+        out.append(token)
+        seen[torch.arange(len(rows)), token] = True
+        done |= torch.isin(token, stops)
+        if bool(done.all()):
+            break
+        step_ids, mask = token.unsqueeze(1), torch.cat([mask, mask.new_ones((len(rows), 1))], dim=-1)
+    generated = torch.stack(out, dim=1).tolist()
+    answers = []
+    for row in generated:
+        cut = next((j for j, t in enumerate(row) if t in stops.tolist()), len(row))
+        answers.append(tokenizer.decode(row[:cut], skip_special_tokens=True).strip())
+    return answers
+
+
+def generate_documents(model: Any, tokenizer: Any, prompts: list[str], seed: int, max_new_tokens: int) -> list[str]:
+    """One sampled answer per prompt, each returned as its rendered conversation."""
+    answers = sample_answers(model, tokenizer, prompts, seed, max_new_tokens)
+    return [_chat_text(tokenizer, p, a) for p, a in zip(prompts, answers)]
+
+
+def generated_corpus(model: Any, tokenizer: Any, cache_dir: Path, model_id: str, *, documents: int, seed: int,
+                     max_new_tokens: int = 96, batch_size: int = 64,
+                     on_batch: Callable[[int, int], None] | None = None) -> list[str]:
+    """``documents`` generated documents for ``seed`` (cached; generation resumes from the cache)."""
+    rounds = -(-documents // (len(TOPICS) * len(GENRES)))
+    per_topic = -(-documents // len(TOPICS)) if rounds == 1 else len(GENRES)
+    prompts = [p for r in range(rounds) for p in corpus_prompts(seed + r, per_topic)]
+    prompts = prompts[:documents]
+    settings = [model_id, seed, per_topic, max_new_tokens, batch_size, GENERATION]
+    key = hashlib.sha256(json.dumps(settings).encode()).hexdigest()
+    path = cache_dir / "sae-corpus" / f"{model_id.replace('/', '--')}-{key[:12]}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    done = [json.loads(line)["text"] for line in path.read_text().splitlines()] if path.is_file() else []
+    done = done[:len(done) - len(done) % batch_size] if len(done) < documents else done
+    if len(done) < documents:
+        with path.open("w") as f:
+            for text in done:
+                f.write(json.dumps({"text": text}) + "\n")
+            while len(done) < documents:
+                index = len(done) // batch_size
+                chunk = prompts[len(done):len(done) + batch_size]
+                for text in generate_documents(model, tokenizer, chunk, seed * 100_003 + index, max_new_tokens):
+                    f.write(json.dumps({"text": text}) + "\n")
+                    done.append(text)
+                f.flush()
+                if on_batch is not None:
+                    on_batch(min(len(done), documents), documents)
+    return done[:documents]
+
+
+_SKIPPED_PARTS = {"test", "tests", "idlelib", "lib2to3", "turtledemo", "site-packages", "dist-packages", "__pycache__"}
+
+
+def python_documentation(min_chars: int = 300) -> list[str]:
+    """Prose from the running Python's documentation: reference topics, then stdlib docstrings of at
+    least ``min_chars`` that are >= 90% letters and spaces and hold no interactive examples."""
+    import ast
+    import sysconfig
+    from pydoc_data.topics import topics
+
+    docs = [topics[name] for name in sorted(topics)]
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    for path in sorted(p for p in stdlib.rglob("*.py") if not _SKIPPED_PARTS & set(p.relative_to(stdlib).parts)):
+        try:
+            tree = ast.parse(path.read_text(errors="replace"))
+        except (SyntaxError, ValueError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                text = ast.get_docstring(node)
+                if text and len(text) >= min_chars and ">>>" not in text \
+                        and sum(c.isalpha() or c.isspace() for c in text) >= 0.9 * len(text):
+                    docs.append(text)
+    return docs
+
+
+def _text_documents(text: str) -> list[str]:
+    return [block.strip() for block in text.split("\n\n") if block.strip()]
+
+
+def _jsonl_documents(path: Path) -> list[str]:
+    docs = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{number}: not JSON ({exc.msg}).") from None
+        text = item.get("text") if isinstance(item, dict) else item
+        if not isinstance(text, str):
+            raise ValueError(f"{path}:{number}: expected a string or an object with a 'text' string.")
+        docs.append(text)
+    return docs
+
+
+def read_corpus(paths: Iterable[Path]) -> list[str]:
+    """Documents from text/markdown/jsonl files, or folders of them (read in sorted order)."""
+    docs: list[str] = []
+    for path in paths:
+        path = Path(path).expanduser()
+        if not path.exists():
+            raise ValueError(f"--corpus {path}: no such file or folder.")
+        files = sorted(p for p in path.rglob("*") if p.suffix in (".txt", ".md", ".jsonl")) if path.is_dir() else [path]
+        if not files:
+            raise ValueError(f"--corpus {path}: no .txt, .md or .jsonl files in it.")
+        for f in files:
+            docs += _jsonl_documents(f) if f.suffix == ".jsonl" else _text_documents(f.read_text(errors="replace"))
+    if not docs:
+        raise ValueError("The corpus holds no text.")
+    return docs
+
+
+def split_documents(docs: list[str], holdout_fraction: float, seed: int) -> tuple[list[str], list[str]]:
+    """(training, held-out) documents: a seeded shuffle, the last ``holdout_fraction`` held out."""
+    order = list(range(len(docs)))
+    random.Random(seed).shuffle(order)
+    cut = len(docs) - max(1, round(len(docs) * holdout_fraction)) if holdout_fraction > 0 else len(docs)
+    return [docs[i] for i in order[:cut]], [docs[i] for i in order[cut:]]
+
+
+def token_windows(tokenizer: Any, docs: list[str], context: int, max_windows: int | None = None) -> torch.Tensor:
+    """Documents tokenised, joined by EOS and cut into ``[n, context]`` windows (the tail is dropped)."""
+    sep = tokenizer.eos_token_id
+    stream: list[int] = []
+    limit = None if max_windows is None else max_windows * context
+    for doc in docs:
+        stream += tokenizer(doc, add_special_tokens=False)["input_ids"]
+        if sep is not None:
+            stream.append(sep)
+        if limit is not None and len(stream) >= limit:
+            break
+    n = len(stream) // context if limit is None else min(len(stream) // context, max_windows or 0)
+    if n == 0:
+        raise ValueError(f"The corpus has {len(stream)} tokens, fewer than one window of {context}.")
+    return torch.tensor(stream[:n * context]).view(n, context)

@@ -1,0 +1,235 @@
+"""The TopK trainer on hand-built data, label search and name resolution, and a tiny real training run."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from millm.errors import InvalidParameter
+from millm.sae.formats import load_sae
+from millm.sae.labels import LabelIndex, TopActivations, build_records, label_terms
+from millm.sae.train import (
+    ShuffledBatches,
+    TopKTrainer,
+    TrainConfig,
+    auxk_error_fit,
+    fraction_unexplained,
+    train,
+)
+
+
+def planted(n: int = 6000, d: int = 32, atoms: int = 96, active: int = 3, seed: int = 0) -> torch.Tensor:
+    """Activations that are sparse sums of unit atoms plus an offset (what an SAE should recover)."""
+    g = torch.Generator().manual_seed(seed)
+    dictionary = torch.randn(atoms, d, generator=g)
+    dictionary /= dictionary.norm(dim=-1, keepdim=True)
+    codes = torch.zeros(n, atoms)
+    codes.scatter_(1, torch.randint(0, atoms, (n, active), generator=g), torch.rand(n, active, generator=g) * 4 + 1)
+    return codes @ dictionary + 2.0
+
+
+def trainer_for(x: torch.Tensor, **kw) -> TopKTrainer:
+    config = TrainConfig(**{"d_in": x.shape[1], "d_sae": 128, "k": 6, "steps": 150, "batch_size": 256, **kw})
+    return TopKTrainer(config, x.mean(0), x.shape[1] ** 0.5 / float(x.norm(dim=-1).mean()))
+
+
+def test_loss_falls_and_decoder_rows_stay_unit_norm() -> None:
+    x = planted()
+    trainer = trainer_for(x)
+    losses: list[float] = []
+    train(trainer, ShuffledBatches(x, 256, seed=0), on_step=lambda s: losses.append(s.fvu))
+    assert len(losses) == 150
+    assert sum(losses[-10:]) / 10 < 0.5 * sum(losses[:10]) / 10
+    assert torch.allclose(trainer.W_dec.norm(dim=-1), torch.ones(128), atol=1e-5)
+
+
+def test_export_reads_raw_activations_like_the_trainer() -> None:
+    """Folding the input scale out keeps the chosen latents and gives the reconstruction in raw units."""
+    x = planted()
+    trainer = trainer_for(x, steps=30)
+    train(trainer, ShuffledBatches(x, 256, seed=0))
+    sae = trainer.export()
+    batch = x[:64]
+    with torch.no_grad():
+        scaled = batch * trainer.scale
+        pre = (scaled - trainer.b_dec) @ trainer.W_enc + trainer.b_enc
+        inner = torch.zeros_like(pre).scatter(-1, pre.topk(6, dim=-1).indices, pre.topk(6, dim=-1).values.relu())
+        expected = (inner @ trainer.W_dec + trainer.b_dec) / trainer.scale
+    acts = sae.encode(batch)
+    assert torch.equal((acts > 0), (inner > 0))
+    assert torch.allclose(sae.decode(acts), expected, atol=1e-4)
+    assert torch.allclose(sae.W_dec.norm(dim=-1), torch.ones(128), atol=1e-5)
+
+
+def test_auxk_loss_is_zero_without_dead_latents_and_trains_only_dead_ones() -> None:
+    g = torch.Generator().manual_seed(1)
+    pre, error = torch.randn(16, 10, generator=g), torch.randn(16, 4, generator=g)
+    W_dec = torch.randn(10, 4, generator=g).requires_grad_()
+    assert float(auxk_error_fit(pre, torch.zeros(10, dtype=torch.bool), error, W_dec, aux_k=2)) == 0.0
+    dead = torch.zeros(10, dtype=torch.bool)
+    dead[[2, 7]] = True
+    loss = auxk_error_fit(pre, dead, error, W_dec, aux_k=4)
+    loss.backward()
+    assert float(loss.detach()) > 0
+    moved = W_dec.grad.abs().sum(-1) > 0
+    assert moved[2] and moved[7] and not moved[~dead].any()
+
+
+def test_dead_latents_are_counted_by_the_window() -> None:
+    x = planted()
+    trainer = trainer_for(x, dead_tokens=512, steps=4)
+    never = torch.ones(128, dtype=torch.bool)
+    for i in range(4):
+        trainer.step(x[i * 256:(i + 1) * 256])
+    fired_any = trainer.tokens_since_fired < 4 * 256
+    never &= ~fired_any
+    assert torch.equal(trainer.dead, never)
+
+
+def test_learning_rate_warms_up_and_decays_to_zero() -> None:
+    config = TrainConfig(d_in=4, d_sae=8, k=2, steps=100, lr=1e-3)
+    rates = [config.lr_at(s) for s in range(100)]
+    assert rates[0] == pytest.approx(1e-3 / 5)
+    assert rates[10] == pytest.approx(1e-3) and rates[79] == pytest.approx(1e-3)
+    assert rates[99] == pytest.approx(1e-3 / 20)
+    assert all(a >= b for a, b in zip(rates[80:], rates[81:]))
+
+
+def test_resume_from_checkpoint_gives_the_uninterrupted_run(tmp_path: Path) -> None:
+    x = planted()
+    straight = trainer_for(x, steps=20)
+    train(straight, ShuffledBatches(x, 256, seed=3))
+    first = trainer_for(x, steps=20)
+    batches = ShuffledBatches(x, 256, seed=3)
+    for _ in range(9):
+        first.step(batches.batch(first.step_index))
+    first.save_checkpoint(tmp_path)
+    resumed, _ = TopKTrainer.from_checkpoint(tmp_path / "checkpoint.pt")
+    train(resumed, ShuffledBatches(x, 256, seed=3))
+    for a, b in zip(straight.parameters(), resumed.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_shuffled_batches_cover_each_epoch_once() -> None:
+    buffer = torch.arange(40, dtype=torch.float32).unsqueeze(1)
+    batches = ShuffledBatches(buffer, 8, seed=0)
+    epoch = torch.cat([batches.batch(i) for i in range(5)]).flatten()
+    assert sorted(epoch.tolist()) == list(range(40))
+    assert not torch.equal(epoch, torch.cat([batches.batch(i) for i in range(5, 10)]).flatten())
+    assert torch.equal(ShuffledBatches(buffer, 8, seed=0).batch(7), batches.batch(7))
+
+
+def test_fvu_is_zero_for_perfect_and_one_for_the_mean() -> None:
+    x = planted(n=100)
+    assert float(fraction_unexplained(x, x)) == 0.0
+    assert float(fraction_unexplained(x, x.mean(0).expand_as(x))) == pytest.approx(1.0)
+
+
+# labels
+
+def test_records_label_live_features_by_idf_weighted_top_tokens() -> None:
+    texts = [" the", " rain", " storm", " cat", ","]
+    tokens = torch.tensor([0, 1, 0, 2, 0, 3, 0, 4, 1, 0])  # "the" is everywhere, so it names nothing
+    values = torch.tensor([[3.0, 2.0, 0.0], [2.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    rows = torch.tensor([[1, 5, -1], [3, 2, -1], [8, -1, -1]])
+    top = TopActivations(values, rows, torch.tensor([3, 2, 0]), total=10)
+    records = build_records(top, tokens, texts, lambda r: f"row {r}")
+    assert [r.index for r in records] == [0, 1]
+    assert records[0].label.split(", ")[0] == "rain"
+    assert set(records[0].label.split(", ")) == {"rain", "storm"}
+    assert records[1].label.split(", ")[0] == "cat"
+    assert records[0].frequency == pytest.approx(0.3)
+    assert records[0].examples[0] == {"text": "row 1", "activation": 3.0}
+
+
+def test_label_terms_prefer_words() -> None:
+    assert label_terms({",": 9.0, "rain": 2.0, "wet": 1.0, "\\n": 5.0}) == ["rain", "wet", ","]
+
+
+LABELS = {3: "rain, storm, weather", 7: "weather, forecast", 9: "sun, sunny", 12: "cat, kitten",
+          15: "dog, puppy", 18: "dogs, barking"}
+
+
+def test_search_orders_closest_fits_first() -> None:
+    index = LabelIndex(LABELS, "test-sae")
+    assert [m.index for m in index.search("weather")] == [7, 3]
+    assert [m.index for m in index.search("sun")] == [9]
+    assert index.search("nothing") == []
+
+
+def test_resolve_takes_the_single_best_match() -> None:
+    index = LabelIndex(LABELS, "test-sae")
+    assert index.resolve("weather") == 7  # first term beats "any term"
+    assert index.resolve("storm") == 3
+    assert index.resolve("Kitten") == 12
+    assert index.resolve("dog") == 15 and index.resolve("barking") == 18  # "dogs" only contains "dog"
+    assert index.resolve("12") == 12 and index.resolve("#15") == 15
+    assert index.resolve_assignments(["weather=60", "15=-20.5"]) == {7: 60.0, 15: -20.5}
+
+
+def test_resolve_lists_candidates_when_ambiguous() -> None:
+    index = LabelIndex({1: "rain, wet", 2: "rain, umbrella", 3: "snow"}, "test-sae")
+    with pytest.raises(InvalidParameter) as exc:
+        index.resolve("rain")
+    message = exc.value.message
+    assert "ambiguous" in message and "1 (rain, wet)" in message and "2 (rain, umbrella)" in message
+    assert exc.value.param == "steer"
+    with pytest.raises(InvalidParameter, match="matches no feature label"):
+        index.resolve("volcano")
+    with pytest.raises(InvalidParameter, match="FEATURE=STRENGTH"):
+        index.resolve_assignments(["rain"])
+    with pytest.raises(InvalidParameter, match="no labels"):
+        LabelIndex({}, "bare").resolve("rain")
+
+
+def test_label_index_reads_labels_json(tmp_path: Path) -> None:
+    (tmp_path / "labels.json").write_text(json.dumps({str(k): v for k, v in LABELS.items()}))
+    assert LabelIndex.load(tmp_path).labels == LABELS
+    assert LabelIndex.load(tmp_path / "missing").labels == {}
+
+
+# a tiny real run
+
+def tiny_corpus(path: Path) -> Path:
+    rng = random.Random(0)
+    subjects = ["The rain", "My dog", "The old castle", "A cup of coffee", "The football match", "Her guitar",
+                "The spaceship", "The bakery", "The river", "Our teacher", "The stock market", "A thunderstorm"]
+    verbs = ["fell on", "barked at", "stood above", "warmed", "ended with", "played for", "flew past", "sold bread to"]
+    objects = ["the quiet town", "the mailman", "the green valley", "my cold hands", "a late goal", "the moon"]
+    lines = [f"{rng.choice(subjects)} {rng.choice(verbs)} {rng.choice(objects)}." for _ in range(400)]
+    path.write_text("\n\n".join(" ".join(lines[i:i + 4]) for i in range(0, 400, 4)))
+    return path
+
+
+@pytest.mark.slow
+def test_tiny_training_run_writes_an_sae_miLLM_loads_with_labels(tmp_path: Path, settings) -> None:
+    import typer
+    from typer.testing import CliRunner
+
+    from cli.sae_train import register
+
+    app = typer.Typer()
+    register(app)
+    out = tmp_path / "sae"
+    args = ["train", "--layer", "3", "--width", "192", "--k", "8", "--tokens", "3000", "--epochs", "12",
+            "--batch-size", "256", "--context", "64", "--corpus", str(tiny_corpus(tmp_path / "tiny.txt")),
+            "--output", str(out), "--no-register"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "train.json").read_text())
+    assert summary["tokens"] >= 3000
+    loaded = load_sae(out)
+    assert (loaded.format, loaded.sae.architecture, loaded.sae.k) == ("saelens", "topk", 8)
+    assert (loaded.sae.d_in, loaded.sae.d_sae, loaded.layer_hint) == (576, 192, 3)
+    assert summary["final"]["fvu"] < 0.5 * summary["first"]["fvu"]
+    labels = json.loads((out / "labels.json").read_text())
+    features = [json.loads(line) for line in (out / "features.jsonl").read_text().splitlines()]
+    assert summary["live_features"] == len(labels) == len(features) > 96
+    assert all(labels[str(f["index"])] == f["label"] and f["label"] and f["examples"] for f in features)
+    assert not (out / ".work").exists()
+    again = CliRunner().invoke(app, args)
+    assert again.exit_code == 1 and "already holds an SAE" in again.output
