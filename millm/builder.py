@@ -25,6 +25,7 @@ from millm.engine.scoring import (
 )
 from millm.errors import InvalidParameter, ResponseFormatUnsupported, UnusedFieldsRefused
 from millm.fields import check_fields, is_no_change
+from millm.steering.intensity import Dial, parse_intensity
 from millm.steering.readout import check_readout_rows
 from millm.structured.schema import JsonConstraint, check_response_format
 from millm.validation import check_messages, check_number, check_prompt_text, max_tokens_of, sampling_params
@@ -49,6 +50,7 @@ class Built:
     embed_inputs: list[Any] = field(default_factory=list)
     encoding: str = "float"
     profile: str | None = None
+    intensity: Dial = None  # steering_intensity: a λ, "off"/"min"/"max", or None when not sent
     seed: int | None = None
     seed_scope: str = "request"
     prompt_texts: list[str] = field(default_factory=list)  # completions scoring: text offsets
@@ -175,12 +177,13 @@ def build_chat(body: Any, engine_of: EngineOf, strict: bool = False) -> Built:
     params = sampling_params(body)
     stream = _stream(params, bool(wire.stream))
     constraint = constraint_for(body, params)
+    intensity = parse_intensity(body.get("steering_intensity"))
     if wire.return_sae_activations is not None:
         check_readout_rows(len(conversations) * params.n)
     generation = GenerationRequest([ChatPrompt(m, kwargs) for m in conversations], params,
                                    readout=wire.return_sae_activations, constraint=constraint)
-    return Built("chat", wire.model, ignored, stream, [generation], profile=wire.profile, seed=params.seed,
-                 seed_scope="batch-shape" if len(conversations) > 1 else "request")
+    return Built("chat", wire.model, ignored, stream, [generation], profile=wire.profile, intensity=intensity,
+                 seed=params.seed, seed_scope="batch-shape" if len(conversations) > 1 else "request")
 
 
 def build_completion(body: Any, engine_of: EngineOf, strict: bool = False) -> Built:

@@ -47,7 +47,7 @@ TABLE: dict[str, tuple[str, str, str, str, str, str, str]] = {
     "top_logprobs":               (_R, _U, _R, _R, _R, _R, _R),
     "response_format":            (_U, _R, _R, _R, _R, _R, _R),
     "profile":                    (_U, _R, _R, _R, _R, _R, _R),
-    "steering_intensity":         (_P, _R, _R, _R, _R, _R, _R),
+    "steering_intensity":         (_U, _R, _R, _R, _R, _R, _R),
     "return_sae_activations":     (_U, _R, _R, _U, _R, _R, _R),
     "steering":                   (_R, _R, _R, _R, _R, _R, _R),
     "dimensions":                 (_R, _R, _R, _R, _R, _R, _R),

@@ -41,6 +41,10 @@ class _Readout(_Sampling):
 class ChatCompletionRequest(_Readout):
     messages: list[dict[str, Any]]
     profile: str | None = Field(None, description="miLLM: a saved steering profile for this request only")
+    steering_intensity: Any = Field(  # checked by millm.steering.intensity.parse_intensity
+        None, description='miLLM: this request\'s steering dial, a λ from 0 to 2 or "off", "min", "max"',
+        json_schema_extra={"anyOf": [{"type": "number", "minimum": 0, "maximum": 2},
+                                     {"enum": ["off", "min", "max"]}, {"type": "null"}]})
     extra_messages: list[list[dict[str, Any]]] | None = Field(
         None, description="miLLM: further conversations answered in the same request, each its own choice")
     chat_template_kwargs: dict[str, Any] | None = None

@@ -209,10 +209,8 @@ async def update_profile(name: str) -> Any:
 
 @bp.delete("/profiles/<name>")
 async def delete_profile(name: str) -> Any:
-    """Delete a profile."""
-    svc = services().steering
-    svc.profile(name)
-    svc.store.delete_profile(name)
+    """Delete a profile (one backed by a cluster or circuit goes with it)."""
+    services().steering.delete_profile(name)
     return {"deleted": name}
 
 

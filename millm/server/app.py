@@ -13,8 +13,9 @@ from millm.engine import Engine, load_engine
 from millm.engine.manager import Loader, ModelManager, Registry
 from millm.engine.worker import EngineWorker
 from millm.errors import MillmError
-from millm.server import api, health, openapi, v1
+from millm.server import api, health, models_api, openapi, steering_docs, v1
 from millm.server.state import Services
+from millm.steering.intensity import IntensitySettings
 from millm.steering.service import SteeringService
 from millm.store import Store
 
@@ -29,7 +30,7 @@ def create_app(settings: Settings, engine: Engine | None = None, loader: Loader 
     app = Quart("millm")
     app.config.update(RESPONSE_TIMEOUT=None, BODY_TIMEOUT=None)
     worker = EngineWorker(settings.max_queue)
-    steering = SteeringService(Store(settings.home / "millm.db"))
+    steering = SteeringService(Store(settings.home / "millm.db"), IntensitySettings.from_settings(settings))
     if engine is not None:
         steering.restore(engine.steering_target())
     manager = ModelManager(settings, worker, engine, on_load=lambda e: steering.restore(e.steering_target()),
@@ -38,6 +39,8 @@ def create_app(settings: Settings, engine: Engine | None = None, loader: Loader 
     app.register_blueprint(v1.bp)
     app.register_blueprint(health.bp)
     app.register_blueprint(api.bp)
+    app.register_blueprint(steering_docs.bp)
+    app.register_blueprint(models_api.bp)
 
     async def openapi_document() -> Any:
         """This server's OpenAPI document."""

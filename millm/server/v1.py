@@ -5,14 +5,14 @@ from __future__ import annotations
 import base64
 import logging
 import struct
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
 from quart import Blueprint, Response, request
 
 from millm.builder import STRICT_HEADER, Built, build_chat, build_completion, build_embedding
-from millm.engine.base import Engine
+from millm.engine.base import Engine, StepControl
 from millm.engine.events import Activations, Delta, Event, Finish, Usage
 from millm.engine.plan import run_each
 from millm.errors import FieldNotHonoured, InvalidParameter, MillmError, ModelNotFound, Unauthorized
@@ -22,7 +22,8 @@ from millm.server.auth import bearer_matches
 from millm.server.headers import ignored_fields, seed_header, strict_mode
 from millm.server.shapes import CompletionShape
 from millm.server.state import services
-from millm.steering.controller import Override
+from millm.steering.bases import RequestSteering
+from millm.steering.rung import CIRCUIT_RUNG_HEADER, rung_header
 
 log = logging.getLogger(__name__)
 bp = Blueprint("v1", __name__, url_prefix="/v1")
@@ -55,9 +56,15 @@ async def begin(build: Callable[..., Built]) -> tuple[Built, ModelEntry]:
     return build(await json_body(), engine_of, strict), found[-1]
 
 
-def miLLM_headers(built: Built, steering: str = "none") -> dict[str, str]:
+INTENSITY_HEADER = "X-miLLM-Steering-Intensity"
+
+
+def miLLM_headers(built: Built, steering: str = "none", steer: RequestSteering | None = None) -> dict[str, str]:
     headers = {"X-miLLM-Ignored-Fields": ignored_fields(built.ignored),
                "X-miLLM-Seed": seed_header(built.seed, built.seed_scope), "X-miLLM-Steering": steering}
+    if steer is not None:
+        headers[INTENSITY_HEADER] = steer.echo
+        headers[CIRCUIT_RUNG_HEADER] = rung_header(steer.rung) if steer.rung is not None else None
     if built.constraint is not None:
         headers["X-miLLM-Constrained"] = built.constraint.header()
     return {k: v for k, v in headers.items() if v is not None}
@@ -119,14 +126,26 @@ async def respond(shape: CompletionShape, events: AsyncIterator[Event], stream: 
     return await collect(shape, events), 200, headers
 
 
-def override_for(engine: Engine, profile: str | None) -> Override | None:
-    """The request's own steering from ``profile`` (validated against what is attached)."""
-    if profile is None:
-        return None
+def request_steering(engine: Engine, built: Built) -> RequestSteering:
+    """The request's own steering from ``profile`` and ``steering_intensity`` (validated against what is
+    attached), and what its headers say."""
     target = engine.steering_target()
     if target is None:
-        raise FieldNotHonoured(f"'profile' cannot be honoured by the {engine.engine_name} engine.", param="profile")
-    return services().steering.override_for(target, profile)
+        for name, value in (("profile", built.profile), ("steering_intensity", built.intensity)):
+            if value is not None:
+                raise FieldNotHonoured(f"'{name}' cannot be honoured by the {engine.engine_name} engine.", param=name)
+        return RequestSteering()
+    return services().steering.for_request(target, built.profile, built.intensity)
+
+
+def checked(control: StepControl, check: Callable[[], None]) -> StepControl:
+    """``control`` that runs ``check`` after the commands of every step boundary: an operator change that
+    invalidates the request's steering ends it there, with the check's error."""
+    def run_commands() -> None:
+        control.run_commands()
+        check()
+
+    return replace(control, run_commands=run_commands)
 
 
 async def generate(built: Built, entry: ModelEntry, chat: bool) -> Any:
@@ -135,13 +154,19 @@ async def generate(built: Built, entry: ModelEntry, chat: bool) -> Any:
     if built.profile is not None:
         svc.steering.profile(built.profile)  # 404 before any load
     engine = await svc.manager.engine_for(entry)
-    override = override_for(engine, built.profile)
-    plans = [engine.prepare(replace(g, override=override)) for g in built.generations]
+    steer = request_steering(engine, built)
+    plans = [engine.prepare(replace(g, override=steer.override)) for g in built.generations]
     target = engine.steering_target()
-    label = target.steering.label(override) if target is not None else "none"
-    events = svc.worker.stream(lambda control: run_each(engine.run, plans, control))
+    label = target.steering.label(steer.override) if target is not None else "none"
+
+    def make_events(control: StepControl) -> Iterator[Event]:
+        if target is not None and steer.pinned:
+            control = checked(control, lambda: steer.check(target.steering))
+        return run_each(engine.run, plans, control)
+
+    events = svc.worker.stream(make_events)
     shape = CompletionShape(chat=chat, model=built.model, fingerprint=engine.fingerprint)
-    return await respond(shape, events, built.stream, built.choices, miLLM_headers(built, label))
+    return await respond(shape, events, built.stream, built.choices, miLLM_headers(built, label, steer))
 
 
 async def score(built: Built, entry: ModelEntry, chat: bool) -> Any:
@@ -190,19 +215,20 @@ async def embeddings() -> Any:
 
 
 def model_card(entry: ModelEntry) -> dict[str, Any]:
-    return {"id": entry.id, "object": "model", "created": int(entry.path.stat().st_mtime), "owned_by": "millm"}
+    return {"id": entry.id, "object": "model", "created": int(entry.path.stat().st_mtime),
+            "owned_by": entry.repo_id or "millm"}
 
 
 @bp.get("/models")
 async def models() -> Any:
-    """Models this server can serve: loaded, loading and ready on disk."""
-    return {"object": "list", "data": [model_card(e) for e in services().manager.entries()]}
+    """Models this server serves: loaded, loading and ready on disk (only the locked one while locked)."""
+    return {"object": "list", "data": [model_card(e) for e in services().manager.served()]}
 
 
 @bp.get("/models/<path:model_id>")
 async def model(model_id: str) -> Any:
     """One model's card."""
-    for entry in services().manager.entries():
+    for entry in services().manager.served():
         if entry.id == model_id:
             return model_card(entry)
     raise ModelNotFound(model_id)

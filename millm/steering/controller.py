@@ -85,8 +85,11 @@ class Steering:
                     raise InvalidParameter(f"Layer {layer} already has SAE {other.sae_id} attached; detach it first.",
                                            param="layer")
             values = self.detach(sae_id).values if sae_id in self.attachments else {}
-            att = Attachment(sae_id, sae.to(self.device, self.dtype), layer,
-                             torch.zeros(self.d_model, device=self.device, dtype=self.dtype))
+            # an ordinary tensor even when attached by a command between decode steps (inside inference
+            # mode): the buffer is rewritten in place later, also outside inference mode
+            with torch.inference_mode(False):
+                delta = torch.zeros(self.d_model, device=self.device, dtype=self.dtype)
+            att = Attachment(sae_id, sae.to(self.device, self.dtype), layer, delta)
             att.handle = self.layers[layer].register_forward_hook(self._hook(att))
             self.attachments[sae_id] = att
             att.values = values

@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from millm.errors import InvalidFeatureIndex, InvalidParameter, SAENotAttached
-from millm.steering.controller import Override, Steering
+from millm.steering.controller import Steering
 
 
 class ProfileEntry(BaseModel):
@@ -65,10 +65,3 @@ def resolve_entries(doc: ProfileDoc, steering: Steering, model_id: str) -> dict[
                                       f"{att.sae_id}'s 0-{att.sae.d_sae - 1}.", param="profile")
         values.setdefault(att.sae_id, {})[entry.feature] = entry.strength
     return values
-
-
-def request_override(doc: ProfileDoc, steering: Steering, model_id: str) -> Override:
-    """The per-request override for ``doc``; with no SAE attached it steers nothing."""
-    if not steering.attachments:
-        return Override(doc.name, {})
-    return Override(doc.name, resolve_entries(doc, steering, model_id))

@@ -13,16 +13,23 @@ import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from millm.errors import InvalidParameter, ProfileConflict, ProfileNotFound, SAENotFound
+from millm.config import get_settings
+from millm.errors import InvalidParameter, MillmError, ProfileConflict, ProfileNotFound, SAENotFound
 from millm.sae.formats import load_sae
+from millm.steering.bases import Bases, RequestSteering, circuit_serving, profile_row, registered, stored_profile
 from millm.steering.controller import Override
+from millm.steering.documents import Document, Registered, Serving, ServingMode
+from millm.steering.imports import import_document, stored_cluster
+from millm.steering.intensity import Dial, IntensitySettings, check_stored_dial
 from millm.steering.monitor import MonitorConfig, parse_monitor_config
-from millm.steering.profiles import ProfileDoc, parse_profile, request_override, resolve_entries
+from millm.steering.profiles import ProfileDoc, parse_profile
 from millm.steering.target import SteeringTarget
 from millm.steering.values import check_values
 from millm.store import Store
+
+Kind = Literal["cluster", "circuit"]
 
 ACTIVE_PROFILE_KEY = "active_profile"
 
@@ -39,10 +46,19 @@ def _read_labels(path: Path) -> dict[int, str]:
 
 
 class SteeringService:
-    """Registry, attachments, values and profiles over one store."""
+    """Registry, attachments, values, profiles, clusters and circuits over one store.
 
-    def __init__(self, store: Store) -> None:
+    ``intensity`` holds the dial's settings (MILLM_INTENSITY_MAX and the floors); by default the
+    process settings'.
+    """
+
+    def __init__(self, store: Store, intensity: IntensitySettings | None = None) -> None:
         self.store = store
+        self.intensity = intensity or IntensitySettings.from_settings(get_settings())
+
+    def bases(self, engine: SteeringTarget) -> Bases:
+        """The store's profiles, clusters and circuits seen against ``engine``'s attached SAEs."""
+        return Bases(self.store, engine, self.intensity)
 
     # SAEs
     def register_sae(self, path: str | Path, name: str | None = None,
@@ -81,12 +97,14 @@ class SteeringService:
         if isinstance(layer, bool) or not isinstance(layer, int):
             raise InvalidParameter(f"SAE {sae_id} has no layer hint; give 'layer'.", param="layer")
         engine.steering.attach(sae_id, load_sae(record["path"]).sae, layer)
+        self.follow_active(engine)
         self.persist(engine)
         return self.view(record, engine)
 
     def detach(self, engine: SteeringTarget, sae_id: str) -> dict[str, Any]:
         record = self.sae(sae_id)
         engine.steering.detach(sae_id)
+        self.follow_active(engine)
         self.persist(engine)
         return self.view(record, engine)
 
@@ -145,14 +163,15 @@ class SteeringService:
 
     # profiles
     def profile(self, name: str) -> dict[str, Any]:
-        found = self.store.profile(name)
-        if found is None:
-            raise ProfileNotFound(f"No profile is named '{name}'.", param="profile")
-        return found
+        return profile_row(self.store, name)
 
     def save_profile(self, doc: Any, *, overwrite: bool) -> dict[str, Any]:
         checked = parse_profile(doc)
         body = checked.model_dump()
+        backing = self.store.backing(checked.name)
+        if backing is not None:
+            raise ProfileConflict(f"'{checked.name}' is an imported {backing}; change it by importing its {backing} "
+                                  f"document again with overwrite, or delete the {backing} first.", param="name")
         if not self.store.save_profile(body, overwrite=overwrite):
             raise ProfileConflict(f"A profile named '{checked.name}' exists; overwrite it explicitly.", param="name")
         return self.profile(checked.name)
@@ -163,17 +182,104 @@ class SteeringService:
         return self.save_profile({"name": name, "description": description, "model": engine.model_id,
                                   "entries": entries}, overwrite=False)
 
-    def override_for(self, engine: SteeringTarget, name: str) -> Override:
-        """The per-request override for profile ``name`` (404 unknown, 400 invalid for what is attached)."""
-        return request_override(self.profile_doc(name), engine.steering, engine.model_id)
+    def delete_profile(self, name: str) -> None:
+        """Delete a profile; one backed by a cluster or circuit goes with it (404 when unknown)."""
+        self.profile(name)
+        backing = self.store.backing(name)
+        if backing is None:
+            self.store.delete_profile(name)
+        else:
+            self.store.delete_document(backing, name)
+
+    def for_request(self, engine: SteeringTarget, profile: str | None, dial: Dial) -> RequestSteering:
+        """A request's own steering from its ``profile`` and ``steering_intensity`` (404 unknown profile,
+        400 a profile that does not fit what is attached), with its headers' values."""
+        return self.bases(engine).request(profile, dial)
 
     def profile_doc(self, name: str) -> ProfileDoc:
         """The saved profile as a document (404 when unknown)."""
-        return ProfileDoc.model_validate(self.export(name))
+        return stored_profile(self.store, name)
 
     def activate(self, engine: SteeringTarget, name: str) -> None:
-        engine.steering.activate(name, resolve_entries(self.profile_doc(name), engine.steering, engine.model_id))
+        """Make a profile's values the live values; a cluster's at its stored dial, a circuit's as it serves now."""
+        engine.steering.activate(name, self.bases(engine).activation(name))
         self.persist(engine)
+
+    def follow_active(self, engine: SteeringTarget) -> None:
+        """Re-derive the live values of an active cluster or circuit after what it depends on changed
+        (an SAE attached or detached, a dial set): a circuit may now serve natively, through its
+        fallback, or not at all. Values that no longer resolve are left as they are."""
+        bases = self.bases(engine)
+        name = bases.active()
+        if name is None or self.store.backing(name) is None:
+            return
+        try:
+            values = bases.activation(name)
+        except MillmError:
+            return
+        engine.steering.activate(name, values)
+
+    # clusters and circuits
+    def registered(self, engine: SteeringTarget | None, model_id: str) -> Registered:
+        """What a document is checked against: the loaded model's attachments, else those persisted for it."""
+        if engine is not None:
+            return self.bases(engine).registered()
+        return registered(self.store, self.attached_layers(model_id))
+
+    def import_document(self, kind: Kind, raw: Any, engine: SteeringTarget | None, model_id: str, *,
+                        overwrite: bool) -> dict[str, Any]:
+        """Check and store a cluster or circuit with its profile (400 naming the pointer, 409 a taken name)."""
+        doc: Document = import_document(self.store, kind, raw, self.registered(engine, model_id), overwrite=overwrite)
+        if engine is not None:
+            self.follow_active(engine)
+            self.persist(engine)
+        return self.document(kind, doc.name)
+
+    def document(self, kind: Kind, name: str) -> dict[str, Any]:
+        """An imported cluster (with its dial) or circuit; 404 when there is none."""
+        row = self.store.document(kind, name)
+        if row is None:
+            raise ProfileNotFound(f"No {kind} is named '{name}'.", param="name")
+        return row
+
+    def delete_document(self, kind: Kind, name: str) -> None:
+        """Delete a cluster or circuit and the profile it backs (404 when there is none)."""
+        if not self.store.delete_document(kind, name):
+            raise ProfileNotFound(f"No {kind} is named '{name}'.", param="name")
+
+    def set_cluster_dial(self, engine: SteeringTarget | None, name: str, value: Any) -> dict[str, Any]:
+        """Set a cluster's persistent dial, bounded to [0, max] (400 outside); an active cluster (or a circuit
+        served through it) is re-applied at once."""
+        found = stored_cluster(self.store, name)
+        if found is None:
+            raise ProfileNotFound(f"No cluster is named '{name}'.", param="name")
+        self.store.set_cluster_intensity(name, check_stored_dial(value, found[0].declared, self.intensity))
+        if engine is not None:
+            self.follow_active(engine)
+            self.persist(engine)
+        return self.document("cluster", name)
+
+    def serving(self, engine: SteeringTarget | None, name: str, model_id: str) -> Serving:
+        """How circuit ``name`` serves on the loaded model (else on the attachments persisted for ``model_id``)."""
+        return circuit_serving(self.store, name, self.registered(engine, model_id))
+
+    def active_profile(self, engine: SteeringTarget | None, model_id: str) -> str | None:
+        """The active profile of the loaded model, else the one persisted for ``model_id``, while it exists."""
+        name = (engine.steering.active_profile if engine is not None
+                else self.store.get_state(self._key(model_id), {}).get("active_profile"))
+        return name if name is not None and self.store.profile(name) is not None else None
+
+    def active_circuit(self, engine: SteeringTarget | None, model_id: str) -> str | None:
+        """The active profile when a circuit backs it."""
+        name = self.active_profile(engine, model_id)
+        return name if name is not None and self.store.backing(name) == "circuit" else None
+
+    def circuit_state(self, engine: SteeringTarget | None, model_id: str) -> dict[str, Any]:
+        """GET /api/circuits/active: the active circuit and its ``steering`` field (mode, rung, language, reason)."""
+        name = self.active_circuit(engine, model_id)
+        serving = (self.serving(engine, name, model_id) if name is not None
+                   else Serving(ServingMode.NONE, "no circuit is active"))
+        return {"active": name, "steering": serving.steering_field()}
 
     def deactivate(self, engine: SteeringTarget) -> None:
         self.clear(engine)
@@ -181,9 +287,10 @@ class SteeringService:
     # one chat's own steering (CLI, TUI)
     @contextmanager
     def session(self, engine: SteeringTarget, sae: str | None, layer: int | None, assignments: dict[int, float],
-                profile: str | None) -> Iterator[Override | None]:
+                profile: str | None, intensity: Dial = None) -> Iterator[Override | None]:
         """Steering for one chat, undone afterwards: ``sae`` attaches (then detaches), ``assignments`` add
-        values over the persisted ones, ``profile`` replaces them. Yields the override to run with."""
+        values over the persisted ones, ``profile`` replaces them, ``intensity`` dials whichever is the base
+        (as ``steering_intensity`` does on a request). Yields the override to run with."""
         if sae is None and layer is not None:
             raise InvalidParameter("--layer goes with --sae.", param="layer")
         steering = engine.steering
@@ -192,8 +299,8 @@ class SteeringService:
             record = self.sae(sae)
             steering.attach(sae, load_sae(record["path"]).sae, layer if layer is not None else record["layer_hint"])
         try:
-            if profile is not None:
-                yield Override(profile, resolve_entries(self.profile_doc(profile), steering, engine.model_id))
+            if profile is not None or (intensity is not None and not assignments):
+                yield self.for_request(engine, profile, intensity).override
             elif assignments:
                 target = sae or (next(iter(steering.attachments)) if len(steering.attachments) == 1 else None)
                 if target is None:
@@ -201,7 +308,7 @@ class SteeringService:
                 values = {a.sae_id: dict(a.values) for a in steering.attachments.values()}
                 width = steering.attachments[target].sae.d_sae
                 values[target] = {**values[target], **check_values(assignments, width, "steer")}
-                yield Override("live", values)
+                yield self.bases(engine).request(None, intensity, own=values).override
             else:
                 yield None
         finally:

@@ -1,0 +1,195 @@
+"""Steering bases: what a profile, cluster, circuit or the live values steer with, as the dial takes them.
+
+A request's steering (its ``profile`` and ``steering_intensity``) and a profile's activation both start
+here: the named (or active) profile is looked up in the store, the cluster or circuit behind it is
+found, a circuit's serving mode is decided against the attached SAEs, and the intensity resolver
+(``millm.steering.intensity``) turns that base and the dial into strengths. Reads the store and the
+hook controller; changes neither.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from millm.errors import InvalidFeatureIndex, ProfileNotFound
+from millm.steering.controller import Attachment, Override, Steering
+from millm.steering.documents import Registered, Serving, ServingMode, parse_shape, stored_serving_mode
+from millm.steering.imports import stored_cluster
+from millm.steering.intensity import Base, BaseKind, Context, Dial, IntensitySettings, Strengths, resolve
+from millm.steering.profiles import ProfileDoc, resolve_entries
+from millm.steering.target import SteeringTarget
+from millm.store import Store
+
+LIVE = "live"
+"""The override's name when the live values (or a chat's own values) are the base."""
+
+
+def profile_row(store: Store, name: str) -> dict[str, object]:
+    """A saved profile (plain, or backed by a cluster or circuit); 404 when there is none."""
+    found = store.profile(name)
+    if found is None:
+        raise ProfileNotFound(f"No profile is named '{name}'.", param="profile")
+    return found
+
+
+def stored_profile(store: Store, name: str) -> ProfileDoc:
+    """A saved profile as a document; 404 when there is none."""
+    row = profile_row(store, name)
+    return ProfileDoc.model_validate({k: row[k] for k in ("name", "description", "model", "entries")})
+
+
+def registered(store: Store, attached: Mapping[str, int], widths: Mapping[str, int] | None = None) -> Registered:
+    """What documents are checked against: every registered SAE's width (``widths`` adds SAEs attached
+    without being registered) and which SAE each layer carries (``attached``: SAE id -> layer)."""
+    known = {r["id"]: int(r["d_sae"]) for r in store.saes()}
+    return Registered({**known, **(widths or {})}, {layer: sae for sae, layer in attached.items()})
+
+
+def cluster_names(store: Store) -> set[str]:
+    return {row["name"] for row in store.documents("cluster")}
+
+
+def circuit_serving(store: Store, name: str, reg: Registered) -> Serving:
+    """How the imported circuit ``name`` serves against ``reg`` (404 when there is no such circuit)."""
+    row = store.document("circuit", name)
+    if row is None:
+        raise ProfileNotFound(f"No circuit is named '{name}'.", param="name")
+    return stored_serving_mode(row["document"], reg, cluster_names(store))
+
+
+@dataclass(frozen=True)
+class RequestSteering:
+    """One request's steering, decided before it is queued, and what its response headers say about it."""
+
+    override: Override | None = None  # None: the operator's steering runs as it is
+    echo: str | None = None  # X-miLLM-Steering-Intensity
+    rung: int | None = None  # X-miLLM-Circuit-Rung: a circuit steers this response natively
+    pinned: Mapping[str, Attachment] = field(default_factory=dict)  # the SAEs the override steers through
+
+    def check(self, steering: Steering) -> None:
+        """Between decode steps: stop a request whose steering an operator change made invalid.
+
+        An SAE the override steers through that was detached, or replaced by another attachment, since
+        the request was resolved makes its feature indices meaningless; the request ends with
+        ``invalid_feature_index`` and the operator's change stands.
+        """
+        for sae_id, attachment in self.pinned.items():
+            now = steering.attachments.get(sae_id)
+            if now is not attachment:
+                name = self.override.name if self.override is not None else LIVE
+                what = "detached" if now is None else "replaced"
+                raise InvalidFeatureIndex(f"SAE {sae_id}, which this request's steering ('{name}') runs through, "
+                                          f"was {what} while the request was generating; its feature indices no "
+                                          "longer apply, so the request stopped.")
+
+
+class Bases:
+    """The store's profiles, clusters and circuits seen against one model's attached SAEs."""
+
+    def __init__(self, store: Store, target: SteeringTarget, settings: IntensitySettings) -> None:
+        self.store = store
+        self.target = target
+        self.steering = target.steering
+        self.settings = settings
+
+    def registered(self) -> Registered:
+        atts = self.steering.attachments.values()
+        return registered(self.store, {a.sae_id: a.layer for a in atts}, {a.sae_id: a.sae.d_sae for a in atts})
+
+    def serving(self, circuit: str) -> Serving:
+        return circuit_serving(self.store, circuit, self.registered())
+
+    def _entries(self, name: str) -> dict[str, dict[int, float]]:
+        return resolve_entries(stored_profile(self.store, name), self.steering, self.target.model_id)
+
+    def _cluster(self, name: str, kind: BaseKind) -> Base:
+        found = stored_cluster(self.store, name)
+        if found is None:
+            raise ProfileNotFound(f"No cluster is named '{name}'.", param="profile")
+        doc, dial = found
+        return Base(kind, self._entries(name), doc.declared, dial)
+
+    def base(self, name: str) -> Base:
+        """The base profile ``name`` steers with: a cluster with its range and dial, a circuit as it serves
+        now (natively, through its fallback cluster, or not at all), or a plain profile's entries."""
+        backing = self.store.backing(name)
+        if backing == "cluster":
+            return self._cluster(name, BaseKind.CLUSTER)
+        if backing == "circuit":
+            serving = self.serving(name)
+            if serving.mode is ServingMode.NONE:
+                return Base(BaseKind.PLAIN, {})
+            row = self.store.document("circuit", name)
+            assert row is not None
+            circuit = parse_shape("circuit", row["document"])
+            if serving.mode is ServingMode.SLICE_FALLBACK:
+                return self._cluster(circuit.fallback_cluster, BaseKind.SLICE_FALLBACK)
+            return Base(BaseKind.CIRCUIT, self._entries(name), circuit.declared)
+        return Base(BaseKind.PLAIN, self._entries(name))
+
+    def live(self) -> Base:
+        return Base(BaseKind.PLAIN, {a.sae_id: dict(a.values) for a in self.steering.attachments.values()})
+
+    def active(self) -> str | None:
+        """The active profile, while it still exists."""
+        name = self.steering.active_profile
+        return name if name is not None and self.store.profile(name) is not None else None
+
+    def active_circuit(self) -> str | None:
+        """The active profile when a circuit backs it."""
+        name = self.active()
+        return name if name is not None and self.store.backing(name) == "circuit" else None
+
+    def activation(self, name: str) -> dict[str, dict[int, float]]:
+        """The live values activating profile ``name`` sets: a plain profile's entries as they are; a
+        cluster or circuit at its own dial (a cluster's stored λ), as it serves now."""
+        if self.store.backing(name) is None:
+            return self._entries(name)
+        context = Context(dial_only=False, steering_enabled=self.steering.enabled,
+                          sae_attached=bool(self.steering.attachments), base_empty=False)
+        res = resolve(None, context, lambda: self.base(name), self.settings)
+        return res.strengths if res.applies else {}
+
+    def request(self, profile: str | None, dial: Dial, own: Strengths | None = None) -> RequestSteering:
+        """A request's steering: ``profile`` (else the active profile, else the live values), or a chat's
+        ``own`` values, scaled by ``dial``.
+
+        A named profile (or ``own`` values) replaces the live values for the request even when it steers
+        nothing; a dial on the active profile or the live values replaces them only when it changes
+        steering. Without either, the live values run as the operator left them.
+        """
+        steering = self.steering
+        explicit = profile is not None or own is not None
+        if not explicit and dial is None:
+            return RequestSteering(rung=self._rung(self.active_circuit(), None))
+        base: Callable[[], Base]
+        if profile is not None:
+            name, empty, circuit = profile, not stored_profile(self.store, profile).entries, profile
+            base = lambda: self.base(profile)  # noqa: E731
+        elif own is not None:
+            name, empty, circuit = LIVE, not any(own.values()), None
+            base = lambda: Base(BaseKind.PLAIN, own)  # noqa: E731
+        elif (active := self.active()) is not None:
+            name, empty, circuit = active, not stored_profile(self.store, active).entries, active
+            base = lambda: self.base(active)  # noqa: E731
+        else:
+            name, empty, circuit = LIVE, not any(a.values for a in steering.attachments.values()), None
+            base = self.live
+        if explicit and not steering.attachments:
+            return RequestSteering(Override(name, {}))  # nothing to steer through: the request runs unsteered
+        context = Context(dial_only=not explicit, steering_enabled=steering.enabled,
+                          sae_attached=bool(steering.attachments), base_empty=empty)
+        res = resolve(dial, context, base, self.settings)
+        override = Override(name, res.strengths) if res.applies else Override(name, {}) if explicit else None
+        pinned = {sae: steering.attachments[sae] for sae, values in (override.values if override else {}).items()
+                  if values and sae in steering.attachments}
+        if circuit is not None and self.store.backing(circuit) != "circuit":
+            circuit = None
+        return RequestSteering(override, res.echo, self._rung(circuit, override), pinned)
+
+    def _rung(self, circuit: str | None, override: Override | None) -> int | None:
+        """The circuit's rung when it genuinely steers the response: serving natively, and something steers."""
+        if circuit is None or self.steering.label(override) == "none":
+            return None
+        return self.serving(circuit).rung
