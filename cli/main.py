@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.table import Table
 
+from cli import documents as documents_cli
 from cli import score as score_cli
 from cli import steering as steering_cli
 from cli.common import engine_for, engine_of, err, loaded_ids, out, reports_errors, steerable, steering_service
@@ -25,6 +26,7 @@ app = typer.Typer(help="miLLM: run a local language model, steer it by SAE featu
 models_app = typer.Typer(help="Models on this machine.", no_args_is_help=True)
 app.add_typer(models_app, name="models")
 steering_cli.register(app)
+documents_cli.register(app)
 app.command()(score_cli.score)
 
 
@@ -75,24 +77,39 @@ def chat(
     steer: Annotated[list[str] | None, typer.Option(help="FEATURE=STRENGTH on --sae, or the one attached SAE "
                                                           "(repeatable).")] = None,
     profile: Annotated[str | None, typer.Option(help="Saved profile to steer this chat with.")] = None,
+    intensity: Annotated[str | None, typer.Option(help="Steering dial for this chat: a λ from 0 to 2, or off, min, "
+                                                       "max; scales --profile, else the active profile, else the "
+                                                       "live values.")] = None,
 ) -> None:
     """Chat with a model: one answer, stdin, or an interactive session (/reset, /exit)."""
     from millm.builder import build_chat
 
-    fields = {"temperature": temperature, "top_p": top_p, "max_tokens": max_tokens, "seed": seed, "stop": stop}
+    fields = {"temperature": temperature, "top_p": top_p, "max_tokens": max_tokens, "seed": seed, "stop": stop,
+              "steering_intensity": dial_value(intensity)}
     assignments = parse_assignments(steer or [])
     preamble = [{"role": "system", "content": system}] if system else []
     if prompt is None and not interactive and not sys.stdin.isatty():
         prompt = sys.stdin.read()
     name = model or get_settings().default_model
     first = preamble + [{"role": "user", "content": prompt if prompt is not None else "?"}]
-    build_chat(chat_body(name, first, fields), engine_of)  # refuse bad values before loading anything
+    built = build_chat(chat_body(name, first, fields), engine_of)  # refuse bad values before loading anything
     engine = engine_for(model)
-    if sae is None and not assignments and profile is None:
+    if sae is None and not assignments and profile is None and built.intensity is None:
         run_chat(engine, prompt, preamble, fields, None)
         return
-    with steering_service().session(steerable(engine), sae, layer, assignments, profile) as override:
+    with steering_service().session(steerable(engine), sae, layer, assignments, profile,
+                                    built.intensity) as override:
         run_chat(engine, prompt, preamble, fields, override)
+
+
+def dial_value(text: str | None) -> float | str | None:
+    """``--intensity`` as steering_intensity takes it: a number, or the word given (checked by the builder)."""
+    if text is None:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        return text
 
 
 def run_chat(engine: Engine, prompt: str | None, preamble: list[dict[str, Any]], fields: dict[str, Any],
