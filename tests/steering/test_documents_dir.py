@@ -1,0 +1,73 @@
+"""The example cluster and circuit in profiles/ import as they are, serve as they say, and refuse SAEs they do
+not fit."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from millm.errors import InvalidFeatureIndex, InvalidParameter
+from millm.steering.bases import Bases
+from millm.steering.controller import Steering
+from millm.steering.documents import Registered, ServingMode, parse_circuit, parse_cluster, serving_mode
+from millm.steering.imports import import_document
+from millm.steering.intensity import IntensitySettings, Symbol
+from millm.steering.monitor import Monitor
+from millm.steering.target import SteeringTarget
+from millm.store import Store
+from tests.saes import random_sae
+
+PROFILES = Path(__file__).parents[2] / "profiles"
+CLUSTER = json.loads((PROFILES / "weather-cluster.json").read_text())
+CIRCUIT = json.loads((PROFILES / "weather-circuit.json").read_text())
+WIDTH = 4608  # what `millm sae train` gives SmolLM2-135M by default
+BOTH = Registered({"sae_l10": WIDTH, "sae_l20": WIDTH}, {10: "sae_l10", 20: "sae_l20"})
+
+
+def test_the_examples_are_a_cluster_and_a_two_layer_circuit_backed_by_it():
+    assert CLUSTER["kind"] == "cluster" and CIRCUIT["kind"] == "circuit"
+    assert sorted({m["layer"] for m in CIRCUIT["members"]}) == [10, 20]
+    assert CIRCUIT["fallback_cluster"] == CLUSTER["name"]
+
+
+def test_they_import_against_sae_at_their_layers():
+    cluster = parse_cluster(CLUSTER, BOTH)
+    assert cluster.declared == (0.25, 1.5)
+    circuit = parse_circuit(CIRCUIT, BOTH)
+    assert serving_mode(circuit, BOTH, {cluster.name}).mode is ServingMode.NATIVE
+    only_l10 = Registered({"sae_l10": WIDTH}, {10: "sae_l10"})
+    assert serving_mode(circuit, only_l10, {cluster.name}).mode is ServingMode.SLICE_FALLBACK
+    assert serving_mode(circuit, only_l10, set()).mode is ServingMode.NONE
+
+
+def test_they_refuse_sae_they_do_not_fit():
+    narrow = Registered({"sae_l10": 64, "sae_l20": 16}, {10: "sae_l10", 20: "sae_l20"})
+    with pytest.raises(InvalidParameter) as exc:
+        parse_cluster(CLUSTER, narrow)
+    assert exc.value.param == "/sae/d_sae"
+    with pytest.raises(InvalidFeatureIndex) as exc:
+        parse_circuit(CIRCUIT, narrow)
+    assert exc.value.param == "/members/3/feature"
+
+
+def test_they_steer_the_bundled_model_through_the_dial(engine, tmp_path):
+    steering = Steering(engine.model)
+    try:
+        steering.attach("sae_l10", random_sae(576, WIDTH, seed=10), 10)
+        steering.attach("sae_l20", random_sae(576, WIDTH, seed=20), 20)
+        store = Store(tmp_path / "millm.db")
+        registered = Registered({"sae_l10": WIDTH, "sae_l20": WIDTH}, {10: "sae_l10", 20: "sae_l20"})
+        import_document(store, "cluster", CLUSTER, registered)
+        import_document(store, "circuit", CIRCUIT, registered)
+        bases = Bases(store, SteeringTarget(engine.model_id, steering, Monitor()), IntensitySettings(2.0, 0.5, 0.0))
+        native = bases.request("weather-circuit", 1.2)
+        assert native.rung == 0 and native.echo == "1.2"
+        assert native.override is not None
+        assert native.override.values == {"sae_l10": {7: 36.0, 8: 24.0}, "sae_l20": {3: 30.0, 41: -18.0}}
+        assert bases.request("weather-cluster", Symbol.MIN).echo == "0.25"
+        steering.detach("sae_l20")
+        fallback = bases.request("weather-circuit", 1.2)
+        assert fallback.rung is None and fallback.override is not None
+        assert fallback.override.values == {"sae_l10": {7: 48.0, 8: 30.0, 12: -24.0}}
+    finally:
+        steering.detach_all()
