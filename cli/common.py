@@ -54,7 +54,7 @@ def engine_of(model: str) -> str:
     """Which engine runs ``model`` (an id, a GGUF repo name or a path), without loading it."""
     from millm.registry import resolve
 
-    return resolve(model, get_settings()).engine
+    return resolve(model, get_settings(), paths=True).engine
 
 
 def engine_for(model: str | None) -> Engine:
@@ -64,7 +64,7 @@ def engine_for(model: str | None) -> Engine:
     from millm.registry import resolve
 
     settings = get_settings()
-    entry = resolve(model or settings.default_model, settings)
+    entry = resolve(model or settings.default_model, settings, paths=True)
     if entry.id not in _engines:
         with err.status(f"loading {entry.id} ..."):
             engine = load_engine(entry, settings)

@@ -23,6 +23,7 @@ class Settings(BaseSettings):
     dtype: str = "auto"
     default_max_tokens: int = 1024
     max_queue: int = 32
+    graceful_unload_timeout: float = Field(default=30.0, ge=0)  # seconds running requests get before an unload
     api_key: str | None = None
     admin_key: str | None = None
     cache: Path | None = None  # MILLM_CACHE: derived artefacts elsewhere than MILLM_HOME/cache

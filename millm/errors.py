@@ -172,3 +172,21 @@ class ConstrainedOutputInvalid(MillmError):
     """The model closed a constrained document that does not validate against its schema."""
 
     status, type, code = 500, "server_error", "constrained_output_invalid"
+
+
+class UnsupportedQuantization(MillmError):
+    """The named model has to be loaded and its quantization cannot be run by its engine."""
+
+    status, type, code = 400, "invalid_request_error", "unsupported_quantization"
+
+
+class InsufficientMemory(MillmError):
+    """No card (or the system's RAM) holds the model, or generation ran a card out of memory."""
+
+    status, type, code = 503, "invalid_request_error", "insufficient_memory"
+
+
+class ModelLocked(MillmError):
+    """The server is locked to one model for steering and the request names another."""
+
+    status, type, code = 409, "invalid_request_error", "model_locked"

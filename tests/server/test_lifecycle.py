@@ -1,0 +1,250 @@
+"""Model lifecycle against scripted engines: checked loads, failed loads, swaps racing streams, the
+graceful-unload timeout, out-of-memory errors, the lock and /api/models (fast tier)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from millm.config import Settings
+from millm.engine import preflight
+from millm.engine.base import Engine
+from millm.errors import InsufficientMemory, ModelLoadFailed, ModelNotFound, UnsupportedQuantization
+from millm.registry import ModelEntry
+from millm.server.app import create_app
+from tests.fakes import SCRIPT, FakeEngine
+
+
+class OutOfMemoryError(RuntimeError):
+    """Named like torch's: the worker types any backend's out-of-memory error by name."""
+
+
+def entry(model_id: str) -> ModelEntry:
+    return ModelEntry(id=model_id, engine="transformers", source="path", path=Path(__file__))
+
+
+class Lab:
+    """An app with a scripted registry, loader and preflight check."""
+
+    def __init__(self, tmp_path: Path, **settings: Any) -> None:
+        self.entries = {m: entry(m) for m in ("fake", "good", "refused", "broken", "slow")}
+        self.loaded: list[str] = []
+        self.release = threading.Event()
+        self.release.set()
+        self.old = FakeEngine()
+        self.app = create_app(Settings(home=tmp_path, **settings), self.old, loader=self.load, registry=self.find)
+        self.app.extensions["millm"].manager.preflight = self.check
+
+    def find(self, name: str) -> ModelEntry:
+        if name not in self.entries:
+            raise ModelNotFound(name)
+        return self.entries[name]
+
+    def check(self, target: ModelEntry, current: ModelEntry | None) -> None:
+        if target.id == "refused":
+            raise UnsupportedQuantization("'refused' is quantised to 2 bits (hqq); transformers takes ...")
+
+    def load(self, target: ModelEntry, settings: Settings) -> Engine:
+        self.release.wait(10)
+        if target.id == "broken":
+            raise ModelLoadFailed("'broken': weights are corrupt")
+        self.loaded.append(target.id)
+        return FakeEngine(target.id)
+
+    def run(self, scenario: Any) -> Any:
+        async def main() -> Any:
+            async with self.app.test_app():
+                return await scenario(self.app.test_client())
+        return asyncio.run(main())
+
+
+def chat(model: str = "fake", **extra: Any) -> dict[str, Any]:
+    return {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, **extra}
+
+
+async def answer(response: Any) -> tuple[int, Any]:
+    return response.status_code, await response.get_json()
+
+
+def test_a_load_refused_before_unload_keeps_the_old_model_serving(tmp_path):
+    lab = Lab(tmp_path)
+
+    async def scenario(client):
+        refused = await answer(await client.post("/v1/chat/completions", json=chat("refused")))
+        still = await answer(await client.post("/v1/chat/completions", json=chat()))
+        return refused, still
+
+    (status, body), (s2, b2) = lab.run(scenario)
+    assert status == 400 and body["error"]["code"] == "unsupported_quantization"
+    assert s2 == 200 and b2["model"] == "fake" and not lab.old.closed and lab.loaded == []
+
+
+def test_a_load_failing_after_unload_is_500_and_the_next_request_loads(tmp_path):
+    lab = Lab(tmp_path)
+
+    async def scenario(client):
+        failed = await answer(await client.post("/v1/chat/completions", json=chat("broken")))
+        state = (await (await client.get("/api/models/broken")).get_json())
+        recovered = await answer(await client.post("/v1/chat/completions", json=chat("good")))
+        return failed, state, recovered
+
+    (status, body), state, (s2, b2) = lab.run(scenario)
+    assert status == 500 and body["error"]["code"] == "model_load_failed"
+    assert state["state"] == "ERROR" and "corrupt" in state["error"]
+    assert s2 == 200 and b2["model"] == "good" and lab.loaded == ["good"]
+
+
+def test_a_path_is_not_a_model_name_over_http(tmp_path):
+    settings = Settings(home=tmp_path)
+    engine = FakeEngine()
+    app = create_app(settings, engine)
+    checkpoint = tmp_path / "ckpt"
+    checkpoint.mkdir()
+    (checkpoint / "config.json").write_text("{}")
+
+    async def scenario(client):
+        r = await client.post("/v1/chat/completions", json=chat(str(checkpoint)))
+        return await answer(r)
+
+    async def main():
+        async with app.test_app():
+            return await scenario(app.test_client())
+
+    status, body = asyncio.run(main())
+    assert status == 404 and body["error"]["code"] == "model_not_found" and not engine.closed
+
+
+def test_a_swap_waits_for_an_admitted_stream(tmp_path):
+    lab = Lab(tmp_path)
+    lab.old.gate.clear()
+
+    async def scenario(client):
+        stream = asyncio.create_task(client.post("/v1/chat/completions", json=chat(stream=True, max_tokens=5)))
+        await asyncio.to_thread(lab.old.started.wait, 10)
+        swap = asyncio.create_task(client.post("/v1/chat/completions", json=chat("good")))
+        await asyncio.sleep(0.05)
+        assert not lab.old.closed  # the admitted stream holds the old model
+        lab.old.gate.set()
+        done = await stream
+        return await done.get_data(), await answer(await swap)
+
+    data, (status, body) = lab.run(scenario)
+    frames = [f for f in data.decode().split("\n\n") if f]
+    text = "".join(json.loads(f[6:])["choices"][0]["delta"].get("content", "") for f in frames[1:-1])
+    assert text == SCRIPT[:5] and frames[-1] == "data: [DONE]"
+    assert status == 200 and body["model"] == "good" and lab.old.closed
+
+
+def test_the_graceful_timeout_cancels_what_still_runs_with_a_clean_error(tmp_path):
+    lab = Lab(tmp_path, graceful_unload_timeout=0)
+    lab.old.pause_after = 1
+
+    async def scenario(client):
+        stream = asyncio.create_task(client.post("/v1/chat/completions", json=chat(stream=True, max_tokens=50)))
+        await asyncio.to_thread(lab.old.started.wait, 10)
+        swap = await answer(await client.post("/v1/chat/completions", json=chat("good")))
+        lab.old.gate.set()
+        return await (await stream).get_data(), swap
+
+    data, (status, body) = lab.run(scenario)
+    frames = [f for f in data.decode().split("\n\n") if f]
+    assert frames[-2].startswith("event: error") and '"model_busy"' in frames[-2] and frames[-1] == "data: [DONE]"
+    assert status == 200 and body["model"] == "good" and lab.old.closed
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_out_of_memory_during_generation_is_a_typed_503_and_the_engine_stays_usable(tmp_path, stream):
+    lab = Lab(tmp_path)
+    lab.old.fail_at = (2, OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0)"))
+
+    async def scenario(client):
+        first = await client.post("/v1/chat/completions", json=chat(stream=stream))
+        body = await first.get_data()
+        lab.old.fail_at = None
+        again = await answer(await client.post("/v1/chat/completions", json=chat()))
+        return first.status_code, body, again
+
+    status, body, (s2, b2) = lab.run(scenario)
+    if stream:
+        frames = [f for f in body.decode().split("\n\n") if f]
+        assert frames[-2].startswith("event: error") and "insufficient_memory" in frames[-2]
+        assert frames[-1] == "data: [DONE]"
+    else:
+        error = json.loads(body)["error"]
+        assert status == 503 and error["code"] == "insufficient_memory" and error["type"] == "invalid_request_error"
+        assert "GPU 0" in error["message"]
+    assert s2 == 200 and b2["model"] == "fake"
+
+
+def test_the_lock_serves_one_model(tmp_path):
+    lab = Lab(tmp_path)
+
+    async def scenario(client):
+        locked = await answer(await client.post("/api/models/fake/lock"))
+        listed = await (await client.get("/v1/models")).get_json()
+        other = await answer(await client.post("/v1/chat/completions", json=chat("good")))
+        await client.post("/api/models/fake/unlock")
+        after = await answer(await client.post("/v1/chat/completions", json=chat("good")))
+        return locked, listed, other, after
+
+    (ls, lb), listed, (os_, ob), (as_, ab) = lab.run(scenario)
+    assert ls == 200 and lb["locked"] is True
+    assert [m["id"] for m in listed["data"]] == ["fake"]
+    assert os_ == 409 and ob["error"]["code"] == "model_locked" and "fake" in ob["error"]["message"]
+    assert as_ == 200 and ab["model"] == "good"
+
+
+def test_api_models_register_states_and_delete(tmp_path):
+    settings = Settings(home=tmp_path)
+    app = create_app(settings, FakeEngine())
+    checkpoint = tmp_path / "my-model"
+    checkpoint.mkdir()
+    (checkpoint / "config.json").write_text("{}")
+
+    async def scenario(client):
+        missing = await answer(await client.post("/api/models", json={"path": str(tmp_path / "nope")}))
+        added = await answer(await client.post("/api/models", json={"path": str(checkpoint)}))
+        listed = await (await client.get("/api/models")).get_json()
+        deleted = await answer(await client.delete("/api/models/my-model"))
+        loaded = await answer(await client.delete("/api/models/fake"))
+        return missing, added, listed, deleted, loaded
+
+    async def main():
+        async with app.test_app():
+            return await scenario(app.test_client())
+
+    missing, added, listed, deleted, loaded = asyncio.run(main())
+    assert missing[0] == 400 and missing[1]["error"]["param"] == "path"
+    assert added[0] == 201 and added[1]["state"] == "READY" and added[1]["source"] == "path"
+    states = {m["id"]: m["state"] for m in listed["data"]}
+    assert states["fake"] == "LOADED" and states["my-model"] == "READY"
+    assert deleted == (200, {"deleted": "my-model"}) and checkpoint.exists()
+    assert loaded[0] == 400
+
+
+def test_quantization_and_memory_checks(tmp_path):
+    ckpt = tmp_path / "q2"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text(json.dumps({"quantization_config": {"quant_method": "hqq", "nbits": 2}}))
+    q2 = ModelEntry(id="q2", engine="transformers", source="path", path=ckpt)
+    with pytest.raises(UnsupportedQuantization, match="2 bits"):
+        preflight.footprint(q2, 4)
+    need = preflight.Footprint(weights=3 * preflight.GIB, kv=preflight.GIB)
+    with pytest.raises(InsufficientMemory) as info:
+        preflight.check_memory(q2, need, {"cuda:0": 2 * preflight.GIB, "cuda:1": preflight.GIB})
+    assert "cuda:0: 2.00 GiB free" in info.value.message and "4.00 GiB" in info.value.message
+    preflight.check_memory(q2, need, {"cpu": 3 * preflight.GIB}, freed=preflight.GIB)  # unloading frees enough
+    preflight.check_memory(q2, need, {"cuda:0": 2 * preflight.GIB, "cuda:1": 2 * preflight.GIB})  # split fits
+
+
+def test_split_plan_fills_cards_in_order():
+    gib = preflight.GIB
+    assert preflight.plan_split(30, gib // 10, gib, {"cuda:0": 2 * gib, "cuda:1": 4 * gib}) == {"cuda:0": 10,
+                                                                                                 "cuda:1": 20}
+    with pytest.raises(InsufficientMemory):
+        preflight.plan_split(30, gib, 0, {"cuda:0": 2 * gib})
