@@ -44,6 +44,20 @@ def route_llama_logs() -> None:
     llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
 
 
+def gpu_placement(settings: Settings) -> dict[str, Any]:
+    """Every layer on the GPU where llama.cpp can offload; with several cards, a tensor split in proportion
+    to each card's free memory."""
+    import llama_cpp
+
+    if settings.device == "cpu" or not llama_cpp.llama_supports_gpu_offload():
+        return {}
+    from millm.engine.preflight import free_memory
+
+    free = free_memory("cuda")
+    split = [size / sum(free.values()) for size in free.values()] if len(free) > 1 else None
+    return {"n_gpu_layers": -1, **({"tensor_split": split} if split else {})}
+
+
 class _Detokenizer:
     """llama.cpp's detokenizer in the shape IncrementalDetokenizer expects."""
 
@@ -91,7 +105,7 @@ class LlamaCppEngine:
 
         route_llama_logs()
         try:
-            llm = Llama(str(entry.path), n_ctx=0, n_threads=os.cpu_count(), verbose=False)
+            llm = Llama(str(entry.path), n_ctx=0, n_threads=os.cpu_count(), verbose=False, **gpu_placement(settings))
         except Exception as exc:  # llama.cpp reports load failures as bare errors
             raise ModelLoadFailed(f"llama.cpp could not load '{entry.id}' from {entry.path}: {exc}") from exc
         return cls(entry, llm, settings.default_max_tokens)

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from millm.config import Settings
-from millm.errors import ModelLoadFailed
+from millm.errors import InsufficientMemory, ModelLoadFailed
 from millm.registry import ModelEntry
 
 log = logging.getLogger(__name__)
@@ -96,13 +96,63 @@ def load_weights(entry: ModelEntry, settings: Settings, dtype: torch.dtype) -> t
     return model, tokenizer
 
 
+def placement(model: Any, free: dict[int, int], reserve: int = 0) -> dict[str, int] | None:
+    """A device map over CUDA cards when no single card holds ``model``, else None.
+
+    ``free`` is free bytes per card index; ``reserve`` is kept free on every card for the KV cache.
+    Modules are placed in forward order (embeddings, each decoder layer whole, the final norm, the head),
+    filling one card before the next, so each SAE hook runs on the one card holding its layer. A head
+    tied to the embeddings stays with them.
+    """
+    from accelerate.utils import compute_module_sizes
+
+    sizes = compute_module_sizes(model)
+    room = {card: size - reserve for card, size in free.items()}
+    if not room or max(room.values()) >= sizes[""]:
+        return None
+    base = model.base_model_prefix
+    inner = getattr(model, base)
+    names = [f"{base}.{name}" for name, _ in inner.named_children() if name != "layers"]
+    ordered = names[:1] + [f"{base}.layers.{i}" for i in range(len(inner.layers))] + names[1:]
+    tied = bool(getattr(model.config, "tie_word_embeddings", False))
+    plan: dict[str, int] = {}
+    cards = iter(sorted(room))
+    card = next(cards)
+    left = room[card]
+    for name in ordered + ([] if tied else ["lm_head"]):
+        need = sizes.get(name, 0)
+        while need > left:
+            card = next(cards, -1)
+            if card < 0:
+                figures = ", ".join(f"cuda:{c}: {b / 2**30:.2f} GiB free" for c, b in free.items())
+                raise InsufficientMemory(f"The model ({sizes[''] / 2**30:.2f} GiB) does not fit across the "
+                                         f"cards: {figures}.")
+            left = room[card]
+        plan[name] = card
+        left -= need
+    if tied:
+        plan["lm_head"] = plan[ordered[0]]
+    return plan
+
+
 def load(entry: ModelEntry, settings: Settings) -> tuple[Any, Any, torch.device, torch.dtype]:
-    """Load ``entry`` for the transformers engine, in eval mode on the chosen device."""
+    """Load ``entry`` for the transformers engine, in eval mode on the chosen device; with several CUDA
+    cards and none large enough, split across them by layers."""
     device = pick_device(settings.device)
     dtype = pick_dtype(settings.dtype, device)
     try:
         model, tokenizer = load_weights(entry, settings, dtype)
     except Exception as exc:  # any loader failure becomes one typed error naming the model
         raise ModelLoadFailed(f"Loading '{entry.id}' from {entry.path} failed: {exc}") from exc
-    model.to(device).eval()
-    return model, tokenizer, device, dtype
+    device_map = None
+    if device.type == "cuda" and torch.cuda.device_count() > 1:
+        free = {i: int(torch.cuda.mem_get_info(i)[0]) for i in range(torch.cuda.device_count())}
+        device_map = placement(model, free, reserve=2**30)
+    if device_map is not None:
+        from accelerate import dispatch_model
+
+        model = dispatch_model(model, device_map=device_map)
+        device = torch.device(f"cuda:{min(device_map.values())}")
+    else:
+        model.to(device)
+    return model.eval(), tokenizer, device, dtype

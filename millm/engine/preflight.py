@@ -160,20 +160,3 @@ def check_memory(entry: ModelEntry, need: Footprint, free: dict[str, int], freed
     figures = ", ".join(f"{name}: {_gib(size)} free" for name, size in room.items())
     raise InsufficientMemory(f"'{entry.id}' needs {_gib(need.total)} ({_gib(need.weights)} of weights and a "
                              f"{_gib(need.kv)} KV reserve); {figures}.")
-
-
-def plan_split(layers: int, per_layer: int, fixed: int, free: dict[str, int]) -> dict[str, int]:
-    """How many decoder layers each card takes when no single card holds the model (an accelerate-style
-    device map): cards filled in order, the first also holding ``fixed`` (embeddings, head)."""
-    plan: dict[str, int] = {}
-    left = layers
-    for i, (name, size) in enumerate(free.items()):
-        room = size - (fixed if i == 0 else 0)
-        take = max(0, min(left, room // per_layer)) if per_layer else left
-        if take:
-            plan[name] = take
-        left -= take
-        if left == 0:
-            return plan
-    raise InsufficientMemory(f"{layers} layers of {_gib(per_layer)} do not fit across "
-                             + ", ".join(f"{n}: {_gib(s)} free" for n, s in free.items()) + ".")

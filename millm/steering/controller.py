@@ -87,14 +87,19 @@ class Steering:
             values = self.detach(sae_id).values if sae_id in self.attachments else {}
             # an ordinary tensor even when attached by a command between decode steps (inside inference
             # mode): the buffer is rewritten in place later, also outside inference mode
+            device = self._layer_device(layer)  # a model split across cards: the card holding this layer
             with torch.inference_mode(False):
-                delta = torch.zeros(self.d_model, device=self.device, dtype=self.dtype)
-            att = Attachment(sae_id, sae.to(self.device, self.dtype), layer, delta)
+                delta = torch.zeros(self.d_model, device=device, dtype=self.dtype)
+            att = Attachment(sae_id, sae.to(device, self.dtype), layer, delta)
             att.handle = self.layers[layer].register_forward_hook(self._hook(att))
             self.attachments[sae_id] = att
             att.values = values
             self._refresh()
             return att
+
+    def _layer_device(self, layer: int) -> torch.device:
+        param = next(self.layers[layer].parameters(), None)
+        return param.device if param is not None else self.device
 
     def detach(self, sae_id: str) -> Attachment:
         with self._lock:
@@ -218,8 +223,9 @@ class Steering:
             else:
                 values = att.values if self.enabled else {}
             if values:
-                index = torch.tensor(list(values), device=self.device)
-                strengths = torch.tensor([clamp(s) for s in values.values()], device=self.device, dtype=self.dtype)
+                index = torch.tensor(list(values), device=att.delta.device)
+                strengths = torch.tensor([clamp(s) for s in values.values()], device=att.delta.device,
+                                         dtype=self.dtype)
                 att.delta.copy_(strengths @ att.sae.W_dec[index])
             else:
                 att.delta.zero_()

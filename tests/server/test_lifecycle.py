@@ -242,9 +242,19 @@ def test_quantization_and_memory_checks(tmp_path):
     preflight.check_memory(q2, need, {"cuda:0": 2 * preflight.GIB, "cuda:1": 2 * preflight.GIB})  # split fits
 
 
-def test_split_plan_fills_cards_in_order():
-    gib = preflight.GIB
-    assert preflight.plan_split(30, gib // 10, gib, {"cuda:0": 2 * gib, "cuda:1": 4 * gib}) == {"cuda:0": 10,
-                                                                                                 "cuda:1": 20}
+def test_a_model_no_card_holds_is_placed_across_cards_by_layers():
+    """The placement plan from per-card memory figures (accelerate's device map), on a tiny Llama."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from millm.engine.loader import placement
+
+    model = LlamaForCausalLM(LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                                         num_attention_heads=4, vocab_size=256))
+    size = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert placement(model, {0: 4 * size}) is None  # one card holds it
+    plan = placement(model, {0: size * 6 // 10, 1: size * 6 // 10})
+    assert plan is not None and set(plan.values()) == {0, 1}
+    layers = [plan[f"model.layers.{i}"] for i in range(4)]
+    assert layers == sorted(layers) and plan["model.embed_tokens"] == 0 and plan["model.norm"] == 1
     with pytest.raises(InsufficientMemory):
-        preflight.plan_split(30, gib, 0, {"cuda:0": 2 * gib})
+        placement(model, {0: size // 4, 1: size // 4})
