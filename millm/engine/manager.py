@@ -71,9 +71,13 @@ class ModelManager:
         return [e for e in found if e.id == self.locked] if self.locked is not None else found
 
     def state_of(self, model_id: str) -> str:
-        if self._target == model_id:
-            return self.state or "LOADING"
-        if self.engine is not None and self.engine.model_id == model_id:
+        """READY (on disk), LOADING, LOADED, UNLOADING or ERROR (its last load failed)."""
+        loaded = self.engine is not None and self.engine.model_id == model_id
+        if loaded and self.state == "UNLOADING":
+            return "UNLOADING"
+        if self._target == model_id and not loaded:
+            return "LOADING"
+        if loaded:
             return "LOADED"
         return "ERROR" if model_id in self.errors else "READY"
 

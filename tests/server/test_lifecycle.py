@@ -127,13 +127,18 @@ def test_a_swap_waits_for_an_admitted_stream(tmp_path):
         stream = asyncio.create_task(client.post("/v1/chat/completions", json=chat(stream=True, max_tokens=5)))
         await asyncio.to_thread(lab.old.started.wait, 10)
         swap = asyncio.create_task(client.post("/v1/chat/completions", json=chat("good")))
-        await asyncio.sleep(0.05)
+        while (await (await client.get("/api/models/fake")).get_json())["state"] != "UNLOADING":
+            await asyncio.sleep(0.01)
+        states = {m: (await (await client.get(f"/api/models/{m}")).get_json())["state"] for m in ("fake", "good")}
         assert not lab.old.closed  # the admitted stream holds the old model
         lab.old.gate.set()
         done = await stream
-        return await done.get_data(), await answer(await swap)
+        swapped = await answer(await swap)
+        after = {m: (await (await client.get(f"/api/models/{m}")).get_json())["state"] for m in ("fake", "good")}
+        return await done.get_data(), swapped, states, after
 
-    data, (status, body) = lab.run(scenario)
+    data, (status, body), states, after = lab.run(scenario)
+    assert states == {"fake": "UNLOADING", "good": "LOADING"} and after == {"fake": "READY", "good": "LOADED"}
     frames = [f for f in data.decode().split("\n\n") if f]
     text = "".join(json.loads(f[6:])["choices"][0]["delta"].get("content", "") for f in frames[1:-1])
     assert text == SCRIPT[:5] and frames[-1] == "data: [DONE]"
@@ -155,6 +160,22 @@ def test_the_graceful_timeout_cancels_what_still_runs_with_a_clean_error(tmp_pat
     frames = [f for f in data.decode().split("\n\n") if f]
     assert frames[-2].startswith("event: error") and '"model_busy"' in frames[-2] and frames[-1] == "data: [DONE]"
     assert status == 200 and body["model"] == "good" and lab.old.closed
+
+
+def test_out_of_memory_while_scoring_is_a_typed_503(tmp_path):
+    lab = Lab(tmp_path)
+
+    def exhausted(request: Any) -> Any:
+        raise OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB (GPU 0)")
+
+    lab.old.score = exhausted  # type: ignore[method-assign]
+
+    async def scenario(client):
+        return await answer(await client.post("/v1/completions", json={"model": "fake", "prompt": "x",
+                                                                        "max_tokens": 1, "logprobs": 1}))
+
+    status, body = lab.run(scenario)
+    assert status == 503 and body["error"]["code"] == "insufficient_memory"
 
 
 @pytest.mark.parametrize("stream", [False, True])
