@@ -126,16 +126,18 @@ async def respond(shape: CompletionShape, events: AsyncIterator[Event], stream: 
     return await collect(shape, events), 200, headers
 
 
-def request_steering(engine: Engine, built: Built) -> RequestSteering:
+async def request_steering(engine: Engine, built: Built) -> RequestSteering:
     """The request's own steering from ``profile`` and ``steering_intensity`` (validated against what is
-    attached), and what its headers say."""
+    attached), and what its headers say. Resolved on the engine thread, between decode steps, so it sees
+    the attachments as operator commands leave them."""
+    svc = services()
     target = engine.steering_target()
     if target is None:
         for name, value in (("profile", built.profile), ("steering_intensity", built.intensity)):
             if value is not None:
                 raise FieldNotHonoured(f"'{name}' cannot be honoured by the {engine.engine_name} engine.", param=name)
         return RequestSteering()
-    return services().steering.for_request(target, built.profile, built.intensity)
+    return await svc.worker.command(svc.steering.for_request, target, built.profile, built.intensity)
 
 
 def checked(control: StepControl, check: Callable[[], None]) -> StepControl:
@@ -154,7 +156,7 @@ async def generate(built: Built, entry: ModelEntry, chat: bool) -> Any:
     if built.profile is not None:
         svc.steering.profile(built.profile)  # 404 before any load
     engine = await svc.manager.engine_for(entry)
-    steer = request_steering(engine, built)
+    steer = await request_steering(engine, built)
     plans = [engine.prepare(replace(g, override=steer.override)) for g in built.generations]
     target = engine.steering_target()
     label = target.steering.label(steer.override) if target is not None else "none"
