@@ -20,7 +20,7 @@ from tests.saes import random_sae
 PROFILES = Path(__file__).parents[2] / "profiles"
 CLUSTER = json.loads((PROFILES / "weather-cluster.json").read_text())
 CIRCUIT = json.loads((PROFILES / "weather-circuit.json").read_text())
-WIDTH = 4608  # what `millm sae train` gives SmolLM2-135M by default
+WIDTH = 2048  # the bundled smollm2-135m-res-L10
 BOTH = Registered({"sae_l10": WIDTH, "sae_l20": WIDTH}, {10: "sae_l10", 20: "sae_l20"})
 
 
