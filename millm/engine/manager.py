@@ -45,6 +45,7 @@ class ModelManager:
         self.state: str | None = None  # "LOADING" or "UNLOADING" while a swap runs
         self.locked: str | None = None  # a model locked for steering: the only one /v1 serves
         self.errors: dict[str, str] = {}  # model id -> why its last load failed (state ERROR)
+        self._load_on_request = False  # after a failed swap (not after an operator's unload), a request loads
         self._target: str | None = None
 
     def entry(self, model: str) -> ModelEntry:
@@ -88,10 +89,12 @@ class ModelManager:
     async def engine_for(self, entry: ModelEntry) -> Engine:
         """The engine serving ``entry``, loading it first (in place of the loaded model) if needed."""
         self.check_not_busy()
+        if self.engine is None and not self._load_on_request:
+            raise ModelNotLoaded("No model is loaded; load one with `millm serve --model ID` or "
+                                 "POST /api/models/{id}/load.")
         if self.engine is None or self.engine.model_id != entry.id:
             await self.load(entry)
-        if self.engine is None:
-            raise ModelNotLoaded("No model is loaded; load one with `millm serve --model ID` or the management API.")
+        assert self.engine is not None
         return self.engine
 
     async def load(self, entry: ModelEntry) -> None:
@@ -112,12 +115,14 @@ class ModelManager:
             try:
                 self.engine = await self.worker.call(self._load, entry)
             except MillmError as exc:
+                self._load_on_request = True
                 self.errors[entry.id] = exc.message
                 if isinstance(exc, ModelLoadFailed):
                     raise
                 raise ModelLoadFailed(f"Loading '{entry.id}' failed after the previous model was unloaded: "
                                       f"{exc.message}") from exc
             except Exception as exc:  # any failure of the loader becomes one typed error
+                self._load_on_request = True
                 self.errors[entry.id] = str(exc)
                 raise ModelLoadFailed(f"Loading '{entry.id}' failed: {exc}") from exc
             self.errors.pop(entry.id, None)
@@ -141,6 +146,7 @@ class ModelManager:
         self._target = self.engine.model_id
         try:
             await self._unload()
+            self._load_on_request = False  # the operator chose no model: requests say so, they do not reload
         finally:
             self.state = None
             self._target = None

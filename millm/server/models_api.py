@@ -69,7 +69,9 @@ async def get_model(model_id: str) -> Any:
 async def load_model(model_id: str) -> Any:
     """Load the model in place of the loaded one (checked first; running requests finish first)."""
     entry = find(model_id)
-    await services().manager.engine_for(entry)
+    manager = services().manager
+    if manager.engine is None or manager.engine.model_id != entry.id:
+        await manager.load(entry)
     return describe(entry)
 
 

@@ -99,6 +99,21 @@ def test_a_load_failing_after_unload_is_500_and_the_next_request_loads(tmp_path)
     assert s2 == 200 and b2["model"] == "good" and lab.loaded == ["good"]
 
 
+def test_after_an_operator_unload_requests_say_no_model_is_loaded(tmp_path):
+    lab = Lab(tmp_path)
+
+    async def scenario(client):
+        await client.post("/api/models/fake/unload")
+        refused = await answer(await client.post("/v1/chat/completions", json=chat("good")))
+        loaded = await answer(await client.post("/api/models/good/load"))
+        served = await answer(await client.post("/v1/chat/completions", json=chat("good")))
+        return refused, loaded, served
+
+    (status, body), (ls, lb), (ss, sb) = lab.run(scenario)
+    assert status == 503 and body["error"]["code"] == "model_not_loaded" and lab.old.closed
+    assert ls == 200 and lb["state"] == "LOADED" and ss == 200 and sb["model"] == "good"
+
+
 def test_a_path_is_not_a_model_name_over_http(tmp_path):
     settings = Settings(home=tmp_path)
     engine = FakeEngine()
