@@ -224,7 +224,10 @@ class LlamaCppEngine:
         with self._lock:
             if self._embedder is None:
                 route_llama_logs()
-                self._embedder = Llama(str(self.entry.path), n_ctx=self.context_window, embedding=True,
-                                       pooling_type=LLAMA_POOLING_TYPE_MEAN, n_threads=os.cpu_count(), verbose=False)
-            vectors = [list(self._embedder.embed(text)) for text in texts]
+                # one batch holds a whole input up to the window: llama.cpp's default 512 would cut it
+                window = self.context_window
+                self._embedder = Llama(str(self.entry.path), n_ctx=window, n_batch=window, n_ubatch=window,
+                                       embedding=True, pooling_type=LLAMA_POOLING_TYPE_MEAN,
+                                       n_threads=os.cpu_count(), verbose=False)
+            vectors = [list(self._embedder.embed(text, truncate=False)) for text in texts]
         return vectors, total

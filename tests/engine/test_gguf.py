@@ -162,3 +162,15 @@ def test_cli_chat_on_gguf(gguf_engine):
     assert refused.exit_code == 1 and "llama.cpp" in refused.stderr
     scored = CliRunner().invoke(app, ["score", "in.jsonl", "-o", "out.jsonl", "--model", GGUF])
     assert scored.exit_code == 1
+
+
+def test_gguf_embeddings_read_the_whole_input(gguf_engine):
+    """An input past llama.cpp's default 512-token batch is embedded whole, as usage counts it."""
+    words = " ".join(f"word{i}" for i in range(400))  # well over 512 tokens
+    ids = gguf_engine.llm.tokenize(words.encode(), add_bos=False)
+    head = gguf_engine.llm.detokenize(ids[:511]).decode()  # what a 512-token batch (with BOS) would keep
+    (whole, cut), total = gguf_engine.embed([words, head])
+    assert total > 600
+    assert whole != pytest.approx(cut, abs=1e-3)
+    (again,), _ = gguf_engine.embed([words])
+    assert again == pytest.approx(whole, abs=1e-5)
