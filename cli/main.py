@@ -10,6 +10,7 @@ import typer
 from rich.table import Table
 
 from cli import documents as documents_cli
+from cli import models as models_cli
 from cli import score as score_cli
 from cli import steering as steering_cli
 from cli.common import engine_for, engine_of, err, loaded_ids, out, reports_errors, steerable, steering_service
@@ -25,6 +26,7 @@ app = typer.Typer(help="miLLM: run a local language model, steer it by SAE featu
                   no_args_is_help=True, pretty_exceptions_enable=False)
 models_app = typer.Typer(help="Models on this machine.", no_args_is_help=True)
 app.add_typer(models_app, name="models")
+models_cli.register(models_app)
 steering_cli.register(app)
 documents_cli.register(app)
 app.command()(score_cli.score)
