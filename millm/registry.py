@@ -100,14 +100,17 @@ def _registry_file(settings: Settings) -> Path:
     return settings.home / "models.json"
 
 
-def registered(settings: Settings) -> list[ModelEntry]:
-    """Models registered by path (``millm models add``, ``POST /api/models``) whose files still exist."""
+def _registered_rows(settings: Settings) -> list[ModelEntry]:
     try:
         rows: list[dict[str, Any]] = json.loads(_registry_file(settings).read_text())
     except (OSError, ValueError):
         return []
-    entries = [ModelEntry(**{**row, "path": Path(row["path"])}) for row in rows]
-    return [e for e in entries if e.path.exists()]
+    return [ModelEntry(**{**row, "path": Path(row["path"])}) for row in rows]
+
+
+def registered(settings: Settings) -> list[ModelEntry]:
+    """Models registered by path (``millm models add``, ``POST /api/models``) whose files still exist."""
+    return [e for e in _registered_rows(settings) if e.path.exists()]
 
 
 def _write_registered(settings: Settings, entries: list[ModelEntry]) -> None:
@@ -134,16 +137,19 @@ def entry_for_path(path: Path, model_id: str | None = None) -> ModelEntry:
 def register_path(path: Path, settings: Settings, model_id: str | None = None) -> ModelEntry:
     """Register a model by path so servers may load it by id; an id taken by another model is refused."""
     entry = entry_for_path(path, model_id)
-    others = [e for e in registered(settings) if e.id != entry.id]
-    if any(e.id == entry.id for e in list_models(settings) if e.source != "path"):
+    rows = _registered_rows(settings)
+    mine = {e.id: e for e in rows}
+    if entry.id in mine and mine[entry.id].path.resolve() == entry.path.resolve():
+        return mine[entry.id]  # registering the same path again changes nothing
+    if entry.id in mine or any(e.id == entry.id for e in list_models(settings)):
         raise InvalidParameter(f"The id '{entry.id}' is taken; give another id.", param="id")
-    _write_registered(settings, [*others, entry])
+    _write_registered(settings, [*rows, entry])
     return entry
 
 
 def unregister(model_id: str, settings: Settings) -> bool:
-    """Forget a registered model (its files are never touched)."""
-    entries = registered(settings)
+    """Forget a registered model, even one whose files are gone (its files are never touched)."""
+    entries = _registered_rows(settings)
     kept = [e for e in entries if e.id != model_id]
     if len(kept) == len(entries):
         return False

@@ -294,3 +294,28 @@ def test_a_model_no_card_holds_is_placed_across_cards_by_layers():
     assert layers == sorted(layers) and plan["model.embed_tokens"] == 0 and plan["model.norm"] == 1
     with pytest.raises(InsufficientMemory):
         placement(model, {0: size // 4, 1: size // 4})
+
+
+def test_registering_paths_refuses_taken_ids_and_forgets_missing_files(tmp_path):
+    from millm.errors import InvalidParameter
+    from millm.registry import list_models, register_path, registered, unregister
+
+    settings = Settings(home=tmp_path)
+    (settings.models_dir / "local").mkdir(parents=True)
+    (settings.models_dir / "local" / "config.json").write_text("{}")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "config.json").write_text("{}")
+    with pytest.raises(InvalidParameter, match="taken"):
+        register_path(elsewhere, settings, "local")  # a folder in MILLM_HOME/models has that id
+    first = register_path(elsewhere, settings, "mine")
+    assert register_path(elsewhere, settings, "mine") == first  # the same path again changes nothing
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "config.json").write_text("{}")
+    with pytest.raises(InvalidParameter, match="taken"):
+        register_path(other, settings, "mine")
+    assert [e.id for e in list_models(settings)].count("mine") == 1
+    (elsewhere / "config.json").unlink()
+    elsewhere.rmdir()
+    assert registered(settings) == [] and unregister("mine", settings)
