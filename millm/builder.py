@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from millm.engine.params import ChatPrompt, GenerationRequest, SamplingParams, TextPrompt
+from millm.engine.params import ChatPrompt, GenerationRequest, SamplingParams, TextPrompt, TokenPrompt
 from millm.engine.scoring import (
     ScoreRequest,
     ScoreRow,
@@ -53,7 +53,7 @@ class Built:
     intensity: Dial = None  # steering_intensity: a λ, "off"/"min"/"max", or None when not sent
     seed: int | None = None
     seed_scope: str = "request"
-    prompt_texts: list[str] = field(default_factory=list)  # completions scoring: text offsets
+    prompt_texts: list[str | None] = field(default_factory=list)  # completions scoring: text (None: token ids)
 
     @property
     def choices(self) -> int:
@@ -115,7 +115,12 @@ def completion_scoring_params(fields: Mapping[str, Any]) -> ScoringParams:
     logprobs = fields.get("logprobs")
     n = None if is_no_change("logprobs", logprobs) else check_top_n("logprobs", logprobs)
     top_n = len(allowed) if allowed is not None and n is not None else (n or 0)
-    return ScoringParams(allowed, temperature, top_n, n is not None, as_ids)
+    echo = _bool(fields, "echo", False)
+    if echo and n is None:
+        raise InvalidParameter("'echo' returns the prompt's log-probabilities and needs 'logprobs' (0-20).",
+                               param="echo")
+    budget = fields.get("max_tokens", fields.get("max_completion_tokens"))
+    return ScoringParams(allowed, temperature, top_n, n is not None, as_ids, echo=echo, next_token=budget != 0)
 
 
 def chat_scoring_params(fields: Mapping[str, Any]) -> ScoringParams:
@@ -133,9 +138,12 @@ def _scoring_seed(body: Mapping[str, Any]) -> int | None:
     return sampling_params({"seed": body.get("seed")}).seed
 
 
-def _check_scoring(body: Mapping[str, Any]) -> None:
-    max_tokens_of(body)
-    check_scoring_shape(body)
+def _check_scoring(body: Mapping[str, Any], echo: bool = False) -> None:
+    if echo:
+        max_tokens_of({k: v for k, v in body.items() if k in ("max_tokens", "max_completion_tokens") and v != 0})
+    else:
+        max_tokens_of(body)
+    check_scoring_shape(body, echo)
 
 
 # generation
@@ -192,27 +200,50 @@ def build_completion(body: Any, engine_of: EngineOf, strict: bool = False) -> Bu
     engine = engine_of(wire.model)
     scoring = engine == "transformers" and is_completion_scoring(body)
     ignored = decide_fields("completions", engine, body, strict, scoring)
-    single = isinstance(wire.prompt, str)
-    prompts = [wire.prompt] if isinstance(wire.prompt, str) else list(wire.prompt)
-    if not prompts:
-        raise InvalidParameter("'prompt' is an empty list.", param="prompt")
-    names = ["prompt"] if single else [f"prompt[{i}]" for i in range(len(prompts))]
     special = _bool(body, "add_special_tokens", True)
+    prompts = completion_prompts(wire.prompt, special)
     if scoring:
-        _check_scoring(body)
+        echo = _bool(body, "echo", False)
+        _check_scoring(body, echo)
         scoring_params = completion_scoring_params(body)
-        rows = [ScoreRow(TextPrompt(p, special), scoring_params, where) for p, where in zip(prompts, names)]
+        rows = [ScoreRow(p, scoring_params, name_of(p, i, len(prompts))) for i, p in enumerate(prompts)]
         return Built("completions", wire.model, ignored, score=ScoreRequest(rows), seed=_scoring_seed(body),
-                     prompt_texts=prompts)
-    for where, text in zip(names, prompts):
-        check_prompt_text(where, text)
+                     prompt_texts=[p.text if isinstance(p, TextPrompt) else None for p in prompts])
+    for i, prompt in enumerate(prompts):
+        if isinstance(prompt, TextPrompt):
+            check_prompt_text(name_of(prompt, i, len(prompts)), prompt.text)
     sampling = sampling_params(body)
     if wire.return_sae_activations is not None:
         check_readout_rows(len(prompts) * sampling.n)
-    generations = [GenerationRequest([TextPrompt(p, special)], sampling, readout=wire.return_sae_activations)
-                   for p in prompts]
+    generations = [GenerationRequest([p], sampling, readout=wire.return_sae_activations) for p in prompts]
     return Built("completions", wire.model, ignored, _stream(sampling, bool(wire.stream)), generations,
                  seed=sampling.seed)
+
+
+def completion_prompts(raw: Any, special: bool) -> list[TextPrompt | TokenPrompt]:
+    """OpenAI's prompt shapes: a string, a list of strings, a list of token ids, or a list of such lists."""
+    if isinstance(raw, str):
+        return [TextPrompt(raw, special)]
+    if not raw:
+        raise InvalidParameter("'prompt' is an empty list.", param="prompt")
+    if all(isinstance(t, int) for t in raw):
+        return [_tokens(raw, "prompt")]
+    return [TextPrompt(p, special) if isinstance(p, str) else _tokens(p, f"prompt[{i}]") for i, p in enumerate(raw)]
+
+
+def _tokens(ids: list[int], where: str) -> TokenPrompt:
+    if not ids:
+        raise InvalidParameter(f"'{where}' is an empty list of token ids.", param=where)
+    if any(t < 0 for t in ids):
+        raise InvalidParameter(f"'{where}' has a negative token id.", param=where)
+    return TokenPrompt(tuple(ids), where)
+
+
+def name_of(prompt: TextPrompt | TokenPrompt, i: int, count: int) -> str:
+    """How errors name a prompt: ``prompt`` alone, ``prompt[i]`` in a list."""
+    if isinstance(prompt, TokenPrompt):
+        return prompt.where
+    return "prompt" if count == 1 else f"prompt[{i}]"
 
 
 def build_embedding(body: Any, engine_of: EngineOf, strict: bool = False) -> Built:

@@ -38,7 +38,7 @@ TABLE: dict[str, tuple[str, str, str, str, str, str, str]] = {
     "max_tokens":                 (_U, _U, _U, _U, _U, _U, _X),
     "max_completion_tokens":      (_U, _U, _U, _U, _U, _U, _R),
     "n":                          (_U, _U, _R, _R, _U, _R, _R),
-    "seed":                       (_U, _U, _R, _U, _U, _R, _R),
+    "seed":                       (_U, _U, _U, _U, _U, _U, _R),
     "chat_template_kwargs":       (_U, _U, _X, _X, _X, _X, _X),
     "logprobs":                   (_R, _U, _R, _R, _U, _R, _R),
     "allowed_token_ids":          (_R, _U, _R, _R, _U, _R, _R),
@@ -56,7 +56,7 @@ TABLE: dict[str, tuple[str, str, str, str, str, str, str]] = {
     "functions":                  (_R, _R, _R, _R, _R, _R, _R),
     "function_call":              (_R, _R, _R, _R, _R, _R, _R),
     "logit_bias":                 (_R, _R, _R, _R, _R, _R, _R),
-    "echo":                       (_X, _X, _X, _R, _R, _R, _X),
+    "echo":                       (_X, _X, _X, _R, _U, _R, _X),
     "suffix":                     (_X, _X, _X, _R, _R, _R, _X),
     "best_of":                    (_X, _X, _X, _R, _R, _R, _X),
 }
@@ -65,6 +65,7 @@ TABLE: dict[str, tuple[str, str, str, str, str, str, str]] = {
 NO_CHANGE: dict[str, list[Any]] = {
     "n": [1], "logprobs": [False], "response_format": [{"type": "text"}], "tools": [[]], "logit_bias": [{}],
     "echo": [False], "best_of": [1], "stream": [False],
+    "tool_choice": ["none"],  # with no tools (LlamaIndex sends it): no tool can be called either way
 }
 
 MESSAGE_KEYS = {"role", "content"}
@@ -101,6 +102,25 @@ def _refusal(field: str, route: str, engine: str, kind: str, scoring: bool) -> F
                             param=field)
 
 
+TOOL_FIELDS = ("tools", "tool_choice", "functions", "function_call")
+
+
+def _refusals(refused: list[tuple[str, str]], route: str, engine: str, scoring: bool) -> FieldNotHonoured:
+    """One refusal naming every refused field; tool calling points to structured output instead."""
+    if len(refused) == 1:
+        error = _refusal(refused[0][0], route, engine, refused[0][1], scoring)
+    else:
+        names = [name for name, _ in refused]
+        where = ROUTE_NAMES[route] + ("" if route == "embeddings" else f" with the {engine} engine")
+        error = FieldNotHonoured(f"{', '.join(repr(n) for n in names)} cannot be honoured on {where}; they were "
+                                 "refused rather than ignored.", param=names[0])
+    if any(name in TOOL_FIELDS for name, _ in refused):
+        error.message += (" miLLM does not call tools; for structured output send response_format "
+                          '{"type": "json_schema", ...}.')
+        error.args = (error.message,)
+    return error
+
+
 def _message_locations(messages: Any, prefix: str) -> list[str]:
     """Keys of chat messages (and their content parts) that no template reads."""
     found: list[str] = []
@@ -126,14 +146,17 @@ def is_no_change(field: str, value: Any) -> bool:
 def check_fields(route: str, engine: str, body: Mapping[str, Any], scoring: bool = False) -> list[str]:
     """Refuse what cannot be honoured; return the locations of fields this request path does not use."""
     ignored: list[str] = []
+    refused: list[tuple[str, str]] = []
     for field, value in body.items():
         if is_no_change(field, value):
             continue
         kind = policy(field, route, engine, scoring)
         if kind in (REFUSE, PENDING):
-            raise _refusal(field, route, engine, kind, scoring)
+            refused.append((field, kind))
         if kind == REPORT:
             ignored.append(field)
+    if refused:
+        raise _refusals(refused, route, engine, scoring)
     if policy("messages", route, engine, scoring) == USE:
         ignored += _message_locations(body.get("messages"), "messages")
         extra = body.get("extra_messages")

@@ -51,7 +51,8 @@ class ChatCompletionRequest(_Readout):
 
 
 class CompletionRequest(_Readout):
-    prompt: str | list[str]
+    prompt: str | list[str] | list[int] | list[list[int]] = Field(
+        description="Text, texts, token ids, or lists of token ids (one choice each)")
 
 
 class EmbeddingRequest(_Wire):

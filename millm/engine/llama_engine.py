@@ -2,7 +2,7 @@
 
 Chat prompts are rendered with the file's own template; decoding runs llama.cpp's sampler token by
 token through miLLM's own stop matching and incremental detokenising, so streams behave the same
-on both engines. llama.cpp cannot be steered, scored or seeded here: the field table refuses those.
+on both engines. llama.cpp cannot be steered or scored here: the field table refuses those.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from millm.config import Settings
 from millm.engine.base import Capabilities, StepControl, check_supported, fingerprint
 from millm.engine.events import Event, Usage
 from millm.engine.output import ChoiceOutput
-from millm.engine.params import ChatPrompt, GenerationRequest, Prompt
+from millm.engine.params import ChatPrompt, GenerationRequest, Prompt, TokenPrompt, check_token_ids
 from millm.engine.plan import Plan, token_budget
 from millm.engine.rows import Row, emit
 from millm.engine.scoring import ScoreRequest, ScoreResult
@@ -73,12 +73,13 @@ class LlamaCppEngine:
 
     Like llama.cpp's own server, a prompt that shares a prefix with the previous one reuses its KV
     cache. The prompt's last token is then evaluated alone rather than in a batch, which can change
-    greedy output between a cold and a warm cache: llama.cpp is not bit-repeatable here, which is
-    why seeds are refused on GGUF models.
+    greedy output between a cold and a warm cache. A seeded request therefore evaluates its prompt
+    cold: measured byte-identical across runs and cache states, so its seed is honoured with
+    scope="request".
     """
 
     engine_name = "llama.cpp"
-    capabilities = Capabilities(steerable=False, scorable=False, seedable=False, constrainable=False,
+    capabilities = Capabilities(steerable=False, scorable=False, seedable=True, constrainable=False,
                                 multiple_choices=False)
 
     def __init__(self, entry: ModelEntry, llm: Any, default_max_tokens: int = 1024) -> None:
@@ -156,6 +157,8 @@ class LlamaCppEngine:
 
     def tokenize(self, prompt: Prompt) -> list[int]:
         """Chat prompts through the file's template; a trailing assistant message is continued, not closed."""
+        if isinstance(prompt, TokenPrompt):
+            return check_token_ids(prompt, self.vocab_size)
         if isinstance(prompt, ChatPrompt):
             messages = prompt.messages
             if messages[-1]["role"] == "assistant":
@@ -182,11 +185,25 @@ class LlamaCppEngine:
             for index, ids in enumerate(plan.prompt_ids):
                 row = Row(index, ChoiceOutput(self.decoder, plan.params.stop, self.stop_ids), plan.params,
                           plan.max_tokens)
-                cancelled = yield from self._decode(ids, row, control)
+                cancelled = yield from self._seeded(ids, row, control)
                 completion += row.output.tokens
                 if cancelled:
                     return
             yield Usage(sum(len(ids) for ids in plan.prompt_ids), completion)
+
+    def _seeded(self, ids: list[int], row: Row, control: StepControl | None) -> Generator[Event, None, bool]:
+        """A seeded row evaluates its prompt cold (no prefix reuse) with its own sampler seed, so the same
+        seed gives the same text whatever ran before; unseeded rows keep llama.cpp's prefix reuse."""
+        seed = row.params.seed
+        if seed is None:
+            return (yield from self._decode(ids, row, control))
+        previous = self.llm._seed
+        self.llm.reset()
+        self.llm.set_seed(seed)
+        try:
+            return (yield from self._decode(ids, row, control))
+        finally:
+            self.llm.set_seed(previous)
 
     def _decode(self, ids: list[int], row: Row, control: StepControl | None) -> Generator[Event, None, bool]:
         """Yield the row's events; return True when the consumer went away."""

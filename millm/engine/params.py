@@ -36,7 +36,15 @@ class TextPrompt:
     add_special_tokens: bool = True
 
 
-Prompt = ChatPrompt | TextPrompt
+@dataclass(frozen=True)
+class TokenPrompt:
+    """Token ids given to the model as they are (OpenAI's token-id prompts); ``where`` names it in errors."""
+
+    ids: tuple[int, ...]
+    where: str = "prompt"
+
+
+Prompt = ChatPrompt | TextPrompt | TokenPrompt
 
 
 @dataclass(frozen=True)
@@ -48,3 +56,13 @@ class GenerationRequest:
     override: Any = None  # a steering Override for this request only (per-request profile)
     readout: dict[str, Any] | None = None  # the raw return_sae_activations ask
     constraint: Any = None  # a JsonConstraint (response_format), one matcher per row
+
+
+def check_token_ids(prompt: TokenPrompt, vocab_size: int) -> list[int]:
+    """A token-id prompt's ids, each inside the loaded model's vocabulary (400 naming the prompt)."""
+    from millm.errors import InvalidParameter
+
+    if bad := [t for t in prompt.ids if not 0 <= t < vocab_size]:
+        raise InvalidParameter(f"'{prompt.where}' has token id {bad[0]}, outside this model's vocabulary "
+                               f"(0-{vocab_size - 1}).", param=prompt.where)
+    return list(prompt.ids)

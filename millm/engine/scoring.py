@@ -30,6 +30,8 @@ class ScoringParams:
     top_n: int
     report: bool  # False: allowed_token_ids without logprobs, so logprobs come back null
     token_ids_as_keys: bool = False
+    echo: bool = False  # also score every prompt token given the tokens before it (echo: true)
+    next_token: bool = True  # score the next token too (max_tokens 1; echo allows 0)
 
 
 @dataclass(frozen=True)
@@ -57,10 +59,22 @@ class TokenScore:
 
 
 @dataclass(frozen=True)
+class PromptToken:
+    """One echoed prompt token: its log-probability given the tokens before it (None for the first) and the
+    top alternatives at its position."""
+
+    token_id: int
+    logprob: float | None
+    top: list[TokenScore]
+
+
+@dataclass(frozen=True)
 class ScoreResult:
-    chosen: TokenScore
+    chosen: TokenScore  # the next token (computed with echo and max_tokens 0 too, then not reported)
     top: list[TokenScore]
     prompt_tokens: int = 0
+    echo: list[PromptToken] | None = None
+    prompt_ids: tuple[int, ...] = ()
 
 
 def check_temperature(value: float | None) -> float:
@@ -92,17 +106,34 @@ def check_top_n(name: str, value: Any) -> int:
     return value
 
 
-def check_scoring_shape(fields: Mapping[str, Any]) -> None:
-    """Scoring needs max_tokens 1 (or max_completion_tokens 1), n 1 and no streaming."""
+def check_scoring_shape(fields: Mapping[str, Any], echo: bool = False) -> None:
+    """Scoring needs max_tokens 1 (or max_completion_tokens 1; with echo also 0), n 1 and no streaming."""
     name = "max_tokens" if fields.get("max_tokens") is not None else "max_completion_tokens"
     budget = fields.get(name)
-    if budget != 1 or isinstance(budget, bool):
+    if budget not in ((0, 1) if echo else (1,)) or isinstance(budget, bool):
         raise InvalidParameter(f"Scoring mode (logprobs / allowed_token_ids) needs max_tokens: 1, got {budget!r}; "
                                "logprobs are not returned for generated text.", param=name)
     if fields.get("n") not in (None, 1) or isinstance(fields.get("n"), bool):
         raise InvalidParameter("Scoring mode needs n: 1.", param="n")
     if fields.get("stream"):
         raise InvalidParameter("Scoring mode cannot be streamed; send stream: false.", param="stream")
+
+
+def echo_row(logprobs: torch.Tensor, ids: list[int], top_n: int) -> list[PromptToken]:
+    """Echoed prompt tokens from ``logprobs[i]`` (the log-softmax at position i, predicting token i + 1)."""
+    import torch
+
+    out = [PromptToken(ids[0], None, [])]
+    if len(ids) > 1:
+        picked = logprobs[:-1].gather(-1, torch.tensor(ids[1:], device=logprobs.device).view(-1, 1)).view(-1)
+        top = logprobs[:-1].topk(top_n, dim=-1) if top_n else None
+        for i, (token, lp) in enumerate(zip(ids[1:], picked.tolist())):
+            alternatives = [] if top is None else [TokenScore(int(t), float(v)) for v, t in
+                                                   zip(top.values[i].tolist(), top.indices[i].tolist())]
+            out.append(PromptToken(token, float(lp), alternatives))
+    if any(p.logprob is not None and not math.isfinite(p.logprob) for p in out):
+        raise NonFiniteLogits("The model produced a non-finite log-probability for a prompt token.")
+    return out
 
 
 def score_row(logits: torch.Tensor, params: ScoringParams, prompt_tokens: int = 0) -> ScoreResult:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from contextlib import ExitStack
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -14,11 +15,11 @@ from millm.engine import loader
 from millm.engine.base import Capabilities, StepControl, fingerprint
 from millm.engine.events import Activations, Event, Usage
 from millm.engine.output import ChoiceOutput
-from millm.engine.params import ChatPrompt, GenerationRequest, Prompt
+from millm.engine.params import ChatPrompt, GenerationRequest, Prompt, TokenPrompt, check_token_ids
 from millm.engine.plan import Plan, token_budget
 from millm.engine.rows import Row, emit
 from millm.engine.sampling import LogitsProcessor, make_sampler, penalty_processor, update_counts
-from millm.engine.scoring import ScoreRequest, ScoreResult, check_in_vocab, score_row
+from millm.engine.scoring import ScoreRequest, ScoreResult, check_in_vocab, echo_row, score_row
 from millm.engine.templates import END_OF_TURN_TOKENS, has_chat_template, render_chat
 from millm.errors import ContextLengthExceeded, InvalidParameter, InvalidScoringRequest, MillmError, NoChatTemplate
 from millm.registry import ModelEntry
@@ -101,6 +102,8 @@ class TransformersEngine:
 
     def tokenize(self, prompt: Prompt) -> list[int]:
         """Token ids of a prompt: chat prompts through the template (which carries its own BOS)."""
+        if isinstance(prompt, TokenPrompt):
+            return check_token_ids(prompt, self.vocab_size)
         if isinstance(prompt, ChatPrompt):
             text, special = render_chat(self.tokenizer, prompt.messages, prompt.template_kwargs), False
         else:
@@ -155,14 +158,16 @@ class TransformersEngine:
             mask[r, width - len(row):] = 1
         return ids.to(self.device), mask.to(self.device)
 
-    def _forward(self, ids: torch.Tensor, cache: Any, mask: torch.Tensor | None) -> torch.Tensor:
-        """Last-position logits (fp32). With padding, positions come from the mask."""
+    def _forward(self, ids: torch.Tensor, cache: Any, mask: torch.Tensor | None, every: bool = False) -> torch.Tensor:
+        """Last-position logits (fp32), or with ``every`` the logits at every position. With padding,
+        positions come from the mask."""
         kwargs: dict[str, Any] = {}
         if mask is not None:
             positions = (mask.cumsum(-1) - 1).clamp(min=0)
             kwargs = {"attention_mask": mask, "position_ids": positions[:, -ids.shape[1]:]}
-        out = self.model(input_ids=ids, cache=cache, use_cache=cache is not None, logits_to_keep=1, **kwargs)
-        return out.logits[:, -1, :].float()
+        out = self.model(input_ids=ids, cache=cache, use_cache=cache is not None, logits_to_keep=0 if every else 1,
+                         **kwargs)
+        return out.logits.float() if every else out.logits[:, -1, :].float()
 
     def _rows(self, plan: Plan, count: int) -> list[Row]:
         return [Row(i, ChoiceOutput(self.tokenizer, plan.params.stop, self.stop_ids), plan.params, plan.max_tokens)
@@ -231,6 +236,11 @@ class TransformersEngine:
                                      "it was never trained on; use /v1/completions with the prompt you mean.")
             check_in_vocab(row.params, self.vocab_size)
             prompt_ids.append(self.tokenize(row.prompt))
+        return [replace(r, prompt_ids=tuple(ids)) for r, ids in zip(self._score(prompt_ids, request), prompt_ids)]
+
+    def _score(self, prompt_ids: list[list[int]], request: ScoreRequest) -> list[ScoreResult]:
+        if any(row.params.echo for row in request.rows):
+            return self._echo(prompt_ids, request)
         if not request.one_at_a_time:
             logits = self.next_token_logits(prompt_ids, [r.where for r in request.rows], request.batch_size)
             return [score_row(lg, row.params, len(ids)) for lg, row, ids in zip(logits, request.rows, prompt_ids)]
@@ -244,11 +254,25 @@ class TransformersEngine:
                 raise
         return results
 
-    def next_token_logits(self, prompt_ids: list[list[int]], names: list[str], batch_size: int = 32) -> torch.Tensor:
-        """Last-position logits ``[len(prompt_ids), vocab]`` (fp32, CPU), in left-padded batches.
+    def _echo(self, prompt_ids: list[list[int]], request: ScoreRequest) -> list[ScoreResult]:
+        """Every prompt token's log-probability given those before it, and the next token, in padded batches
+        (logits at every position are reduced batch by batch, never kept whole)."""
+        self._check_scorable(prompt_ids, [r.where for r in request.rows])
+        results: list[ScoreResult] = []
+        with self._lock, torch.inference_mode(), self.steering.suppressed():
+            for start in range(0, len(prompt_ids), request.batch_size):
+                chunk = prompt_ids[start:start + request.batch_size]
+                batch, mask = self._left_pad(chunk)
+                logits = self._forward(batch, None, mask, every=True)
+                for ids, row_logits, row in zip(chunk, logits, request.rows[start:start + request.batch_size]):
+                    real = row_logits[-len(ids):]  # left padding: the row's tokens are the last len(ids)
+                    scaled = real / row.params.temperature if row.params.temperature > 0 else real
+                    echo = echo_row(torch.log_softmax(scaled.double(), dim=-1), ids, row.params.top_n)
+                    last = score_row(real[-1].cpu(), row.params, len(ids))
+                    results.append(ScoreResult(last.chosen, last.top, len(ids), echo))
+        return results
 
-        Scoring: every SAE hook is suppressed, so nothing steers or records these passes.
-        """
+    def _check_scorable(self, prompt_ids: list[list[int]], names: list[str]) -> None:
         for ids, where in zip(prompt_ids, names):
             if not ids:
                 raise InvalidScoringRequest(f"'{where}' tokenises to nothing; there is no position to score.",
@@ -256,6 +280,13 @@ class TransformersEngine:
             if len(ids) + 1 > self.context_window:
                 raise ContextLengthExceeded(requested=len(ids) + 1, available=self.context_window,
                                             prompt_tokens=len(ids), param=where)
+
+    def next_token_logits(self, prompt_ids: list[list[int]], names: list[str], batch_size: int = 32) -> torch.Tensor:
+        """Last-position logits ``[len(prompt_ids), vocab]`` (fp32, CPU), in left-padded batches.
+
+        Scoring: every SAE hook is suppressed, so nothing steers or records these passes.
+        """
+        self._check_scorable(prompt_ids, names)
         rows = []
         with self._lock, torch.inference_mode(), self.steering.suppressed():
             for start in range(0, len(prompt_ids), batch_size):

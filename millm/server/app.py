@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from quart import Quart
+from quart import Quart, request
 from werkzeug.exceptions import HTTPException
 
 from millm.config import Settings
@@ -55,8 +55,14 @@ def create_app(settings: Settings, engine: Engine | None = None, loader: Loader 
     @app.errorhandler(HTTPException)
     async def http_error(exc: HTTPException) -> Any:
         status = exc.code or 500
-        body = {"error": {"message": exc.description or exc.name, "type": "invalid_request_error",
-                          "param": None, "code": exc.name.lower().replace(" ", "_")}}
+        message = exc.description or exc.name
+        if status == 404:
+            served = sorted({rule.rule for rule in app.url_map.iter_rules() if rule.rule.startswith("/v1/")
+                             and "<" not in rule.rule})
+            message = (f"miLLM does not serve {request.method} {request.path}; its OpenAI routes are "
+                       f"{', '.join(served)} (and /v1/models/{{id}}), its management API is under /api.")
+        body = {"error": {"message": message, "type": "invalid_request_error", "param": None,
+                          "code": exc.name.lower().replace(" ", "_")}}
         return body, status
 
     @app.errorhandler(Exception)

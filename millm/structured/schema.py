@@ -12,8 +12,11 @@ from typing import Any
 
 from millm.errors import ResponseFormatUnsupported
 
+# exclusiveMinimum / exclusiveMaximum (Pydantic's gt / lt) and prefixItems (tuples): measured enforced by
+# llguidance token by token (tests/structured/test_keywords.py)
 ENFORCED = {"type", "properties", "required", "additionalProperties", "items", "minItems", "maxItems", "enum",
-            "const", "minimum", "maximum", "minLength", "maxLength", "pattern", "anyOf", "$ref", "$defs"}
+            "const", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "minLength", "maxLength",
+            "pattern", "anyOf", "prefixItems", "$ref", "$defs"}
 ANNOTATIONS = {"title", "description", "default", "examples"}
 TYPES = {"object", "array", "string", "number", "integer", "boolean", "null"}
 MAX_SCHEMA_BYTES = 64 * 1024
@@ -77,9 +80,9 @@ def _walk(node: Any, path: list[str], defs: dict[str, Any], problems: list[str],
                 _walk(sub, [*here, name], defs, problems, depth + 1)
         elif key in ("items", "additionalProperties"):
             _walk(value, here, defs, problems, depth + 1)
-        elif key == "anyOf":
+        elif key in ("anyOf", "prefixItems"):
             if not isinstance(value, list) or not value:
-                problems.append(f"'anyOf' at '{_pointer(here)}' is not a non-empty list")
+                problems.append(f"'{key}' at '{_pointer(here)}' is not a non-empty list")
                 continue
             for i, sub in enumerate(value):
                 _walk(sub, [*here, str(i)], defs, problems, depth + 1)

@@ -139,13 +139,13 @@ def test_gguf_engine_refuses_what_it_cannot_do(tmp_path):
     app, _ = make(tmp_path, FakeEngine(engine_name="llama.cpp"))
 
     async def scenario(client):
-        seeded = await client.post("/v1/chat/completions", json=chat(seed=3))
+        seeded = await client.post("/v1/chat/completions", json=chat(n=2))
         scoring = await client.post("/v1/completions", json={"model": "fake", "prompt": "x", "max_tokens": 1,
                                                               "logprobs": 1})
         return [(r.status_code, await r.get_json()) for r in (seeded, scoring)]
 
     (s1, b1), (s2, b2) = run(app, scenario)
-    assert s1 == 400 and b1["error"]["code"] == "field_not_honoured" and b1["error"]["param"] == "seed"
+    assert s1 == 400 and b1["error"]["code"] == "field_not_honoured" and b1["error"]["param"] == "n"
     assert s2 == 400 and b2["error"]["param"] == "logprobs"
 
 
