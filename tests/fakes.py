@@ -15,7 +15,7 @@ from typing import Any
 from millm.engine.base import Capabilities, StepControl, check_supported, fingerprint
 from millm.engine.events import Event, Usage
 from millm.engine.output import ChoiceOutput
-from millm.engine.params import ChatPrompt, GenerationRequest, Prompt
+from millm.engine.params import ChatPrompt, GenerationRequest, Prompt, TokenPrompt
 from millm.engine.plan import Plan, token_budget
 from millm.engine.rows import Row, emit
 from millm.engine.scoring import ScoreRequest, ScoreResult, TokenScore, check_in_vocab
@@ -64,6 +64,8 @@ class FakeEngine:
         return len(VOCAB)
 
     def tokenize(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, TokenPrompt):
+            return list(prompt.ids)
         text = "".join(m["content"] for m in prompt.messages) if isinstance(prompt, ChatPrompt) else prompt.text
         return [VOCAB.index(ch) if ch in VOCAB else 1 for ch in text]
 
