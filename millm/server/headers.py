@@ -4,21 +4,9 @@ from __future__ import annotations
 
 from millm.builder import STRICT_HEADER
 from millm.errors import InvalidParameter
+from millm.sfv import sf_string
 
 IGNORED_FIELDS_HEADER_MAX_BYTES = 1024
-
-
-def sf_string(value: str) -> str:
-    """An RFC 8941 sf-string. Characters outside printable ASCII are percent-encoded (as UTF-8)."""
-    out = []
-    for ch in value:
-        if ch == "%" or not " " <= ch <= "~":
-            out.append("".join(f"%{b:02X}" for b in ch.encode("utf-8")))
-        elif ch in '"\\':
-            out.append("\\" + ch)
-        else:
-            out.append(ch)
-    return '"' + "".join(out) + '"'
 
 
 def ignored_fields(locations: list[str], limit: int = IGNORED_FIELDS_HEADER_MAX_BYTES) -> str | None:
