@@ -206,12 +206,12 @@ def build_completion(body: Any, engine_of: EngineOf, strict: bool = False) -> Bu
         echo = _bool(body, "echo", False)
         _check_scoring(body, echo)
         scoring_params = completion_scoring_params(body)
-        rows = [ScoreRow(p, scoring_params, name_of(p, i, len(prompts))) for i, p in enumerate(prompts)]
+        rows = [ScoreRow(p, scoring_params, p.where) for p in prompts]
         return Built("completions", wire.model, ignored, score=ScoreRequest(rows), seed=_scoring_seed(body),
                      prompt_texts=[p.text if isinstance(p, TextPrompt) else None for p in prompts])
-    for i, prompt in enumerate(prompts):
+    for prompt in prompts:
         if isinstance(prompt, TextPrompt):
-            check_prompt_text(name_of(prompt, i, len(prompts)), prompt.text)
+            check_prompt_text(prompt.where, prompt.text)
     sampling = sampling_params(body)
     if wire.return_sae_activations is not None:
         check_readout_rows(len(prompts) * sampling.n)
@@ -228,7 +228,8 @@ def completion_prompts(raw: Any, special: bool) -> list[TextPrompt | TokenPrompt
         raise InvalidParameter("'prompt' is an empty list.", param="prompt")
     if all(isinstance(t, int) for t in raw):
         return [_tokens(raw, "prompt")]
-    return [TextPrompt(p, special) if isinstance(p, str) else _tokens(p, f"prompt[{i}]") for i, p in enumerate(raw)]
+    return [TextPrompt(p, special, f"prompt[{i}]") if isinstance(p, str) else _tokens(p, f"prompt[{i}]")
+            for i, p in enumerate(raw)]
 
 
 def _tokens(ids: list[int], where: str) -> TokenPrompt:
@@ -237,13 +238,6 @@ def _tokens(ids: list[int], where: str) -> TokenPrompt:
     if any(t < 0 for t in ids):
         raise InvalidParameter(f"'{where}' has a negative token id.", param=where)
     return TokenPrompt(tuple(ids), where)
-
-
-def name_of(prompt: TextPrompt | TokenPrompt, i: int, count: int) -> str:
-    """How errors name a prompt: ``prompt`` alone, ``prompt[i]`` in a list."""
-    if isinstance(prompt, TokenPrompt):
-        return prompt.where
-    return "prompt" if count == 1 else f"prompt[{i}]"
 
 
 def build_embedding(body: Any, engine_of: EngineOf, strict: bool = False) -> Built:

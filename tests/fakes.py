@@ -15,7 +15,7 @@ from typing import Any
 from millm.engine.base import Capabilities, StepControl, check_supported, fingerprint
 from millm.engine.events import Event, Usage
 from millm.engine.output import ChoiceOutput
-from millm.engine.params import ChatPrompt, GenerationRequest, Prompt, TokenPrompt
+from millm.engine.params import ChatPrompt, GenerationRequest, Prompt, TokenPrompt, prompt_names
 from millm.engine.plan import Plan, token_budget
 from millm.engine.rows import Row, emit
 from millm.engine.scoring import ScoreRequest, ScoreResult, TokenScore, check_in_vocab
@@ -75,7 +75,8 @@ class FakeEngine:
     def prepare(self, request: GenerationRequest) -> Plan:
         check_supported(request, self.capabilities, self.engine_name)
         ids = [self.tokenize(p) for p in request.prompts]
-        return Plan(ids, request.params, token_budget(ids, request.params.max_tokens, self.context_window, 64),
+        budget = token_budget(ids, request.params.max_tokens, self.context_window, 64, prompt_names(request.prompts))
+        return Plan(ids, request.params, budget,
                     constraint=request.constraint)
 
     def generate(self, request: GenerationRequest, control: StepControl | None = None) -> Iterator[Event]:

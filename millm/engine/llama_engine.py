@@ -18,7 +18,7 @@ from millm.config import Settings
 from millm.engine.base import Capabilities, StepControl, check_supported, fingerprint
 from millm.engine.events import Event, Usage
 from millm.engine.output import ChoiceOutput
-from millm.engine.params import ChatPrompt, GenerationRequest, Prompt, TokenPrompt, check_token_ids
+from millm.engine.params import ChatPrompt, GenerationRequest, Prompt, TokenPrompt, check_token_ids, prompt_names
 from millm.engine.plan import Plan, token_budget
 from millm.engine.rows import Row, emit
 from millm.engine.scoring import ScoreRequest, ScoreResult
@@ -173,7 +173,8 @@ class LlamaCppEngine:
         check_supported(request, self.capabilities, self.engine_name)
         prompt_ids = [self.tokenize(p) for p in request.prompts]
         return Plan(prompt_ids, request.params,
-                    token_budget(prompt_ids, request.params.max_tokens, self.context_window, self.default_max_tokens))
+                    token_budget(prompt_ids, request.params.max_tokens, self.context_window, self.default_max_tokens,
+                              prompt_names(request.prompts)))
 
     def generate(self, request: GenerationRequest, control: StepControl | None = None) -> Iterator[Event]:
         return self.run(self.prepare(request), control)

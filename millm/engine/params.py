@@ -34,6 +34,7 @@ class TextPrompt:
 
     text: str
     add_special_tokens: bool = True
+    where: str = "prompt"  # how errors name it (``prompt[2]`` in a list)
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,16 @@ class TokenPrompt:
 
 
 Prompt = ChatPrompt | TextPrompt | TokenPrompt
+
+
+def prompt_names(prompts: list[Prompt]) -> list[str]:
+    """How errors name each prompt of a request: messages, extra_messages[k], prompt or prompt[i]."""
+    def name(i: int, prompt: Prompt) -> str:
+        if isinstance(prompt, ChatPrompt):
+            return "messages" if i == 0 else f"extra_messages[{i - 1}]"
+        return prompt.where
+
+    return [name(i, p) for i, p in enumerate(prompts)]
 
 
 @dataclass(frozen=True)

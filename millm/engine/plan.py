@@ -26,14 +26,19 @@ class Plan:
     constraint: Any = None  # JsonConstraint (transformers only)
 
 
-def token_budget(prompt_ids: list[list[int]], wanted: int | None, window: int, default: int) -> int:
-    """max_tokens for the plan: the asked number, checked against the window, or what fits of the default."""
-    longest = max(len(ids) for ids in prompt_ids)
+def token_budget(prompt_ids: list[list[int]], wanted: int | None, window: int, default: int,
+                 names: list[str] | None = None) -> int:
+    """max_tokens for the plan: the asked number, checked against the window, or what fits of the default.
+    Errors name the prompt (``names``, parallel to ``prompt_ids``) that does not fit."""
+    lengths = [len(ids) for ids in prompt_ids]
+    longest = max(lengths)
+    where = (names or ["prompt"] * len(lengths))[lengths.index(longest)]
     if longest == 0:
-        raise InvalidParameter("The prompt tokenises to nothing.", param="prompt")
+        raise InvalidParameter(f"'{where}' tokenises to nothing.", param=where)
     budget = wanted if wanted is not None else min(default, window - longest)
     if longest + max(budget, 1) > window:
-        raise ContextLengthExceeded(requested=longest + max(budget, 1), available=window, prompt_tokens=longest)
+        raise ContextLengthExceeded(requested=longest + max(budget, 1), available=window, prompt_tokens=longest,
+                                    param=where)
     return budget
 
 

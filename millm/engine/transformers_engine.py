@@ -15,7 +15,7 @@ from millm.engine import loader
 from millm.engine.base import Capabilities, StepControl, fingerprint
 from millm.engine.events import Activations, Event, Usage
 from millm.engine.output import ChoiceOutput
-from millm.engine.params import ChatPrompt, GenerationRequest, Prompt, TokenPrompt, check_token_ids
+from millm.engine.params import ChatPrompt, GenerationRequest, Prompt, TokenPrompt, check_token_ids, prompt_names
 from millm.engine.plan import Plan, token_budget
 from millm.engine.rows import Row, emit
 from millm.engine.sampling import LogitsProcessor, make_sampler, penalty_processor, update_counts
@@ -113,7 +113,8 @@ class TransformersEngine:
     def prepare(self, request: GenerationRequest) -> Plan:
         """Tokenise and check the request against the context window; raises before any compute."""
         prompt_ids = [self.tokenize(p) for p in request.prompts]
-        budget = token_budget(prompt_ids, request.params.max_tokens, self.context_window, self.default_max_tokens)
+        budget = token_budget(prompt_ids, request.params.max_tokens, self.context_window, self.default_max_tokens,
+                              prompt_names(request.prompts))
         readout = None
         if request.readout is not None:
             readout = parse_readout(request.readout, self.steering, rows=len(prompt_ids) * request.params.n,

@@ -237,3 +237,18 @@ def test_disconnected_stream_cancels_at_the_next_step(tmp_path):
     first, cancelled = run(app, scenario)
     assert cancelled and first.text == SCRIPT[0]
     assert engine.steps == 1  # the decode loop saw the cancel at its next step boundary
+
+
+def test_context_errors_name_the_prompt_that_does_not_fit(tmp_path):
+    app, _ = make(tmp_path, FakeEngine(context_window=32))
+
+    async def scenario(client):
+        one = await client.post("/v1/completions", json={"model": "fake", "prompt": "x" * 40, "max_tokens": 2})
+        listed = await client.post("/v1/completions", json={"model": "fake", "prompt": ["ok", "y" * 40],
+                                                            "max_tokens": 2})
+        chat_ = await client.post("/v1/chat/completions", json=chat(max_tokens=40))
+        return [(r.status_code, (await r.get_json())["error"]) for r in (one, listed, chat_)]
+
+    (s1, e1), (s2, e2), (s3, e3) = run(app, scenario)
+    assert s1 == s2 == s3 == 400 and {e1["code"], e2["code"], e3["code"]} == {"context_length_exceeded"}
+    assert (e1["param"], e2["param"], e3["param"]) == ("prompt", "prompt[1]", "messages")
