@@ -160,6 +160,23 @@ def constraint_for(body: Mapping[str, Any], params: SamplingParams) -> JsonConst
     return constraint
 
 
+# arguments miLLM passes to the template renderer itself; a client's value would clash with them (a 500)
+TEMPLATE_ARGUMENTS = ("tokenize", "add_generation_prompt", "return_dict", "continue_final_message", "conversation",
+                      "messages", "return_tensors", "padding", "truncation", "max_length", "tokenizer_kwargs")
+
+
+def check_template_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """chat_template_kwargs for the model's template: never miLLM's own rendering arguments, and never a
+    template of the client's own (``chat_template``: arbitrary Jinja rendered on the server)."""
+    if clash := [k for k in kwargs if k in TEMPLATE_ARGUMENTS]:
+        raise InvalidParameter(f"'chat_template_kwargs' cannot set {', '.join(repr(k) for k in clash)}: miLLM "
+                               "sets those itself.", param=f"chat_template_kwargs.{clash[0]}")
+    if "chat_template" in kwargs:
+        raise InvalidParameter("'chat_template_kwargs.chat_template' would render a client's own template on the "
+                               "server; the model's template is used.", param="chat_template_kwargs.chat_template")
+    return kwargs
+
+
 def _stream(params: SamplingParams, stream: bool) -> bool:
     if stream and params.n > 1:
         raise InvalidParameter("'n' above 1 cannot be streamed; send stream: false or n: 1.", param="n")
@@ -174,7 +191,7 @@ def build_chat(body: Any, engine_of: EngineOf, strict: bool = False) -> Built:
     ignored = decide_fields("chat", engine, body, strict, scoring)
     conversations = [check_messages(wire.messages)]
     conversations += [check_messages(c, f"extra_messages[{k}]") for k, c in enumerate(wire.extra_messages or [])]
-    kwargs = wire.chat_template_kwargs or {}
+    kwargs = check_template_kwargs(wire.chat_template_kwargs or {})
     if scoring:
         _check_scoring(body)
         scoring_params = chat_scoring_params(body)

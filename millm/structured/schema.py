@@ -7,10 +7,12 @@ enforced, and a keyword that is only checked afterwards is not a constraint.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
 from millm.errors import ResponseFormatUnsupported
+from millm.sfv import sf_string
 
 # exclusiveMinimum / exclusiveMaximum (Pydantic's gt / lt) and prefixItems (tuples): measured enforced by
 # llguidance token by token (tests/structured/test_keywords.py)
@@ -23,6 +25,7 @@ MAX_SCHEMA_BYTES = 64 * 1024
 MAX_DEPTH = 32
 MAX_PROPERTIES = 256
 PARAM = "response_format"
+SCHEMA_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 
 
 @dataclass(frozen=True)
@@ -42,8 +45,7 @@ class JsonConstraint:
         """X-miLLM-Constrained."""
         if self.kind == "json_object":
             return "json_object"
-        escaped = (self.name or "").replace("\\", "\\\\").replace('"', '\\"')
-        return f'json_schema;name="{escaped}"'
+        return f"json_schema;name={sf_string(self.name or '')}"
 
 
 def _pointer(path: list[str]) -> str:
@@ -112,6 +114,9 @@ def check_response_format(value: Any) -> JsonConstraint | None:
     if not isinstance(spec, dict) or not isinstance(spec.get("name"), str) or not isinstance(spec.get("schema"), dict):
         raise ResponseFormatUnsupported("'response_format.json_schema' needs a 'name' and a 'schema' object.",
                                         param=PARAM)
+    if not SCHEMA_NAME.fullmatch(spec["name"]):
+        raise ResponseFormatUnsupported("'response_format.json_schema.name' must be 1-64 letters, digits, '_' or "
+                                        "'-' (as OpenAI's API requires).", param=PARAM)
     schema = spec["schema"]
     if len(json.dumps(schema).encode()) > MAX_SCHEMA_BYTES:
         raise ResponseFormatUnsupported(f"The schema is over {MAX_SCHEMA_BYTES // 1024} KB.", param=PARAM)

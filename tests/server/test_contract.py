@@ -252,3 +252,20 @@ def test_context_errors_name_the_prompt_that_does_not_fit(tmp_path):
     (s1, e1), (s2, e2), (s3, e3) = run(app, scenario)
     assert s1 == s2 == s3 == 400 and {e1["code"], e2["code"], e3["code"]} == {"context_length_exceeded"}
     assert (e1["param"], e2["param"], e3["param"]) == ("prompt", "prompt[1]", "messages")
+
+
+def test_template_kwargs_that_clash_and_unsafe_schema_names_are_refused(tmp_path):
+    app, _ = make(tmp_path)
+    schema = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"],
+              "additionalProperties": False}
+
+    async def scenario(client):
+        clash = await client.post("/v1/chat/completions", json=chat(chat_template_kwargs={"tokenize": True}))
+        template = await client.post("/v1/chat/completions", json=chat(chat_template_kwargs={
+            "chat_template": "{% for x in range(10**9) %}{% endfor %}"}))
+        name = await client.post("/v1/chat/completions", json=chat(response_format={
+            "type": "json_schema", "json_schema": {"name": "bad\r\nname", "schema": schema}}))
+        return [(r.status_code, (await r.get_json())["error"]["param"]) for r in (clash, template, name)]
+
+    assert run(app, scenario) == [(400, "chat_template_kwargs.tokenize"), (400, "chat_template_kwargs.chat_template"),
+                                  (400, "response_format")]

@@ -59,8 +59,11 @@ def test_limits_and_annotations():
     with pytest.raises(ResponseFormatUnsupported, match="64 KB"):
         check_response_format(rf(big))
     ok = check_response_format(rf({"type": "string", "title": "t", "description": "d", "default": "a",
-                                   "examples": ["b"]}, name='quo"te'))
-    assert ok.header() == 'json_schema;name="quo\\"te"'
+                                   "examples": ["b"]}, name="judge_v1-2"))
+    assert ok.header() == 'json_schema;name="judge_v1-2"'
+    for bad in ('quo"te', "", "x" * 65, "line\nbreak", "naïve"):  # OpenAI's [a-zA-Z0-9_-]{1,64}
+        with pytest.raises(ResponseFormatUnsupported, match="name"):
+            check_response_format(rf({"type": "string"}, name=bad))
     assert check_response_format({"type": "text"}) is None
     assert check_response_format({"type": "json_object"}).header() == "json_object"
 
