@@ -14,9 +14,9 @@ from cli import models as models_cli
 from cli import score as score_cli
 from cli import steering as steering_cli
 from cli.common import engine_for, engine_of, err, loaded_ids, out, reports_errors, steerable, steering_service
+from cli.sae_train import steer_assignments
 from millm.config import get_settings
 from millm.errors import MillmError
-from millm.steering.values import parse_assignments
 
 if TYPE_CHECKING:
     from millm.engine.base import Engine
@@ -76,7 +76,8 @@ def chat(
                                               help="Chat turn by turn even when stdin is piped.")] = False,
     sae: Annotated[str | None, typer.Option(help="SAE id to attach for this chat.")] = None,
     layer: Annotated[int | None, typer.Option(help="Layer for --sae (default: its layer hint).")] = None,
-    steer: Annotated[list[str] | None, typer.Option(help="FEATURE=STRENGTH on --sae, or the one attached SAE "
+    steer: Annotated[list[str] | None, typer.Option(help="FEATURE=STRENGTH on --sae, or the one attached SAE; "
+                                                          "FEATURE is an index or a label such as weather "
                                                           "(repeatable).")] = None,
     profile: Annotated[str | None, typer.Option(help="Saved profile to steer this chat with.")] = None,
     intensity: Annotated[str | None, typer.Option(help="Steering dial for this chat: a λ from 0 to 2, or off, min, "
@@ -88,7 +89,7 @@ def chat(
 
     fields = {"temperature": temperature, "top_p": top_p, "max_tokens": max_tokens, "seed": seed, "stop": stop,
               "steering_intensity": dial_value(intensity)}
-    assignments = parse_assignments(steer or [])
+    assignments = steer_assignments(steer or [], sae, model or get_settings().default_model)  # names via labels
     preamble = [{"role": "system", "content": system}] if system else []
     if prompt is None and not interactive and not sys.stdin.isatty():
         prompt = sys.stdin.read()

@@ -15,7 +15,7 @@ from millm.config import get_settings
 from millm.errors import InvalidParameter, SAENotFound
 from millm.sae import recipe
 from millm.sae.bundled import register_bundled
-from millm.sae.labels import FEATURES_FILE, LabelIndex, Match
+from millm.sae.labels import FEATURES_FILE, LabelIndex
 from millm.sae.train import StepStats
 
 
@@ -31,6 +31,23 @@ def _sae_folder(ref: str) -> tuple[Path, str]:
         raise SAENotFound(f"No SAE has id '{ref}' and no folder is there; see `millm sae list`.", param="sae")
     folder = Path(found["path"])
     return (folder if folder.is_dir() else folder.parent), ref
+
+
+def steer_assignments(items: list[str], sae: str | None, model_id: str) -> dict[int, float]:
+    """``--steer`` values: ``123=40`` as they are, ``weather=60`` looked up in the labels of ``--sae`` (or of
+    the one SAE attached to ``model_id``); an ambiguous or unknown name is refused listing candidates."""
+    if all(item.rpartition("=")[0].strip().removeprefix("#").isdigit() for item in items):
+        return LabelIndex({}, sae or "the SAE").resolve_assignments(items)
+    service = steering_service()
+    target = sae
+    if target is None:
+        attached = list(service.attached_layers(model_id))
+        if len(attached) != 1:
+            raise InvalidParameter("--steer NAME=STRENGTH needs --sae (or exactly one attached SAE) to look the "
+                                   "name up in.", param="steer")
+        target = attached[0]
+    folder, name = _sae_folder(target)
+    return LabelIndex.load(folder, name).resolve_assignments(items)
 
 
 class _Bar:
@@ -70,8 +87,10 @@ def train(
     context: Annotated[int, typer.Option(help="Tokens per window the model reads.")] = 256,
     lr: Annotated[float, typer.Option(help="Adam learning rate (0: scaled with the width).")] = 0.0,
     seed: Annotated[int, typer.Option(help="Seed for the corpus, the shuffle and the initialisation.")] = 0,
-    corpus: Annotated[list[Path] | None, typer.Option(help="Text/jsonl file or folder to train on "
-                                                           "(repeatable; default: text the model writes).")] = None,
+    corpus: Annotated[list[Path] | None, typer.Option(help="Text/jsonl file or folder to train on (repeatable; "
+                                                           "default: text the model writes + Python's docs).")] = None,
+    generated_docs: Annotated[int, typer.Option("--generated-docs", help="Documents the model writes for the "
+                                                "default corpus (cached).")] = 256,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Folder for the SAE "
                                                 "(default: MILLM_HOME/saes/MODEL-L<layer>).")] = None,
     device: Annotated[str | None, typer.Option(help="cpu, cuda or auto (default: the configured device).")] = None,
@@ -91,7 +110,8 @@ def train(
     folder = output or settings.home / "saes" / f"{entry.id.replace('/', '--')}-L{layer}"
     spec = recipe.RunSpec(model_id=entry.id, layer=layer, output=folder, width=width, k=k, tokens=tokens,
                           epochs=epochs, batch_size=batch_size, context=context, lr=lr, seed=seed,
-                          corpus_paths=tuple(corpus or ()), save_dtype=save_dtype, resume=resume)
+                          corpus_paths=tuple(corpus or ()), generated_documents=generated_docs,
+                          save_dtype=save_dtype, resume=resume)
     started = time.monotonic()
     with err.status(f"loading {entry.id} ..."):
         loaded, tokenizer, _, _ = load(entry, settings)
@@ -124,20 +144,20 @@ def features(
 
     folder, name = _sae_folder(sae)
     index = LabelIndex.load(folder, name)
-    matches = index.search(search, limit) if search else [Match(i, lab) for i, lab in
-                                                          list(index.labels.items())[:limit]]
+    matches = index.rows(search, limit)
     details: dict[int, dict[str, Any]] = {}
     if (folder / FEATURES_FILE).is_file():
-        wanted = {m.index for m in matches}
+        wanted = {m["index"] for m in matches}
         for line in (folder / FEATURES_FILE).read_text().splitlines():
             item = json.loads(line)
             if item["index"] in wanted:
                 details[item["index"]] = item
     table = Table("feature", "label", "fires on", "promotes")
     for m in matches:
-        item = details.get(m.index, {})
+        item = details.get(m["index"], {})
         freq = f"{item['frequency']:.2%}" if "frequency" in item else "-"
-        table.add_row(str(m.index), m.label, freq, " ".join(t.strip() for t in item.get("promotes", [])[:5]) or "-")
+        promotes = " ".join(t.strip() for t in item.get("promotes", [])[:5]) or "-"
+        table.add_row(str(m["index"]), m["label"], freq, promotes)
     out.print(table)
     if not matches:
         err.print(f"no feature label of {name} contains {search!r}" if search else f"{name} has no labels")

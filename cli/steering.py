@@ -13,6 +13,7 @@ from typing import Annotated
 import typer
 from rich.table import Column, Table
 
+from cli import sae_train as sae_train_cli
 from cli.common import engine_for, out, reports_errors, steerable, steering_service
 from millm.config import get_settings
 from millm.errors import InvalidParameter
@@ -26,6 +27,7 @@ ModelOption = Annotated[str | None, typer.Option(help="Model id (default: the co
 
 
 def register(app: typer.Typer) -> None:
+    sae_train_cli.register(sae_app)
     app.add_typer(sae_app, name="sae")
     app.add_typer(steer_app, name="steer")
     app.add_typer(profiles_app, name="profiles")

@@ -8,16 +8,19 @@ is its stable id (``smollm2-135m-res-L10``). How each was made is in its ``train
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from millm.errors import MillmError
 from millm.registry import BUNDLED_ID
 from millm.sae.formats import load_sae
 from millm.sae.labels import LabelIndex
 from millm.store import Store
 
 BUNDLED_DIR = Path(__file__).resolve().parent / "bundled"
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -52,12 +55,16 @@ def record(bundled: BundledSAE) -> dict[str, Any]:
 
 def register_bundled(store: Store) -> list[str]:
     """Make sure every bundled SAE is registered under its stable id (a moved install is re-pointed);
-    returns the ids registered now."""
+    returns the ids registered now. A damaged bundled SAE is logged and skipped, never fatal."""
     added = []
     for bundled in bundled_saes():
         existing = store.sae(bundled.id)
         if existing is not None and existing["path"] == str(bundled.path):
             continue
-        store.add_sae(record(bundled), LabelIndex.load(bundled.path).labels)
+        try:
+            store.add_sae(record(bundled), LabelIndex.load(bundled.path).labels)
+        except MillmError as exc:
+            log.warning("bundled SAE %s is not usable: %s", bundled.id, exc.message)
+            continue
         added.append(bundled.id)
     return added

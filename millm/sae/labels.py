@@ -176,6 +176,13 @@ class LabelIndex:
         """Every feature whose label contains ``query``, closest fits first."""
         return [m for tier in self.tiers(query) for m in tier][:limit]
 
+    def rows(self, query: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+        """``[{"index", "label"}]``: the search's matches, or the first ``limit`` features without a query
+        (what ``GET /api/saes/{id}/features?q=`` and ``millm sae features`` list)."""
+        if query:
+            return [{"index": m.index, "label": m.label} for m in self.search(query, limit)]
+        return [{"index": i, "label": label} for i, label in list(self.labels.items())[:limit]]
+
     def resolve(self, name: str, where: str = "steer") -> int:
         """The one feature ``name`` denotes: an index, or a label search with exactly one best match."""
         text = name.strip().removeprefix("#")

@@ -40,7 +40,7 @@ class RunSpec:
     lr: float = 0.0
     seed: int = 0
     corpus_paths: tuple[Path, ...] = ()
-    generated_documents: int = 340  # the default corpus: documents the model writes (2 per topic)
+    generated_documents: int = 256  # the default corpus: documents the model writes (1-2 per topic)
     holdout_fraction: float = 0.1
     save_dtype: str = "float32"
     resume: bool = False

@@ -42,6 +42,7 @@ def save(folder: Path, sae: SAE, metadata: dict[str, Any], dtype: str = "float32
     folder.mkdir(parents=True, exist_ok=True)
     tensors = {"W_enc": sae.W_enc, "b_enc": sae.b_enc, "W_dec": sae.W_dec, "b_dec": sae.b_dec}
     save_file({k: v.detach().to(DTYPES[dtype]).contiguous() for k, v in tensors.items()}, str(folder / WEIGHTS))
+    (folder / WEIGHTS).chmod(0o644)  # safetensors writes 0600; an installed package must be readable by all
     (folder / CONFIG).write_text(json.dumps(config(sae, metadata), indent=2))
 
 

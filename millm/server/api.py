@@ -8,6 +8,7 @@ from typing import Any, TypeVar
 from quart import Blueprint, request
 
 from millm.errors import InvalidParameter, ModelNotLoaded, Unauthorized
+from millm.sae.labels import LabelIndex
 from millm.server.auth import bearer_matches
 from millm.server.state import services
 from millm.steering.target import SteeringTarget
@@ -108,7 +109,8 @@ async def sae_features(sae_id: str) -> Any:
     """Feature labels, filtered by ?q=."""
     svc = services()
     svc.steering.sae(sae_id)
-    return {"sae": sae_id, "features": svc.steering.store.labels(sae_id, request.args.get("q"))}
+    labels = {row["index"]: row["label"] for row in svc.steering.store.labels(sae_id, limit=1 << 30)}
+    return {"sae": sae_id, "features": LabelIndex(labels, sae_id).rows(request.args.get("q"))}
 
 
 @bp.delete("/saes/<sae_id>")

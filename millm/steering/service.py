@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from millm.config import get_settings
 from millm.errors import InvalidParameter, MillmError, ProfileConflict, ProfileNotFound, SAENotFound
+from millm.sae.bundled import register_bundled
 from millm.sae.formats import load_sae
 from millm.steering.bases import Bases, RequestSteering, circuit_serving, profile_row, registered, stored_profile
 from millm.steering.controller import Override
@@ -54,6 +55,7 @@ class SteeringService:
 
     def __init__(self, store: Store, intensity: IntensitySettings | None = None) -> None:
         self.store = store
+        register_bundled(store)  # the SAEs shipped for the bundled model, under their stable ids
         self.intensity = intensity or IntensitySettings.from_settings(get_settings())
 
     def bases(self, engine: SteeringTarget) -> Bases:

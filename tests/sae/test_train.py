@@ -206,6 +206,7 @@ def tiny_corpus(path: Path) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.model
 def test_tiny_training_run_writes_an_sae_miLLM_loads_with_labels(tmp_path: Path, settings) -> None:
     import typer
     from typer.testing import CliRunner
@@ -233,3 +234,20 @@ def test_tiny_training_run_writes_an_sae_miLLM_loads_with_labels(tmp_path: Path,
     assert not (out / ".work").exists()
     again = CliRunner().invoke(app, args)
     assert again.exit_code == 1 and "already holds an SAE" in again.output
+
+
+def test_rows_list_matches_or_the_first_features() -> None:
+    index = LabelIndex(LABELS, "test-sae")
+    assert index.rows("weather") == [{"index": 7, "label": "weather, forecast"},
+                                     {"index": 3, "label": "rain, storm, weather"}]
+    assert [r["index"] for r in index.rows(limit=2)] == [3, 7]
+
+
+def test_cli_steer_values_resolve_names_in_the_sae_labels(tmp_path: Path) -> None:
+    from cli.sae_train import steer_assignments
+
+    (tmp_path / "labels.json").write_text(json.dumps({str(k): v for k, v in LABELS.items()}))
+    assert steer_assignments(["123=40", "#5=-2"], None, "any-model") == {123: 40.0, 5: -2.0}
+    assert steer_assignments(["weather=60", "12=1"], str(tmp_path), "any-model") == {7: 60.0, 12: 1.0}
+    with pytest.raises(InvalidParameter, match="needs --sae"):
+        steer_assignments(["weather=60"], None, "a-model-with-nothing-attached")

@@ -1,0 +1,205 @@
+"""Quality of the bundled SAEs, measured on held-out text, printed figure by figure.
+
+    python bench/sae_quality.py [--sae smollm2-135m-res-L10 ...] [--ce-windows 24] [--skip-steering]
+
+For each SAE, on the held-out tenth of the default corpus (documents never trained on; the same seeded
+split ``millm sae train`` makes):
+- FVU: fraction of variance unexplained at k=32 (target <= 0.15), every position but each window's first;
+- CE: the model's next-token loss clean, with the SAE's reconstruction spliced in at its layer, and with
+  that layer's output zeroed (same positions); the SAE's share of the zero-ablation gap (target <= 10%);
+- dead: features that never fire on any held-out token (target <= 5%);
+- steering: for each concept feature in CONCEPTS (resolved by label, as ``--steer NAME=S`` does), 20
+  seeded sampled answers to 20 neutral prompts, steered at the documented strength and unsteered: the
+  share that mention the concept (a word from MENTIONS) (targets >= 60% steered, <= 10% unsteered), and
+  fluency: the steered answers' mean token log-probability under the unsteered model, minus the
+  unsteered answers' own (bound: >= -FLUENCY_BOUND nats/token);
+- throughput: training steps/s and tokens/s at this SAE's width on this machine now, beside the wall
+  time its one documented command took (from its train.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from millm.config import get_settings
+from millm.engine.loader import load
+from millm.registry import BUNDLED_ID, resolve
+from millm.sae import activations, corpus, recipe
+from millm.sae.bundled import bundled_saes
+from millm.sae.formats import load_sae
+from millm.sae.labels import LabelIndex
+from millm.sae.model import SAE
+from millm.sae.train import ShuffledBatches, TopKTrainer, TrainConfig, fraction_unexplained
+from millm.steering.controller import Steering
+
+NEUTRAL_PROMPTS = (
+    "Tell me about your day.", "What should I do this weekend?", "Write a short paragraph about anything you like.",
+    "Give me some advice for tomorrow.", "Tell me a short story.", "What is your favourite thing?",
+    "What did you learn today?", "Write a few sentences about life.", "What makes a good morning?",
+    "Tell me something interesting.", "How do you relax?", "What would you do with a free afternoon?",
+    "Write a short note to a friend.", "What are you thinking about?", "Describe an ordinary day.",
+    "Tell me about a memory.", "What is something you like?", "Write about something that makes you smile.",
+    "Plan a simple day for me.", "Say something nice.",
+)
+# per SAE: (label name, resolved on its labels as --steer NAME=S is, and the documented strength)
+CONCEPTS: dict[str, list[tuple[str, float]]] = {
+    "smollm2-135m-res-L10": [("music", 40.0), ("ocean", 40.0), ("cats", 40.0), ("pizza", 40.0), ("moon", 40.0)],
+    "smollm2-135m-res-L20": [],
+}
+FLUENCY_BOUND = 1.5  # nats/token the steered answers may lose against the unsteered answers' own log-prob
+SEED = 0
+MAX_NEW_TOKENS = 48
+
+
+def held_out(model: Any, tokenizer: Any, settings: Any, context: int) -> torch.Tensor:
+    spec = recipe.RunSpec(model_id=BUNDLED_ID, layer=0, output=Path("."), context=context)
+    _, held = recipe.documents(spec, model, tokenizer, settings.cache_dir)
+    return corpus.token_windows(tokenizer, held, context)
+
+
+@torch.inference_mode()
+def next_token_loss(model: Any, windows: torch.Tensor) -> float:
+    total, count = 0.0, 0
+    for lo in range(0, windows.shape[0], 4):
+        ids = windows[lo:lo + 4]
+        logits = model(input_ids=ids, use_cache=False).logits[:, :-1].float()
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1),
+                                                 reduction="sum")
+        total, count = total + float(loss), count + ids[:, 1:].numel()
+    return total / count
+
+
+def splice(sae: SAE | None):
+    """Layer output -> SAE reconstruction (or zeros), leaving each window's first position as it was."""
+    def fn(hidden: torch.Tensor) -> torch.Tensor:
+        out = hidden.clone()
+        rest = hidden[:, 1:].float()
+        out[:, 1:] = torch.zeros_like(rest) if sae is None else sae.decode(sae.encode(rest))
+        return out
+    return fn
+
+
+def reconstruction(model: Any, sae: SAE, layer: int, windows: torch.Tensor, ce_windows: int) -> None:
+    acts = activations.collect(model, windows, layer)
+    fvu = float(fraction_unexplained(acts, sae.decode(sae.encode(acts))))
+    fired = (sae.encode(acts) > 0).any(0)
+    print(f"  held-out tokens {acts.shape[0]}: FVU {fvu:.4f} (target <= 0.15)")
+    print(f"  dead features {int((~fired).sum())}/{sae.d_sae} = {float((~fired).float().mean()):.2%} (target <= 5%)")
+    sub = windows[:ce_windows]
+    clean = next_token_loss(model, sub)
+    with activations.replaced_output(model, layer, splice(sae)):
+        spliced = next_token_loss(model, sub)
+    with activations.replaced_output(model, layer, splice(None)):
+        zeroed = next_token_loss(model, sub)
+    share = (spliced - clean) / (zeroed - clean)
+    print(f"  CE over {sub[:, 1:].numel()} tokens: clean {clean:.4f}, SAE spliced {spliced:.4f}, layer zeroed "
+          f"{zeroed:.4f}: SAE costs {share:.2%} of the zero-ablation gap (target <= 10%)")
+
+
+def concept_words(folder: Path, feature: int) -> tuple[str, ...]:
+    """The words that count as mentioning a feature's concept: its top tokens (features.jsonl) that are words."""
+    for line in (folder / "features.jsonl").read_text().splitlines():
+        item = json.loads(line)
+        if item["index"] == feature:
+            return tuple(t for t, _ in item["top_tokens"] if t.isalpha() and len(t) >= 3)
+    return ()
+
+
+def mentions(text: str, words: tuple[str, ...]) -> bool:
+    """A word, or its plural, as a whole word."""
+    return any(re.search(rf"\b{re.escape(w)}(s|es)?\b", text, re.IGNORECASE) for w in words)
+
+
+@torch.inference_mode()
+def mean_logprob(model: Any, tokenizer: Any, prompts: tuple[str, ...], answers: list[str]) -> float:
+    """Mean log-probability per answer token under ``model`` as it is now (teacher forced)."""
+    total, count = 0.0, 0
+    for prompt, answer in zip(prompts, answers):
+        head = tokenizer(corpus._chat_text(tokenizer, prompt), add_special_tokens=False)["input_ids"]
+        body = tokenizer(answer, add_special_tokens=False)["input_ids"]
+        if not body:
+            continue
+        ids = torch.tensor([head + body])
+        logp = model(input_ids=ids, use_cache=False).logits[0, len(head) - 1:-1].float().log_softmax(-1)
+        total += float(logp.gather(-1, torch.tensor(body).unsqueeze(-1)).sum())
+        count += len(body)
+    return total / max(1, count)
+
+
+def steering(model: Any, tokenizer: Any, sae_id: str, sae: SAE, layer: int, folder: Path) -> None:
+    index = LabelIndex.load(folder, sae_id)
+    concepts = CONCEPTS.get(sae_id, [])
+    if not concepts:
+        print("  steering: no concept features listed for this SAE")
+        return
+    plain = corpus.sample_answers(model, tokenizer, list(NEUTRAL_PROMPTS), SEED, MAX_NEW_TOKENS)
+    plain_lp = mean_logprob(model, tokenizer, NEUTRAL_PROMPTS, plain)
+    print(f"  unsteered answers: mean log-prob {plain_lp:.3f} nats/token")
+    control = Steering(model)
+    control.attach(sae_id, sae, layer)
+    try:
+        for name, strength in concepts:
+            feature = index.resolve(name)
+            words = concept_words(folder, feature)
+            control.set_values(sae_id, {feature: strength}, merge=False)
+            steered = corpus.sample_answers(model, tokenizer, list(NEUTRAL_PROMPTS), SEED, MAX_NEW_TOKENS)
+            control.clear()
+            lp = mean_logprob(model, tokenizer, NEUTRAL_PROMPTS, steered)
+            hit = sum(mentions(t, words) for t in steered) / len(steered)
+            base = sum(mentions(t, words) for t in plain) / len(plain)
+            print(f"  steer {name}={strength:g} (feature {feature}: {index.labels[feature]}; words "
+                  f"{', '.join(words)}): mentions {hit:.0%} "
+                  f"steered vs {base:.0%} unsteered; log-prob {lp:.3f} ({lp - plain_lp:+.3f} vs unsteered, "
+                  f"bound -{FLUENCY_BOUND}); e.g. {steered[0][:90]!r}")
+    finally:
+        control.detach_all()
+
+
+def throughput(sae: SAE, acts_like: torch.Tensor, train_json: Path) -> None:
+    config = TrainConfig(d_in=sae.d_in, d_sae=sae.d_sae, k=32, steps=6, batch_size=4096)
+    buffer = acts_like.repeat(-(-4096 // acts_like.shape[0]) + 1, 1)[:4096 * 2]
+    trainer = TopKTrainer(config, buffer.mean(0), 1.0)
+    batches = ShuffledBatches(buffer, 4096, 0)
+    trainer.step(batches.batch(0))
+    started = time.perf_counter()
+    for i in range(1, 6):
+        trainer.step(batches.batch(i))
+    rate = 5 * 4096 / (time.perf_counter() - started)
+    print(f"  training throughput now: {rate:,.0f} tokens/s at d_sae {sae.d_sae}, batch 4096")
+    if train_json.is_file():
+        info = json.loads(train_json.read_text())
+        seconds = info["seconds"]
+        print(f"  its documented command: {info['tokens']} tokens x {info['spec']['epochs']} epochs; "
+              f"corpus+activations {seconds['corpus_and_activations']} s, training {seconds['training']} s, "
+              f"labelling {seconds['labelling']} s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sae", action="append", help="bundled SAE id (default: all)")
+    parser.add_argument("--ce-windows", type=int, default=24, help="held-out windows for the CE figures")
+    parser.add_argument("--skip-steering", action="store_true")
+    args = parser.parse_args()
+    settings = get_settings()
+    model, tokenizer, _, _ = load(resolve(BUNDLED_ID, settings), settings)
+    chosen = [b for b in bundled_saes() if not args.sae or b.id in args.sae]
+    for b in chosen:
+        loaded = load_sae(b.path)
+        cfg = json.loads((b.path / "cfg.json").read_text())
+        windows = held_out(model, tokenizer, settings, cfg["metadata"]["context_size"])
+        print(f"{b.id} (layer {b.layer}, d_sae {loaded.sae.d_sae}, k {loaded.sae.k}):")
+        reconstruction(model, loaded.sae, b.layer, windows, args.ce_windows)
+        if not args.skip_steering:
+            steering(model, tokenizer, b.id, loaded.sae, b.layer, b.path)
+        throughput(loaded.sae, activations.collect(model, windows[:16], b.layer), b.path / "train.json")
+
+
+if __name__ == "__main__":
+    main()
