@@ -191,6 +191,19 @@ def serve(
     run(app, host, port)
 
 
+@app.command()
+@reports_errors
+def tui(
+    model: Annotated[str | None, typer.Option(help="Model to load in-process, or to chat with on --url.")] = None,
+    url: Annotated[str | None, typer.Option(help="Drive a running `millm serve` (e.g. http://127.0.0.1:8000) "
+                                                 "instead; keys from MILLM_API_KEY / MILLM_ADMIN_KEY.")] = None,
+) -> None:
+    """The live steering dial in the terminal: features, strengths, λ, chat, compare (F1 lists the keys)."""
+    from tui.app import run as run_tui
+
+    run_tui(model=model, url=url)
+
+
 @models_app.command("list")
 @reports_errors
 def models_list() -> None:

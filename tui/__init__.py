@@ -1,1 +1,1 @@
-"""The Textual steering dial (``millm tui``); arrives with the steering work."""
+"""``millm tui``: the live steering dial in the terminal (Textual), in-process or on a server's URL."""

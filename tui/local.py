@@ -1,0 +1,186 @@
+"""The in-process client: the TUI drives an engine loaded in this process, exactly as the server does.
+
+Model work and steering changes go through one ``EngineWorker`` (the server's): a generation streams
+from the engine thread, and every steering change is a command that runs on that thread between two
+decode steps, so no hook changes under a running forward pass, and a change made while an answer is
+generated follows the operator-wins rule. Requests are built by ``millm.builder.build_chat`` and
+steered through ``SteeringService.for_request``, as ``/v1/chat/completions`` builds and steers them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from millm.builder import build_chat
+from millm.config import get_settings
+from millm.engine.base import Engine, StepControl
+from millm.engine.events import Activations, Delta, Event, Finish, Usage
+from millm.engine.plan import run_each
+from millm.engine.worker import EngineWorker
+from millm.errors import FieldNotHonoured, InvalidParameter
+from millm.sae.labels import LabelIndex
+from millm.steering.bases import RequestSteering
+from millm.steering.rung import rung_language
+from millm.steering.target import SteeringTarget
+from tui.client import (
+    ChatEvent,
+    ChatResult,
+    Done,
+    Feature,
+    ModelInfo,
+    Piece,
+    ProfileInfo,
+    SAEInfo,
+    SteeringState,
+    readout_tokens,
+)
+
+if TYPE_CHECKING:
+    from millm.steering.service import SteeringService
+
+class LocalClient:
+    """miLLM in this process, on ``engine`` (steering persisted through ``service``)."""
+
+    def __init__(self, engine: Engine, service: SteeringService | None = None) -> None:
+        from cli.common import steering_service
+
+        self.engine = engine
+        self.service = service or steering_service()
+        self.worker = EngineWorker(get_settings().max_queue)
+        self._target = engine.steering_target()
+
+    @classmethod
+    async def open(cls, model: str | None) -> LocalClient:
+        """Load ``model`` (default: the configured one) off the event loop, with its persisted steering."""
+        from cli.common import engine_for
+
+        return cls(await asyncio.to_thread(engine_for, model))
+
+    def target(self) -> SteeringTarget:
+        if self._target is None:
+            raise InvalidParameter(f"'{self.engine.model_id}' runs on {self.engine.engine_name}, which cannot be "
+                                   "steered.", param="model")
+        return self._target
+
+    async def info(self) -> ModelInfo:
+        return ModelInfo(self.engine.model_id, self.engine.engine_name, self._target is not None, "in-process")
+
+    # SAEs
+    async def saes(self) -> list[SAEInfo]:
+        views = [self.service.view(r, self._target) for r in await asyncio.to_thread(self.service.store.saes)]
+        return [SAEInfo(v["id"], v["name"], int(v["d_sae"]), v.get("layer_hint"), v.get("attached_layer"))
+                for v in views]
+
+    async def attach(self, sae_id: str, layer: int | None = None) -> None:
+        await self.worker.command(self.service.attach, self.target(), sae_id, layer)
+
+    async def detach(self, sae_id: str) -> None:
+        await self.worker.command(self.service.detach, self.target(), sae_id)
+
+    async def search(self, sae_id: str, query: str) -> list[Feature]:
+        """As ``GET /api/saes/{id}/features?q=`` ranks them: label starts with it, has it as a term, contains it."""
+        labels = await self.labels(sae_id)
+        rows = LabelIndex(labels, sae_id).rows(query or None)
+        return [Feature(sae_id, int(r["index"]), r["label"]) for r in rows]
+
+    async def labels(self, sae_id: str) -> dict[int, str]:
+        d_sae = int(self.service.sae(sae_id)["d_sae"])
+        rows = await asyncio.to_thread(self.service.store.labels, sae_id, None, d_sae)
+        return {int(r["index"]): r["label"] for r in rows}
+
+    # live values
+    async def steering(self) -> SteeringState:
+        steering = self.target().steering
+        return SteeringState.from_snapshot(steering.snapshot(), steering.live)
+
+    async def set_strength(self, sae_id: str, feature: int, strength: float) -> SteeringState:
+        target, service = self.target(), self.service
+        await self.worker.command(lambda: service.set_values(target, sae_id, {feature: strength}, merge=True))
+        return await self.steering()
+
+    async def clear(self) -> SteeringState:
+        await self.worker.command(self.service.clear, self.target())
+        return await self.steering()
+
+    async def set_enabled(self, enabled: bool) -> SteeringState:
+        await self.worker.command(self.service.set_enabled, self.target(), enabled)
+        return await self.steering()
+
+    # profiles
+    async def profiles(self) -> tuple[list[ProfileInfo], str | None]:
+        rows = await asyncio.to_thread(self.service.store.profiles)
+        active = self._target.steering.active_profile if self._target is not None else None
+        return [ProfileInfo(p["name"], p["description"], p["model"], len(p["entries"])) for p in rows], active
+
+    async def save_profile(self, name: str, description: str = "") -> None:
+        await asyncio.to_thread(self.service.profile_from_current, self.target(), name, description)
+
+    async def activate(self, name: str) -> SteeringState:
+        await self.worker.command(self.service.activate, self.target(), name)
+        return await self.steering()
+
+    async def export(self, name: str) -> dict[str, Any]:
+        return await asyncio.to_thread(self.service.export, name)
+
+    # monitoring and circuits
+    async def watch(self, sae_id: str, features: list[int]) -> None:
+        config = {"enabled": bool(features), "sae": sae_id, "features": features}
+        await self.worker.command(self.service.configure_monitor, self.target(), config)
+
+    async def monitor_history(self) -> list[dict[str, Any]]:
+        return list(self.target().monitor.history) if self._target is not None else []
+
+    async def active_circuit(self) -> str | None:
+        return self.service.active_circuit(self._target, self.engine.model_id)
+
+    # generation
+    def _request_steering(self, profile: str | None, dial: Any) -> RequestSteering:
+        if self._target is None:
+            for name, value in (("profile", profile), ("steering_intensity", dial)):
+                if value is not None:
+                    raise FieldNotHonoured(f"'{name}' cannot be honoured by the {self.engine.engine_name} engine.",
+                                           param=name)
+            return RequestSteering()
+        return self.service.for_request(self._target, profile, dial)
+
+    async def chat(self, body: dict[str, Any]) -> AsyncIterator[ChatEvent]:
+        """Stream one chat answer; closing the iterator (or cancelling its task) stops it at the next step."""
+        engine, target = self.engine, self._target
+        built = build_chat(body, lambda _: engine.engine_name)
+        steer = self._request_steering(built.profile, built.intensity)
+        plans = [engine.prepare(replace(g, override=steer.override)) for g in built.generations]
+        result = ChatResult(steering=target.steering.label(steer.override) if target is not None else "none",
+                            intensity=steer.echo, rung=rung_language(steer.rung) if steer.rung is not None else None)
+
+        def make_events(control: StepControl) -> Iterator[Event]:
+            if target is not None and steer.pinned:
+                outer = control
+
+                def run_commands() -> None:
+                    outer.run_commands()
+                    steer.check(target.steering)  # an operator change that unpins the steering ends the answer
+
+                control = StepControl(cancel=outer.cancel, run_commands=run_commands)
+            return run_each(engine.run, plans, control)
+
+        readout: dict[str, Any] | None = None
+        async for event in self.worker.stream(make_events):
+            if isinstance(event, Delta):
+                result.text += event.text
+                yield Piece(event.text)
+            elif isinstance(event, Finish):
+                result.finish, result.completion_tokens = event.reason, event.completion_tokens
+            elif isinstance(event, Activations):
+                readout = event.body
+            elif isinstance(event, Usage):
+                result.prompt_tokens = event.prompt_tokens
+        if readout is not None:
+            result.readout_sae = readout["sae_id"]
+            result.tokens = readout_tokens(readout, result.prompt_tokens, lambda _, tid: engine.token_text(tid))
+        yield Done(result)
+
+    async def close(self) -> None:
+        self.worker.shutdown()

@@ -1,0 +1,1 @@
+"""The TUI's screens: the main steering screen and its dialogs."""

@@ -1,0 +1,113 @@
+"""The selected feature's strength: arrows step it, a typed number sets it, 0 removes it.
+
+Values clamp at the engine's steering limit (``millm.steering.values``) as the hooks clamp them.
+"""
+
+from __future__ import annotations
+
+from rich.console import RenderableType
+from rich.text import Text
+from textual import events
+from textual.binding import Binding
+from textual.message import Message
+from textual.reactive import reactive
+from textual.widget import Widget
+
+from millm.errors import InvalidParameter
+from millm.steering.values import STRENGTH_LIMIT
+from tui.client import Feature
+from tui.dials import STRENGTH_LARGE_STEP, STRENGTH_STEP, parse_strength, step_strength
+from tui.widgets.gauge import gauge
+
+TYPED = set("0123456789.-+")
+
+
+class StrengthDial(Widget, can_focus=True):
+    """A dial over ±STRENGTH_LIMIT for one feature of one attached SAE."""
+
+    BINDINGS = [
+        Binding("right,up", f"step({STRENGTH_STEP})", f"+{STRENGTH_STEP:g}"),
+        Binding("left,down", f"step({-STRENGTH_STEP})", f"-{STRENGTH_STEP:g}"),
+        Binding("shift+right,shift+up", f"step({STRENGTH_LARGE_STEP})", f"+{STRENGTH_LARGE_STEP:g}"),
+        Binding("shift+left,shift+down", f"step({-STRENGTH_LARGE_STEP})", f"-{STRENGTH_LARGE_STEP:g}"),
+        Binding("delete,backspace", "remove", "remove"),
+    ]
+    TYPING = "type a number and Enter to set it (0 removes); Esc drops it"
+
+    feature: reactive[Feature | None] = reactive(None)
+    value: reactive[float] = reactive(0.0)
+    typed: reactive[str] = reactive("")
+
+    class Set(Message):
+        """Set ``feature``'s strength (0 removes it)."""
+
+        def __init__(self, feature: Feature, strength: float) -> None:
+            super().__init__()
+            self.feature = feature
+            self.strength = strength
+
+    class Refused(Message):
+        """A typed value that is not a strength."""
+
+        def __init__(self, message: str) -> None:
+            super().__init__()
+            self.message = message
+
+    def show(self, feature: Feature | None, value: float) -> None:
+        """Put ``feature`` (at ``value``) on the dial."""
+        self.feature = feature
+        self.value = value
+        self.typed = ""
+
+    def _set(self, strength: float) -> None:
+        if self.feature is None:
+            return
+        self.value = strength
+        self.post_message(self.Set(self.feature, strength))
+
+    def action_step(self, delta: float) -> None:
+        self._set(step_strength(self.value, delta))
+
+    def action_remove(self) -> None:
+        self._set(0.0)
+
+    def on_key(self, event: events.Key) -> None:
+        """Digits start (and extend) a typed value; Enter sets it, Backspace edits it, Esc drops it."""
+        if self.feature is None:
+            return
+        if event.character is not None and event.character in TYPED:
+            self.typed += event.character
+        elif self.typed and event.key == "backspace":
+            self.typed = self.typed[:-1]
+        elif self.typed and event.key == "escape":
+            self.typed = ""
+        elif self.typed and event.key == "enter":
+            text, self.typed = self.typed, ""
+            try:
+                self._set(parse_strength(text))
+            except InvalidParameter as exc:
+                self.post_message(self.Refused(exc.message))
+        else:
+            return
+        event.stop()
+        event.prevent_default()
+
+    def render(self) -> RenderableType:
+        width = self.content_size.width or 40
+        if self.feature is None:
+            return Text("search a feature, or Enter on a steered one", style="dim")
+        f = self.feature
+        head = Text.assemble((f"#{f.index} ", "bold cyan"), (f.label or "(no label)", ""),
+                             overflow="ellipsis", no_wrap=True)
+        limit = f"{STRENGTH_LIMIT:g}"
+        value = f"{self.value:+.1f}"
+        track = width - len(limit) * 2 - 4 - len(value) - 1
+        style = "bold green" if self.value > 0 else "bold red" if self.value < 0 else "bold"
+        bar = Text.assemble((f"-{limit} ", "dim"),
+                            gauge((self.value + STRENGTH_LIMIT) / (2 * STRENGTH_LIMIT), track, 0.5, style),
+                            (f" +{limit} ", "dim"), (value, style))
+        if self.typed:
+            foot = Text.assemble(("set: ", "bold"), (self.typed + "▏", "reverse"), ("  Enter sets, Esc drops", "dim"))
+        else:
+            foot = Text(f"←→ ±{STRENGTH_STEP:g}  ⇧ ±{STRENGTH_LARGE_STEP:g}  0-9 set  Del removes", style="dim")
+        return Text("\n").join([head, bar, foot])
