@@ -1,0 +1,129 @@
+"""The TUI's pure parts: the dials' arithmetic, request bodies, and reading responses (no model)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from millm.builder import build_chat
+from millm.errors import InvalidParameter
+from millm.steering.intensity import DEFAULT_DIAL, ENVELOPE, Symbol
+from millm.steering.rung import LADDER, rung_header
+from millm.steering.values import STRENGTH_LIMIT
+from tui.client import SteeringState, readout_ask, readout_tokens, rung_phrase
+from tui.dials import (
+    LAMBDA_STEP,
+    STRENGTH_STEP,
+    dial_fraction,
+    parse_lambda,
+    parse_strength,
+    show_dial,
+    step_lambda,
+    step_strength,
+    wire_dial,
+)
+from tui.session import Conversation, Steer, chat_body, compare_bodies, parse_field, sampling_fields
+
+
+def test_strength_steps_clamp_at_the_engine_limit():
+    assert step_strength(0.0, STRENGTH_STEP) == STRENGTH_STEP
+    assert step_strength(STRENGTH_LIMIT - 1, STRENGTH_STEP) == STRENGTH_LIMIT
+    assert step_strength(-STRENGTH_LIMIT, -STRENGTH_STEP) == -STRENGTH_LIMIT
+    assert step_strength(0.1, 0.2) == pytest.approx(0.3) and step_strength(0.1, 0.2) == 0.3
+
+
+def test_typed_strengths():
+    assert parse_strength(" 40 ") == 40.0
+    assert parse_strength("-1e9") == -STRENGTH_LIMIT
+    assert parse_strength("0") == 0.0
+    for bad in ("abc", "", "nan", "inf"):
+        with pytest.raises(InvalidParameter) as exc:
+            parse_strength(bad)
+        assert exc.value.param == "strength"
+
+
+def test_lambda_steps_stay_in_the_envelope_and_zero_is_off():
+    assert step_lambda(None, LAMBDA_STEP) == pytest.approx(DEFAULT_DIAL + LAMBDA_STEP)
+    assert step_lambda(ENVELOPE[1], LAMBDA_STEP) == ENVELOPE[1]
+    assert step_lambda(LAMBDA_STEP, -LAMBDA_STEP) is Symbol.OFF
+    assert step_lambda(Symbol.OFF, -LAMBDA_STEP) is Symbol.OFF
+    assert step_lambda(Symbol.OFF, LAMBDA_STEP) == pytest.approx(LAMBDA_STEP)
+    assert step_lambda(Symbol.MIN, LAMBDA_STEP, echoed=0.5) == pytest.approx(0.6)  # from what min resolved to
+    assert step_lambda(Symbol.MAX, -LAMBDA_STEP) == pytest.approx(DEFAULT_DIAL - LAMBDA_STEP)
+
+
+def test_typed_lambdas_are_checked_as_requests_are():
+    assert parse_lambda("0.5") == 0.5 and parse_lambda("MAX") is Symbol.MAX and parse_lambda("0") is Symbol.OFF
+    for bad in ("3", "-1", "loud", ""):
+        with pytest.raises(InvalidParameter) as exc:
+            parse_lambda(bad)
+        assert exc.value.param == "steering_intensity"
+
+
+def test_dial_display_and_wire_values():
+    assert [show_dial(d) for d in (None, Symbol.OFF, Symbol.MIN, 0.8)] == ["base", "off", "min", "0.80"]
+    assert [wire_dial(d) for d in (None, Symbol.MAX, 1.5)] == [None, "max", 1.5]
+    assert dial_fraction(Symbol.OFF) == 0.0 and dial_fraction(ENVELOPE[1]) == 1.0
+
+
+def test_sampling_form_fields():
+    assert parse_field(" ") is None and parse_field("7") == 7 and parse_field("0.5") == 0.5
+    assert parse_field("warm") == "warm"
+    assert sampling_fields({"temperature": "0", "max_tokens": "", "seed": "42"}) == {"temperature": 0, "seed": 42}
+
+
+def engine_of(_: str) -> str:
+    return "transformers"
+
+
+def test_chat_bodies_are_what_the_builder_takes():
+    conv = Conversation(system="Be brief.")
+    messages = conv.messages("Hi")
+    body = chat_body("m", messages, {"temperature": 0, "max_tokens": 8}, Steer(Symbol.MIN, "calm", "sae_x"))
+    assert body["steering_intensity"] == "min" and body["profile"] == "calm" and body["stream"] is True
+    assert body["return_sae_activations"] == readout_ask("sae_x")
+    built = build_chat(body, engine_of)
+    assert built.intensity is Symbol.MIN and built.profile == "calm" and built.stream
+    assert built.generations[0].prompts[0].messages == messages
+    plain = chat_body("m", messages, {}, Steer())
+    assert set(plain) == {"model", "messages", "stream"}
+    with pytest.raises(InvalidParameter) as exc:
+        build_chat(chat_body("m", messages, sampling_fields({"temperature": "warm"}), Steer()), engine_of)
+    assert exc.value.param == "temperature"
+
+
+def test_compare_bodies_share_one_seed():
+    body = chat_body("m", [{"role": "user", "content": "Hi"}], {"temperature": 0.7}, Steer(0.5))
+    off, on = compare_bodies(body, random.Random(3))
+    assert off["seed"] == on["seed"] and off["steering_intensity"] == "off" and on["steering_intensity"] == 0.5
+    off, on = compare_bodies({**body, "seed": 9})
+    assert off["seed"] == on["seed"] == 9
+    for b in (off, on):
+        build_chat(b, engine_of)
+
+
+def test_conversation_keeps_turns_until_reset():
+    conv = Conversation()
+    conv.add("Hi", "Hello!")
+    assert conv.messages("Again") == [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},
+                                      {"role": "user", "content": "Again"}]
+    conv.reset()
+    assert conv.messages() == []
+
+
+def test_rung_phrase_reads_the_header():
+    for rung in LADDER:
+        assert rung_phrase(rung_header(rung.level)) == rung.language
+    assert rung_phrase("1") == LADDER[1].language
+    assert rung_phrase(None) is None and rung_phrase("x") is None
+
+
+def test_readout_tokens_and_steering_state():
+    body = {"sae_id": "s", "positions": [{"position": 10, "token_id": 5, "features": [{"index": 3, "value": 1.5}]},
+                                         {"position": 11, "token_id": 6, "features": []}]}
+    tokens = readout_tokens(body, 10, lambda k, tid: f"{k}:{tid}")
+    assert [(t.text, t.features) for t in tokens] == [("0:5", [(3, 1.5)]), ("1:6", [])]
+    state = SteeringState.from_snapshot({"enabled": False, "active_profile": "p",
+                                         "saes": {"s": {"layer": 4, "values": {"3": 40.0}}}}, live=False)
+    assert state == SteeringState(False, "p", {"s": {3: 40.0}}, {"s": 4}, False)
