@@ -51,7 +51,7 @@ NEUTRAL_PROMPTS = (
 # per SAE: (label name, resolved on its labels as --steer NAME=S is, and the documented strength)
 CONCEPTS: dict[str, list[tuple[str, float]]] = {
     "smollm2-135m-res-L10": [("music", 40.0), ("ocean", 40.0), ("cats", 40.0), ("pizza", 40.0), ("moon", 40.0)],
-    "smollm2-135m-res-L20": [],
+    "smollm2-135m-res-L20": [("music", 60.0), ("ocean", 60.0), ("game", 60.0), ("trees", 60.0), ("moon", 60.0)],
 }
 FLUENCY_BOUND = 1.5  # nats/token the steered answers may lose against the unsteered answers' own log-prob
 SEED = 0
