@@ -92,8 +92,10 @@ class MillmApp(App[None]):
 
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):
-            self.push_screen(HelpScreen(self.key_sections(), {
-                **CHAT_COMMANDS, "digits (on a dial)": StrengthDial.TYPING}))
+            typing = [("strength dial", "digits Enter", StrengthDial.TYPING),
+                      ("intensity dial", "digits Enter", IntensityDial.TYPING)]
+            self.push_screen(HelpScreen(self.key_sections(),
+                                        [("chat input", k, does) for k, does in CHAT_COMMANDS.items()] + typing))
 
     async def on_unmount(self) -> None:
         if self.client is not None:

@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from textual.pilot import Pilot
+from textual.widgets import Input
 
 from millm.builder import build_chat
 from millm.engine.events import Delta
@@ -63,11 +64,18 @@ async def type_text(pilot: Pilot[Any], text: str) -> None:
     await pilot.press(*[keys.get(ch, ch) for ch in text])
 
 
+async def send(app: MillmApp, pilot: Pilot[Any], prompt: str) -> None:
+    """Put ``prompt`` in the chat input and press Enter (typing it key by key is slow while the engine is
+    busy: Pilot waits for the process to go idle after every key)."""
+    prompt_input = app.main.query_one("#prompt", Input)
+    prompt_input.value = prompt
+    prompt_input.focus()
+    await pilot.press("enter")
+
+
 async def ask(app: MillmApp, pilot: Pilot[Any], prompt: str) -> None:
     """Send ``prompt`` from the chat input and wait for the answer."""
-    app.main.query_one("#prompt").focus()
-    await type_text(pilot, prompt)
-    await pilot.press("enter")
+    await send(app, pilot, prompt)
     await settle(pilot)
 
 

@@ -10,7 +10,8 @@ import pytest
 
 from millm.steering.intensity import ENVELOPE, Symbol
 from millm.steering.values import STRENGTH_LIMIT
-from tests.tui.helpers import PROMPT, answers, ask, drive, greedy_answer, settle, type_text, until
+from tests.tui.helpers import PROMPT, answers, ask, drive, greedy_answer, send, settle, type_text, until
+from tui.client import Feature
 from tui.local import LocalClient
 from tui.widgets.activation_strip import ActivationStrip
 from tui.widgets.compare_view import CompareView
@@ -70,12 +71,10 @@ def test_attach_search_and_dial_a_feature(engine, sae_id):
 
 
 def test_prompt_streams_its_answer(engine):
-    expected = greedy_answer(engine, max_tokens=24)
+    expected = greedy_answer(engine, max_tokens=12)
 
     async def scenario(app, pilot) -> list[str]:
-        app.main.query_one("#prompt").focus()
-        await type_text(pilot, PROMPT)
-        await pilot.press("enter")
+        await send(app, pilot, PROMPT)
         seen: list[str] = []
         await until(pilot, lambda: bool(app.main.query(MessageBox)))
         while app.main.busy:  # what the screen shows while the answer streams
@@ -88,7 +87,7 @@ def test_prompt_streams_its_answer(engine):
         assert app.main.conversation.turns[-1] == {"role": "assistant", "content": expected}
         return seen
 
-    seen = drive(LocalClient(engine), scenario, {"temperature": "0", "max_tokens": "24"})
+    seen = drive(LocalClient(engine), scenario, {"temperature": "0", "max_tokens": "12"})
     assert len(seen) >= 2 and all(expected.startswith(s) for s in seen) and seen[0] != expected
 
 
@@ -207,9 +206,7 @@ def test_save_activate_and_export_a_profile(engine, attached, tmp_path, monkeypa
 
 def test_escape_cancels_the_answer(engine):
     async def scenario(app, pilot) -> None:
-        app.main.query_one("#prompt").focus()
-        await type_text(pilot, "Tell me a long story about the sea.")
-        await pilot.press("enter")
+        await send(app, pilot, "Tell me a long story about the sea.")
         await until(pilot, lambda: any(b.text for b in app.main.query(MessageBox) if b.role != "you"))
         await pilot.press("escape")
         await settle(pilot)
@@ -264,3 +261,56 @@ def test_strip_and_sparklines_show_what_the_model_computed(engine, attached):
         drive(LocalClient(engine), scenario)
     finally:
         target.monitor.configure(type(target.monitor.config)())
+
+
+def test_a_dial_change_mid_answer_applies_between_steps(engine, attached):
+    """The TUI is an operator: its change lands while the answer streams, and stays."""
+    target = engine.steering_target()
+
+    async def scenario(app, pilot) -> None:
+        app.main.query_one(StrengthDial).show(Feature(attached, 5, ""), 0.0)
+        await send(app, pilot, "Tell me a long story about the sea.")
+        await until(pilot, lambda: any(b.text for b in app.main.query(MessageBox) if b.role != "you"))
+        app.main.query_one(StrengthDial).focus()
+        await pilot.press("1", "5", "0", "enter")
+        await until(pilot, lambda: target.steering.attachments[attached].values == {5: 150.0})
+        assert app.main.busy  # applied between two decode steps, not after the answer
+        await pilot.press("escape")
+        await settle(pilot)
+        assert target.steering.attachments[attached].values == {5: 150.0}
+
+    drive(LocalClient(engine), scenario, {"temperature": "0", "max_tokens": "400"})
+
+
+def test_the_bundled_sae_found_by_label_steers_the_answer(engine):
+    from cli.common import steering_service
+    from millm.sae.bundled import bundled_saes
+
+    bundled = next(b for b in bundled_saes() if b.id == "smollm2-135m-res-L10")
+    plain = greedy_answer(engine, "What should I do this weekend?", max_tokens=12)
+    target = engine.steering_target()
+
+    async def scenario(app, pilot) -> str:
+        saes = app.main.query_one(SAEList)
+        saes.highlighted = [s.id for s in saes.saes].index(bundled.id)
+        saes.focus()
+        await pilot.press("a")
+        await settle(pilot)
+        assert target.steering.attachments[bundled.id].layer == bundled.layer
+        await pilot.press("ctrl+f")
+        await type_text(pilot, "ocean")
+        await settle(pilot)
+        await pilot.press("enter", "4", "0", "enter")
+        await settle(pilot)
+        assert target.steering.attachments[bundled.id].values == {367: 40.0}
+        await ask(app, pilot, "What should I do this weekend?")
+        return answers(app)[-1]
+
+    try:
+        steered = drive(LocalClient(engine), scenario, {"temperature": "0", "max_tokens": "12"})
+    finally:
+        service = steering_service()
+        service.clear(target)
+        if bundled.id in target.steering.attachments:
+            service.detach(target, bundled.id)
+    assert steered != plain

@@ -19,8 +19,9 @@ def _keys(binding: Binding) -> str:
     return " / ".join(k.strip().replace("shift+", "⇧").replace("ctrl+", "^") for k in binding.key.split(","))
 
 
-def key_table(sections: list[Section], commands: dict[str, str]) -> Table:
-    """A table of area, keys and what they do; then the chat commands."""
+def key_table(sections: list[Section], extra: list[tuple[str, str, str]]) -> Table:
+    """A table of area, keys and what they do; then ``extra`` rows (where, keys, does) that are not
+    bindings (the chat commands, typing on a dial)."""
     table = Table(box=None, show_header=True, header_style="bold", expand=True, padding=(0, 1))
     table.add_column("where", style="cyan", no_wrap=True)
     table.add_column("keys", style="bold", no_wrap=True)
@@ -32,10 +33,10 @@ def key_table(sections: list[Section], commands: dict[str, str]) -> Table:
                 continue
             table.add_row(area if first else "", _keys(b), b.description or b.action)
             first = False
-    first = True
-    for command, does in commands.items():
-        table.add_row("chat input" if first else "", command, does)
-        first = False
+    previous = ""
+    for area, keys, does in extra:
+        table.add_row(area if area != previous else "", keys, does)
+        previous = area
     return table
 
 
@@ -44,15 +45,15 @@ class HelpScreen(ModalScreen[None]):
 
     BINDINGS = [Binding("escape,f1,q", "dismiss", "close")]
 
-    def __init__(self, sections: list[Section], commands: dict[str, str]) -> None:
+    def __init__(self, sections: list[Section], extra: list[tuple[str, str, str]]) -> None:
         super().__init__()
         self.sections = sections
-        self.commands = commands
+        self.extra = extra
 
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="help-box"):
             yield Static(Text("miLLM keys", style="bold"))
-            yield Static(key_table(self.sections, self.commands))
+            yield Static(key_table(self.sections, self.extra))
 
     def on_mount(self) -> None:
         self.query_one("#help-box").border_title = "help"

@@ -37,6 +37,8 @@ class IntensityDial(Widget, can_focus=True):
         Binding("b", "set(None)", "base"),
     ]
 
+    TYPING = "type a λ from 0 to 2 (0 is off) and Enter to set it; Esc drops it"
+
     dial: reactive[Dial] = reactive(None)
     typed: reactive[str] = reactive("")
     base: reactive[str] = reactive("live values")
