@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
+from millm.builder import build_chat
 from millm.errors import InvalidParameter, SAENotAttached
 from tui.client import (
     ChatEvent,
@@ -112,6 +113,7 @@ class ScriptedClient:
         return self.enabled and body.get("steering_intensity") != "off" and any(self.values[SAE].values())
 
     async def chat(self, body: dict[str, Any]) -> AsyncIterator[ChatEvent]:
+        build_chat(body, lambda _: "transformers")  # refused as both real clients refuse it
         self.bodies.append(body)
         words = STEERED if self.steered(body) else PLAIN
         for word in words:

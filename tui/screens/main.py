@@ -260,7 +260,10 @@ class MainScreen(Screen[None]):
                     state = await self.client.set_strength(sae_id, index, strength)
                 except MillmError as exc:
                     self.notify(exc.message, severity="error", title="not set")
-                    state = await self.client.steering()
+                    try:
+                        state = await self.client.steering()
+                    except MillmError:
+                        continue
                 self.show_state(state)
         finally:
             self._flushing = False
@@ -285,9 +288,8 @@ class MainScreen(Screen[None]):
             self.notify(exc.message, severity="error", title="not watched")
             return
         self.watched = watched
-        panel = self.query_one(MonitorPanel)
-        panel.watch_features(watched)
-        panel.update_history(await self.client.monitor_history())
+        self.query_one(MonitorPanel).watch_features(watched)
+        self.poll_monitor()
 
     def _poll_monitor(self) -> None:
         if self.busy and self.watched:
@@ -337,10 +339,9 @@ class MainScreen(Screen[None]):
             self.conversation.reset()
             self.query_one("#chat", ChatLog).clear()
             self.notify(f"system prompt: {self.conversation.system or '(none)'}")
-        elif self.compare:
-            self.run_compare(text)
-        else:
-            self.run_answer(text)
+        else:  # busy from now, so a second Enter cannot start (and so cancel) another answer
+            self._busy("comparing" if self.compare else "generating")
+            (self.run_compare if self.compare else self.run_answer)(text)
 
     def body(self, messages: list[dict[str, object]]) -> dict[str, object]:
         sampling = sampling_fields(self.query_one(SamplingForm).fields())
@@ -376,13 +377,11 @@ class MainScreen(Screen[None]):
 
     @work(exclusive=True, group="answer")
     async def run_answer(self, prompt: str) -> None:
-        body = self.body(self.conversation.messages(prompt))
-        log = self.query_one("#chat", ChatLog)
-        log.add("you", prompt)
-        box = log.add(self.info.model_id)
-        self._busy("generating")
         try:
-            result = await self.stream_into(body, box, log)
+            body = self.body(self.conversation.messages(prompt))
+            log = self.query_one("#chat", ChatLog)
+            log.add("you", prompt)
+            result = await self.stream_into(body, log.add(self.info.model_id), log)
         finally:
             self._busy("")
         if result is not None:
@@ -392,12 +391,10 @@ class MainScreen(Screen[None]):
     @work(exclusive=True, group="answer")
     async def run_compare(self, prompt: str) -> None:
         """The prompt alone (after the system prompt), unsteered then steered, with one seed."""
-        off, on = compare_bodies(self.body(Conversation(self.conversation.system).messages(prompt)))
-        view = self.query_one(CompareView)
-        seed = on["seed"]
-        assert isinstance(seed, int)
-        box_off, box_on = view.begin(prompt, seed)
         try:
+            off, on = compare_bodies(self.body(Conversation(self.conversation.system).messages(prompt)))
+            view = self.query_one(CompareView)
+            box_off, box_on = view.begin(prompt, on["seed"])
             self._busy("comparing: unsteered")
             unsteered = await self.stream_into(off, box_off, view.column("unsteered"))
             if unsteered is None:
@@ -451,7 +448,8 @@ class MainScreen(Screen[None]):
             self.show_state(await self.client.clear())
         except MillmError as exc:
             self.notify(exc.message, severity="error")
-        self.notify("live values cleared")
+        else:
+            self.notify("live values cleared")
 
     def action_save_profile(self) -> None:
         self.app.push_screen(TextPrompt("Save the live values as a profile named:"), self._save_profile)

@@ -20,7 +20,7 @@ class CompareView(Horizontal):
         self.query_one("#compare-unsteered", ChatLog).border_title = "unsteered (λ off)"
         self.query_one("#compare-steered", ChatLog).border_title = "steered"
 
-    def begin(self, prompt: str, seed: int) -> tuple[MessageBox, MessageBox]:
+    def begin(self, prompt: str, seed: object) -> tuple[MessageBox, MessageBox]:
         """Show ``prompt`` in both columns; returns the two (empty) answers to stream into."""
         boxes = []
         for side in ("#compare-unsteered", "#compare-steered"):
