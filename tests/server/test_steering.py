@@ -376,7 +376,7 @@ def test_unload_detaches_every_hook(engine, settings, sae_id):
     saved = {sid: att.layer for sid, att in engine.steering.attachments.items()}
     assert saved
     manager = ModelManager(settings, EngineWorker(4), engine)
-    asyncio.run(manager.unload_now())
+    asyncio.run(manager.unload())
     assert not engine.steering.attachments
     assert not any(layer._forward_hooks for layer in engine.model.model.layers)
     from millm.sae.formats import load_sae
