@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 
 from millm.errors import InvalidFeatureIndex, InvalidParameter
+from millm.sae.bundled import bundled_saes
+from millm.sae.formats import load_sae
 from millm.steering.bases import Bases
 from millm.steering.controller import Steering
 from millm.steering.documents import Registered, ServingMode, parse_circuit, parse_cluster, serving_mode
@@ -15,12 +17,11 @@ from millm.steering.intensity import IntensitySettings, Symbol
 from millm.steering.monitor import Monitor
 from millm.steering.target import SteeringTarget
 from millm.store import Store
-from tests.saes import random_sae
 
 PROFILES = Path(__file__).parents[2] / "profiles"
 CLUSTER = json.loads((PROFILES / "weather-cluster.json").read_text())
 CIRCUIT = json.loads((PROFILES / "weather-circuit.json").read_text())
-WIDTH = 2048  # the bundled smollm2-135m-res-L10
+WIDTH = 2048  # the bundled smollm2-135m-res-L10 and -L20
 BOTH = Registered({"sae_l10": WIDTH, "sae_l20": WIDTH}, {10: "sae_l10", 20: "sae_l20"})
 
 
@@ -41,33 +42,35 @@ def test_they_import_against_sae_at_their_layers():
 
 
 def test_they_refuse_sae_they_do_not_fit():
-    narrow = Registered({"sae_l10": 64, "sae_l20": 16}, {10: "sae_l10", 20: "sae_l20"})
     with pytest.raises(InvalidParameter) as exc:
-        parse_cluster(CLUSTER, narrow)
+        parse_cluster(CLUSTER, Registered({"sae_l10": 1024}, {10: "sae_l10"}))
     assert exc.value.param == "/sae/d_sae"
     with pytest.raises(InvalidFeatureIndex) as exc:
-        parse_circuit(CIRCUIT, narrow)
+        parse_circuit(CIRCUIT, Registered({"sae_l10": WIDTH, "sae_l20": 1100}, {10: "sae_l10", 20: "sae_l20"}))
     assert exc.value.param == "/members/3/feature"
 
 
-def test_they_steer_the_bundled_model_through_the_dial(engine, tmp_path):
+def test_they_import_and_steer_with_the_bundled_saes_attached(engine, tmp_path):
+    bundled = {b.layer: b for b in bundled_saes()}
+    assert {10, 20} <= set(bundled)
     steering = Steering(engine.model)
     try:
-        steering.attach("sae_l10", random_sae(576, WIDTH, seed=10), 10)
-        steering.attach("sae_l20", random_sae(576, WIDTH, seed=20), 20)
+        for layer, sid in ((10, "sae_l10"), (20, "sae_l20")):
+            steering.attach(sid, load_sae(bundled[layer].path).sae, layer)
         store = Store(tmp_path / "millm.db")
-        registered = Registered({"sae_l10": WIDTH, "sae_l20": WIDTH}, {10: "sae_l10", 20: "sae_l20"})
+        registered = Registered({a.sae_id: a.sae.d_sae for a in steering.attachments.values()},
+                                {10: "sae_l10", 20: "sae_l20"})
         import_document(store, "cluster", CLUSTER, registered)
         import_document(store, "circuit", CIRCUIT, registered)
         bases = Bases(store, SteeringTarget(engine.model_id, steering, Monitor()), IntensitySettings(2.0, 0.5, 0.0))
         native = bases.request("weather-circuit", 1.2)
         assert native.rung == 0 and native.echo == "1.2"
         assert native.override is not None
-        assert native.override.values == {"sae_l10": {7: 36.0, 8: 24.0}, "sae_l20": {3: 30.0, 41: -18.0}}
+        assert native.override.values == {"sae_l10": {120: 30.0, 1832: 30.0}, "sae_l20": {1070: 30.0, 1161: 18.0}}
         assert bases.request("weather-cluster", Symbol.MIN).echo == "0.25"
         steering.detach("sae_l20")
         fallback = bases.request("weather-circuit", 1.2)
         assert fallback.rung is None and fallback.override is not None
-        assert fallback.override.values == {"sae_l10": {7: 48.0, 8: 30.0, 12: -24.0}}
+        assert fallback.override.values == {"sae_l10": {120: 36.0, 1832: 36.0, 986: 24.0}}
     finally:
         steering.detach_all()
