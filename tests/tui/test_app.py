@@ -70,8 +70,17 @@ def test_attach_search_and_dial_a_feature(engine, sae_id):
     drive(LocalClient(engine), scenario)
 
 
-def test_prompt_streams_its_answer(engine):
+def test_prompt_streams_its_answer(engine, monkeypatch):
     expected = greedy_answer(engine, max_tokens=12)
+    import time as _time
+
+    forward = engine._forward
+
+    def paced(*args, **kwargs):  # each step lasts long enough for the screen to show it, on any machine
+        _time.sleep(0.05)
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "_forward", paced)
 
     async def scenario(app, pilot) -> list[str]:
         await send(app, pilot, PROMPT)
@@ -232,6 +241,7 @@ def test_a_bad_sampling_value_is_refused_naming_the_field(engine):
 def test_strip_and_sparklines_show_what_the_model_computed(engine, attached):
     target = engine.steering_target()
     target.steering.set_values(attached, {5: 150.0}, merge=False)
+    target.monitor.clear_history()  # the session's engine is shared: earlier tests' requests are not this app's
 
     async def scenario(app, pilot) -> None:
         await pilot.press("ctrl+f")
