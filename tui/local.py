@@ -156,14 +156,8 @@ class LocalClient:
                             intensity=steer.echo, rung=rung_language(steer.rung) if steer.rung is not None else None)
 
         def make_events(control: StepControl) -> Iterator[Event]:
-            if target is not None and steer.pinned:
-                outer = control
-
-                def run_commands() -> None:
-                    outer.run_commands()
-                    steer.check(target.steering)  # an operator change that unpins the steering ends the answer
-
-                control = StepControl(cancel=outer.cancel, run_commands=run_commands)
+            if target is not None and steer.pinned:  # an operator change that unpins the steering ends the answer
+                control = control.checking(lambda: steer.check(target.steering))
             return run_each(engine.run, plans, control)
 
         readout: dict[str, Any] | None = None

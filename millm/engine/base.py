@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from millm.engine.events import Event
@@ -50,6 +50,15 @@ class StepControl:
         """Cancel for the server's own reason; the consumer gets ``reason`` as its error."""
         self.reason = reason
         self.cancel.set()
+
+    def checking(self, check: Callable[[], None]) -> StepControl:
+        """This control, also running ``check`` after the commands of every step boundary: an operator change
+        that invalidates a request's steering ends it there, with the check's error."""
+        def run_commands() -> None:
+            self.run_commands()
+            check()
+
+        return replace(self, run_commands=run_commands)
 
     def between_steps(self) -> bool:
         """Run pending commands; True when the consumer has gone and decoding should stop."""

@@ -140,16 +140,6 @@ async def request_steering(engine: Engine, built: Built) -> RequestSteering:
     return await svc.worker.command(svc.steering.for_request, target, built.profile, built.intensity)
 
 
-def checked(control: StepControl, check: Callable[[], None]) -> StepControl:
-    """``control`` that runs ``check`` after the commands of every step boundary: an operator change that
-    invalidates the request's steering ends it there, with the check's error."""
-    def run_commands() -> None:
-        control.run_commands()
-        check()
-
-    return replace(control, run_commands=run_commands)
-
-
 async def generate(built: Built, entry: ModelEntry, chat: bool) -> Any:
     """Generation: each prepared plan run in turn on the engine thread, streamed or collected."""
     svc = services()
@@ -163,7 +153,7 @@ async def generate(built: Built, entry: ModelEntry, chat: bool) -> Any:
 
     def make_events(control: StepControl) -> Iterator[Event]:
         if target is not None and steer.pinned:
-            control = checked(control, lambda: steer.check(target.steering))
+            control = control.checking(lambda: steer.check(target.steering))
         return run_each(engine.run, plans, control)
 
     events = svc.worker.stream(make_events)
