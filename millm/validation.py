@@ -14,6 +14,8 @@ from millm.errors import InvalidParameter
 
 SEED_MAX = 2**32 - 1
 N_MAX = 128
+# a temperature above 0 and below this overflows logits / T into inf and NaN (generation and scoring alike)
+MIN_TEMPERATURE = 0.001
 
 # field -> (low, high), both inclusive
 RANGES: dict[str, tuple[float, float]] = {
@@ -31,6 +33,9 @@ def check_number(name: str, value: Any) -> float:
     low, high = RANGES[name]
     if not low <= value <= high:
         raise InvalidParameter(f"'{name}' must be between {low:g} and {high:g}, got {value!r}.", param=name)
+    if name == "temperature" and 0 < value < MIN_TEMPERATURE:
+        raise InvalidParameter(f"'temperature' {value!r} would overflow the logits; use 0 (greedy, no scaling) or "
+                               f"at least {MIN_TEMPERATURE:g}.", param=name)
     return float(value)
 
 

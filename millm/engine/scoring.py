@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING, Any
 
 from millm.engine.params import Prompt
 from millm.errors import InvalidParameter, InvalidScoringRequest, NonFiniteLogits
+from millm.validation import check_number
 
 if TYPE_CHECKING:
     import torch
 
 MAX_LOGPROBS = 20
-MIN_TEMPERATURE = 0.001
 
 
 @dataclass(frozen=True)
@@ -78,12 +78,8 @@ class ScoreResult:
 
 
 def check_temperature(value: float | None) -> float:
-    """0 (no scaling) or at least MIN_TEMPERATURE; between them the logits would overflow."""
-    t = 1.0 if value is None else value
-    if 0.0 < t < MIN_TEMPERATURE:
-        raise InvalidParameter(f"'temperature' {t} would overflow the logits in scoring mode; use 0 (no scaling) "
-                               f"or at least {MIN_TEMPERATURE}.", param="temperature")
-    return t
+    """The scoring temperature (absent: 1); its range and floor are generation's, written once in validation."""
+    return 1.0 if value is None else check_number("temperature", value)
 
 
 def check_allowed(ids: Any) -> tuple[int, ...]:

@@ -10,6 +10,7 @@ from quart import Blueprint, request
 from millm.errors import InvalidParameter, ModelNotLoaded, Unauthorized
 from millm.sae.labels import LabelIndex
 from millm.server.auth import bearer_matches
+from millm.server.bodies import read_json
 from millm.server.state import services
 from millm.steering.target import SteeringTarget
 
@@ -26,11 +27,7 @@ async def require_admin_key() -> None:
 
 
 async def body() -> dict[str, Any]:
-    data = await request.get_json(force=True, silent=True)
-    if data is None and (await request.get_data()):
-        raise InvalidParameter("The request body is not valid JSON.")
-    if data is None:
-        return {}
+    data = await read_json(required=False)
     if not isinstance(data, dict):
         raise InvalidParameter("The request body must be a JSON object.")
     return data

@@ -15,10 +15,11 @@ from millm.builder import STRICT_HEADER, Built, build_chat, build_completion, bu
 from millm.engine.base import Engine, StepControl
 from millm.engine.events import Activations, Delta, Event, Finish, Usage
 from millm.engine.plan import run_each
-from millm.errors import FieldNotHonoured, InvalidParameter, MillmError, ModelNotFound, Unauthorized
+from millm.errors import FieldNotHonoured, MillmError, ModelNotFound, Unauthorized
 from millm.registry import ModelEntry
 from millm.server import scoring, sse
 from millm.server.auth import bearer_matches
+from millm.server.bodies import read_json
 from millm.server.headers import ignored_fields, seed_header, strict_mode
 from millm.server.shapes import CompletionShape
 from millm.server.state import services
@@ -37,10 +38,7 @@ async def require_key() -> None:
 
 
 async def json_body() -> Any:
-    body = await request.get_json(force=True, silent=True)
-    if body is None:
-        raise InvalidParameter("The request body is not valid JSON.")
-    return body
+    return await read_json()
 
 
 async def begin(build: Callable[..., Built]) -> tuple[Built, ModelEntry]:

@@ -2,8 +2,8 @@
 miLLM's whole subset), and validating the closed document with jsonschema.
 
 Measured choice: outlines-core's regex compiler accepts ``minimum``/``maximum`` but drops them, so a
-schema asking for 5-10 could yield 17; llguidance masks such tokens while generating. Its JSON
-grammar is given WHITESPACE (at most one space between tokens), so a model cannot run on emitting blanks.
+schema asking for 5-10 could yield 17; llguidance masks such tokens while generating. The grammar is
+``millm.structured.schema.grammar_of``, the one the request was checked against before generating.
 """
 
 from __future__ import annotations
@@ -15,9 +15,7 @@ from typing import Any
 import torch
 
 from millm.errors import ConstrainedOutputInvalid, ResponseFormatUnsupported
-from millm.structured.schema import PARAM, JsonConstraint
-
-WHITESPACE = "[ ]?"
+from millm.structured.schema import PARAM, JsonConstraint, grammar_of
 
 
 class ConstraintCompiler:
@@ -44,9 +42,7 @@ class ConstraintCompiler:
         with self._lock:
             template = self._compiled.get(constraint.key)
             if template is None:
-                grammar = llguidance.LLMatcher.grammar_from_json_schema(
-                    constraint.key, overrides={"whitespace_pattern": WHITESPACE})
-                template = llguidance.LLMatcher(self._llg_tokenizer(), grammar)
+                template = llguidance.LLMatcher(self._llg_tokenizer(), grammar_of(constraint.key))
                 if template.is_error():
                     raise ResponseFormatUnsupported(f"The schema cannot be compiled: {template.get_error()}",
                                                     param=PARAM)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from millm.errors import ResponseFormatUnsupported
@@ -26,6 +27,7 @@ MAX_DEPTH = 32
 MAX_PROPERTIES = 256
 PARAM = "response_format"
 SCHEMA_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+WHITESPACE = "[ ]?"
 
 
 @dataclass(frozen=True)
@@ -118,7 +120,12 @@ def check_response_format(value: Any) -> JsonConstraint | None:
         raise ResponseFormatUnsupported("'response_format.json_schema.name' must be 1-64 letters, digits, '_' or "
                                         "'-' (as OpenAI's API requires).", param=PARAM)
     schema = spec["schema"]
-    if len(json.dumps(schema).encode()) > MAX_SCHEMA_BYTES:
+    try:
+        text = json.dumps(schema, allow_nan=False)
+    except ValueError:
+        raise ResponseFormatUnsupported("The schema holds NaN or Infinity, which JSON does not allow.",
+                                        param=PARAM) from None
+    if len(text.encode()) > MAX_SCHEMA_BYTES:
         raise ResponseFormatUnsupported(f"The schema is over {MAX_SCHEMA_BYTES // 1024} KB.", param=PARAM)
     problems: list[str] = []
     defs = schema.get("$defs") if isinstance(schema.get("$defs"), dict) else {}
@@ -126,4 +133,41 @@ def check_response_format(value: Any) -> JsonConstraint | None:
     if problems:
         raise ResponseFormatUnsupported("The schema uses what miLLM cannot enforce while generating: "
                                         + "; ".join(problems) + ".", param=PARAM)
-    return JsonConstraint("json_schema", schema, spec["name"])
+    constraint = JsonConstraint("json_schema", schema, spec["name"])
+    check_compiles(constraint)
+    return constraint
+
+
+def check_compiles(constraint: JsonConstraint) -> None:
+    """The whole schema checked before anything generates: valid JSON Schema whose every ``pattern`` Python's
+    ``re`` compiles (the closed document is validated with it), and a grammar the constraint library builds
+    (its regex dialect differs: look-around, for one, is refused). Otherwise either would fail after
+    generating, as a 500."""
+    if problem := _compile_problem(constraint.key):
+        raise ResponseFormatUnsupported(problem, param=PARAM)
+
+
+@lru_cache(maxsize=256)
+def _compile_problem(key: str) -> str | None:
+    """Why the schema of canonical text ``key`` cannot be enforced, or None (cached: a judge repeats its schema)."""
+    import jsonschema
+    import llguidance
+
+    try:
+        jsonschema.Draft202012Validator.check_schema(json.loads(key))
+    except jsonschema.SchemaError as exc:
+        where = _pointer([str(p) for p in exc.absolute_path])
+        return f"The schema is not valid JSON Schema at '{where}': {exc.message}."
+    try:
+        error = llguidance.LLMatcher.validate_grammar(grammar_of(key))
+    except ValueError as exc:
+        error = str(exc)
+    return f"The schema cannot be compiled: {error}" if error else None
+
+
+def grammar_of(key: str) -> str:
+    """The constraint library's grammar for a schema's canonical text (at most one space between JSON tokens,
+    so a model cannot run on emitting blanks)."""
+    import llguidance
+
+    return llguidance.LLMatcher.grammar_from_json_schema(key, overrides={"whitespace_pattern": WHITESPACE})
