@@ -16,6 +16,7 @@ from typing import Any
 
 from millm.config import Settings
 from millm.engine.base import Capabilities, StepControl, check_supported, fingerprint
+from millm.engine.chat_tokens import chat_ids, llama_control_tokens, llama_plain
 from millm.engine.events import Event, Usage
 from millm.engine.output import ChoiceOutput
 from millm.engine.params import ChatPrompt, GenerationRequest, Prompt, TokenPrompt, check_token_ids, prompt_names
@@ -89,6 +90,7 @@ class LlamaCppEngine:
         self.context_window = int(llm.n_ctx())
         self.decoder = _Detokenizer(llm)
         self.stop_ids = self._end_token_ids()
+        self.control_tokens = llama_control_tokens(llm)  # only the template's markup may yield these
         self._embedder: Any = None
         self._lock = threading.Lock()
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
@@ -155,17 +157,19 @@ class LlamaCppEngine:
             return fallback_template(messages, True)
         return str(self._formatter(messages=messages).prompt)  # type: ignore[arg-type]
 
+    def _render_continued(self, messages: list[dict[str, Any]]) -> str:
+        """A trailing assistant message is continued, not closed."""
+        if messages[-1]["role"] == "assistant":
+            return self._render(messages[:-1]) + messages[-1]["content"]
+        return self._render(messages)
+
     def tokenize(self, prompt: Prompt) -> list[int]:
-        """Chat prompts through the file's template; a trailing assistant message is continued, not closed."""
+        """Chat prompts through the file's template (control tokens from its markup only)."""
         if isinstance(prompt, TokenPrompt):
             return check_token_ids(prompt, self.vocab_size)
         if isinstance(prompt, ChatPrompt):
-            messages = prompt.messages
-            if messages[-1]["role"] == "assistant":
-                text = self._render(messages[:-1]) + messages[-1]["content"]
-            else:
-                text = self._render(messages)
-            return self.llm.tokenize(text.encode(), add_bos=False, special=True)
+            return chat_ids(lambda m, _: self._render_continued(m), prompt.messages, {}, self.control_tokens,
+                            llama_plain(self.llm))
         return self.llm.tokenize(prompt.text.encode(), add_bos=prompt.add_special_tokens, special=True)
 
     def prepare(self, request: GenerationRequest) -> Plan:

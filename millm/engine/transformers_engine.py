@@ -13,6 +13,7 @@ import torch
 from millm.config import Settings
 from millm.engine import loader
 from millm.engine.base import Capabilities, StepControl, fingerprint
+from millm.engine.chat_tokens import chat_ids, hf_control_tokens, hf_plain
 from millm.engine.events import Activations, Event, Usage
 from millm.engine.output import ChoiceOutput
 from millm.engine.params import ChatPrompt, GenerationRequest, Prompt, TokenPrompt, check_token_ids, prompt_names
@@ -61,6 +62,7 @@ class TransformersEngine:
         self.steering = Steering(model)
         self.monitor = Monitor()
         self.constraints = ConstraintCompiler(tokenizer)
+        self.control_tokens = hf_control_tokens(tokenizer)  # only the template's markup may yield these
         self._target = SteeringTarget(entry.id, self.steering, self.monitor)
 
     def close(self) -> None:
@@ -105,10 +107,9 @@ class TransformersEngine:
         if isinstance(prompt, TokenPrompt):
             return check_token_ids(prompt, self.vocab_size)
         if isinstance(prompt, ChatPrompt):
-            text, special = render_chat(self.tokenizer, prompt.messages, prompt.template_kwargs), False
-        else:
-            text, special = prompt.text, prompt.add_special_tokens
-        return self.tokenizer(text, add_special_tokens=special)["input_ids"]
+            return chat_ids(lambda m, kw: render_chat(self.tokenizer, m, kw), prompt.messages,
+                            prompt.template_kwargs, self.control_tokens, hf_plain(self.tokenizer))
+        return self.tokenizer(prompt.text, add_special_tokens=prompt.add_special_tokens)["input_ids"]
 
     def prepare(self, request: GenerationRequest) -> Plan:
         """Tokenise and check the request against the context window; raises before any compute."""
