@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.table import Table
 
+from cli import batch as batch_cli
 from cli import documents as documents_cli
 from cli import models as models_cli
 from cli import score as score_cli
@@ -30,6 +31,7 @@ models_cli.register(models_app)
 steering_cli.register(app)
 documents_cli.register(app)
 app.command()(score_cli.score)
+app.command()(batch_cli.batch)
 
 
 def chat_body(model: str, messages: list[dict[str, Any]], fields: dict[str, Any]) -> dict[str, Any]:
@@ -218,4 +220,4 @@ def models_list() -> None:
 
 
 def main() -> None:
-    app()
+    app(batch_cli.optional_value(sys.argv[1:], "--ray", batch_cli.LOCAL))
