@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from millm.engine.params import ChatPrompt, GenerationRequest, SamplingParams, TextPrompt, TokenPrompt
@@ -24,7 +24,7 @@ from millm.engine.scoring import (
     check_top_n,
 )
 from millm.errors import InvalidParameter, ResponseFormatUnsupported, UnusedFieldsRefused
-from millm.fields import check_fields, is_no_change
+from millm.fields import NESTED_KEYS, check_fields, is_no_change, template_messages
 from millm.steering.intensity import Dial, parse_intensity
 from millm.steering.readout import check_readout_rows
 from millm.structured.schema import JsonConstraint, check_response_format
@@ -54,6 +54,8 @@ class Built:
     seed: int | None = None
     seed_scope: str = "request"
     prompt_texts: list[str | None] = field(default_factory=list)  # completions scoring: text (None: token ids)
+    include_usage: bool = True  # stream_options.include_usage: usage on the final streamed chunk
+    readout: dict[str, Any] | None = None  # return_sae_activations on a scoring request (read unsteered)
 
     @property
     def choices(self) -> int:
@@ -147,9 +149,44 @@ def _check_scoring(body: Mapping[str, Any], echo: bool = False) -> None:
 
 
 # generation
+def response_format_constraint(value: Any) -> JsonConstraint | None:
+    """response_format's constraint. ``{"type": "json_object", "schema": {...}}`` (llama.cpp server's shape,
+    sent by older instructor, Together and Fireworks clients) enforces that schema, checked as a json_schema's
+    is; X-miLLM-Constrained then says ``json_object;schema``."""
+    if isinstance(value, dict) and value.get("type") == "json_object" and value.get("schema") is not None:
+        if not isinstance(value["schema"], dict):
+            raise ResponseFormatUnsupported("'response_format.schema' must be a JSON Schema object.",
+                                            param="response_format")
+        checked = check_response_format({"type": "json_schema",
+                                         "json_schema": {"name": "schema", "schema": value["schema"]}})
+        assert checked is not None
+        return replace(checked, kind="json_object", name=None)
+    return check_response_format(value)
+
+
+def readout_ask(raw: dict[str, Any] | None) -> dict[str, Any] | None:
+    """return_sae_activations without the keys reported as unread (and null ones: absent)."""
+    if raw is None:
+        return None
+    return {k: v for k, v in raw.items() if k in NESTED_KEYS["return_sae_activations"] and v is not None}
+
+
+def include_usage(body: Mapping[str, Any]) -> bool:
+    """stream_options.include_usage: false leaves usage off the final streamed chunk (absent: on, as the spec
+    says the final chunk carries it)."""
+    options = body.get("stream_options") or {}
+    value = options.get("include_usage")
+    if value is None:
+        return True
+    if not isinstance(value, bool):
+        raise InvalidParameter("'stream_options.include_usage' must be true or false.",
+                               param="stream_options.include_usage")
+    return value
+
+
 def constraint_for(body: Mapping[str, Any], params: SamplingParams) -> JsonConstraint | None:
     """response_format, with the combinations it cannot live with."""
-    constraint = check_response_format(body.get("response_format"))
+    constraint = response_format_constraint(body.get("response_format"))
     if constraint is not None:
         if body.get("stream"):
             raise ResponseFormatUnsupported("'response_format' cannot be streamed: a partial document would be "
@@ -189,26 +226,31 @@ def build_chat(body: Any, engine_of: EngineOf, strict: bool = False) -> Built:
     engine = engine_of(wire.model)
     scoring = engine == "transformers" and is_chat_scoring(body)
     ignored = decide_fields("chat", engine, body, strict, scoring)
-    conversations = [check_messages(wire.messages)]
-    conversations += [check_messages(c, f"extra_messages[{k}]") for k, c in enumerate(wire.extra_messages or [])]
+    conversations = [template_messages(check_messages(wire.messages))]
+    conversations += [template_messages(check_messages(c, f"extra_messages[{k}]"))
+                      for k, c in enumerate(wire.extra_messages or [])]
     kwargs = check_template_kwargs(wire.chat_template_kwargs or {})
+    readout = readout_ask(wire.return_sae_activations)
     if scoring:
         _check_scoring(body)
         scoring_params = chat_scoring_params(body)
         names = ["messages"] + [f"extra_messages[{k}]" for k in range(len(conversations) - 1)]
         rows = [ScoreRow(ChatPrompt(m, kwargs), scoring_params, where) for m, where in zip(conversations, names)]
+        if readout is not None:
+            check_readout_rows(len(rows))
         return Built("chat", wire.model, ignored, score=ScoreRequest(rows, one_at_a_time=True),
-                     seed=_scoring_seed(body))
+                     seed=_scoring_seed(body), readout=readout)
     params = sampling_params(body)
     stream = _stream(params, bool(wire.stream))
     constraint = constraint_for(body, params)
     intensity = parse_intensity(body.get("steering_intensity"))
-    if wire.return_sae_activations is not None:
+    if readout is not None:
         check_readout_rows(len(conversations) * params.n)
     generation = GenerationRequest([ChatPrompt(m, kwargs) for m in conversations], params,
-                                   readout=wire.return_sae_activations, constraint=constraint)
+                                   readout=readout, constraint=constraint)
     return Built("chat", wire.model, ignored, stream, [generation], profile=wire.profile, intensity=intensity,
-                 seed=params.seed, seed_scope="batch-shape" if len(conversations) > 1 else "request")
+                 seed=params.seed, seed_scope="batch-shape" if len(conversations) > 1 else "request",
+                 include_usage=not stream or include_usage(body))
 
 
 def build_completion(body: Any, engine_of: EngineOf, strict: bool = False) -> Built:
@@ -219,22 +261,26 @@ def build_completion(body: Any, engine_of: EngineOf, strict: bool = False) -> Bu
     ignored = decide_fields("completions", engine, body, strict, scoring)
     special = _bool(body, "add_special_tokens", True)
     prompts = completion_prompts(wire.prompt, special)
+    readout = readout_ask(wire.return_sae_activations)
     if scoring:
         echo = _bool(body, "echo", False)
         _check_scoring(body, echo)
         scoring_params = completion_scoring_params(body)
         rows = [ScoreRow(p, scoring_params, p.where) for p in prompts]
+        if readout is not None:
+            check_readout_rows(len(rows))
         return Built("completions", wire.model, ignored, score=ScoreRequest(rows), seed=_scoring_seed(body),
-                     prompt_texts=[p.text if isinstance(p, TextPrompt) else None for p in prompts])
+                     prompt_texts=[p.text if isinstance(p, TextPrompt) else None for p in prompts], readout=readout)
     for prompt in prompts:
         if isinstance(prompt, TextPrompt):
             check_prompt_text(prompt.where, prompt.text)
     sampling = sampling_params(body)
-    if wire.return_sae_activations is not None:
+    if readout is not None:
         check_readout_rows(len(prompts) * sampling.n)
-    generations = [GenerationRequest([p], sampling, readout=wire.return_sae_activations) for p in prompts]
-    return Built("completions", wire.model, ignored, _stream(sampling, bool(wire.stream)), generations,
-                 seed=sampling.seed)
+    generations = [GenerationRequest([p], sampling, readout=readout) for p in prompts]
+    stream = _stream(sampling, bool(wire.stream))
+    return Built("completions", wire.model, ignored, stream, generations, seed=sampling.seed,
+                 include_usage=not stream or include_usage(body))
 
 
 def completion_prompts(raw: Any, special: bool) -> list[TextPrompt | TokenPrompt]:

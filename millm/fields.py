@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from millm.errors import FieldNotHonoured
+from millm.steering.readout import KEYS as READOUT_KEYS
 
 USE, REFUSE, PENDING, REPORT = "use", "refuse", "pending", "report"
 
@@ -48,7 +49,7 @@ TABLE: dict[str, tuple[str, str, str, str, str, str, str]] = {
     "response_format":            (_U, _R, _R, _R, _R, _R, _R),
     "profile":                    (_U, _R, _R, _R, _R, _R, _R),
     "steering_intensity":         (_U, _R, _R, _R, _R, _R, _R),
-    "return_sae_activations":     (_U, _R, _R, _U, _R, _R, _R),
+    "return_sae_activations":     (_U, _U, _R, _U, _U, _R, _R),
     "steering":                   (_R, _R, _R, _R, _R, _R, _R),
     "dimensions":                 (_R, _R, _R, _R, _R, _R, _R),
     "tools":                      (_R, _R, _R, _R, _R, _R, _R),
@@ -68,8 +69,22 @@ NO_CHANGE: dict[str, list[Any]] = {
     "tool_choice": ["none"],  # with no tools (LlamaIndex sends it): no tool can be called either way
 }
 
-MESSAGE_KEYS = {"role", "content"}
+MESSAGE_KEYS = ("role", "content")  # what a chat template receives of each message; any other key is reported
 PART_KEYS = {"type", "text"}
+# fields read only on a streamed request: reported on any other
+STREAM_ONLY = {"stream_options"}
+# keys read inside the objects a request uses; any other key there is reported (or refused in strict mode)
+# like a top-level field. response_format's depend on its type.
+NESTED_KEYS: dict[str, set[str]] = {
+    "stream_options": {"include_usage"},
+    "return_sae_activations": READOUT_KEYS,
+}
+RESPONSE_FORMAT_KEYS: dict[str, set[str]] = {
+    "text": {"type"},
+    "json_object": {"type", "schema"},  # llama.cpp server's shape: the schema is enforced
+    "json_schema": {"type", "json_schema"},
+}
+JSON_SCHEMA_KEYS = {"name", "schema", "strict"}
 ROUTE_NAMES = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "embeddings": "/v1/embeddings"}
 
 
@@ -94,7 +109,7 @@ def _refusal(field: str, route: str, engine: str, kind: str, scoring: bool) -> F
     where = ROUTE_NAMES[route] + ("" if route == "embeddings" else f" with the {engine} engine")
     if scoring:
         return FieldNotHonoured(f"'{field}' cannot apply to a scoring request on {where}: scoring is never "
-                                "steered, constrained or read out; it was refused rather than ignored.", param=field)
+                                "steered or constrained; it was refused rather than ignored.", param=field)
     if kind == PENDING:
         return FieldNotHonoured(f"'{field}' is not implemented yet on {where}; it was refused rather than ignored.",
                                 param=field)
@@ -138,6 +153,33 @@ def _message_locations(messages: Any, prefix: str) -> list[str]:
     return found
 
 
+def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What the chat template receives of each message: exactly the keys not reported as ignored."""
+    return [{k: m[k] for k in MESSAGE_KEYS if k in m} for m in messages]
+
+
+def _unread(value: Any, known: set[str], where: str) -> list[str]:
+    """Keys of an object the request uses that nothing reads (non-null ones), as locations."""
+    if not isinstance(value, dict):
+        return []
+    return [f"{where}.{k}" for k, v in value.items() if k not in known and v is not None]
+
+
+def nested_locations(body: Mapping[str, Any]) -> list[str]:
+    """Unread keys inside the used objects of ``body`` (``stream_options.x``,
+    ``response_format.json_schema.description``)."""
+    found: list[str] = []
+    for name, known in NESTED_KEYS.items():
+        found += _unread(body.get(name), known, name)
+    response_format = body.get("response_format")
+    if isinstance(response_format, dict) and response_format.get("type") in RESPONSE_FORMAT_KEYS:
+        kind = response_format["type"]
+        found += _unread(response_format, RESPONSE_FORMAT_KEYS[kind], "response_format")
+        if kind == "json_schema":
+            found += _unread(response_format.get("json_schema"), JSON_SCHEMA_KEYS, "response_format.json_schema")
+    return found
+
+
 def is_no_change(field: str, value: Any) -> bool:
     """Null, or a value that changes nothing (type-exact: ``logprobs: 0`` is not ``false``)."""
     return value is None or any(type(value) is type(v) and value == v for v in NO_CHANGE.get(field, []))
@@ -151,12 +193,15 @@ def check_fields(route: str, engine: str, body: Mapping[str, Any], scoring: bool
         if is_no_change(field, value):
             continue
         kind = policy(field, route, engine, scoring)
+        if kind == USE and field in STREAM_ONLY and body.get("stream") is not True:
+            kind = REPORT
         if kind in (REFUSE, PENDING):
             refused.append((field, kind))
         if kind == REPORT:
             ignored.append(field)
     if refused:
         raise _refusals(refused, route, engine, scoring)
+    ignored += nested_locations({k: v for k, v in body.items() if k not in ignored})
     if policy("messages", route, engine, scoring) == USE:
         ignored += _message_locations(body.get("messages"), "messages")
         extra = body.get("extra_messages")

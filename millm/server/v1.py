@@ -68,8 +68,10 @@ def miLLM_headers(built: Built, steering: str = "none", steer: RequestSteering |
     return {k: v for k, v in headers.items() if v is not None}
 
 
-async def sse_events(shape: CompletionShape, events: AsyncIterator[Event], choices: int) -> AsyncIterator[str]:
-    """Stream frames: role openers (chat), deltas, finishes (the last one with usage), then [DONE]."""
+async def sse_events(shape: CompletionShape, events: AsyncIterator[Event], choices: int,
+                     include_usage: bool = True) -> AsyncIterator[str]:
+    """Stream frames: role openers (chat), deltas, finishes (the last one with usage unless
+    ``stream_options.include_usage`` is false), then [DONE]."""
     try:
         if shape.chat:
             for i in range(choices):
@@ -86,7 +88,7 @@ async def sse_events(shape: CompletionShape, events: AsyncIterator[Event], choic
             elif isinstance(event, Activations):
                 readout = event
             elif isinstance(event, Usage) and held is not None:
-                yield sse.data(shape.chunk(held.index, finish=held.reason, usage=event))
+                yield sse.data(shape.chunk(held.index, finish=held.reason, usage=event if include_usage else None))
         if readout is not None:
             yield sse.data(shape.extension({"sae_activations": readout.body}))
     except MillmError as exc:
@@ -114,10 +116,10 @@ async def collect(shape: CompletionShape, events: AsyncIterator[Event]) -> dict[
     raise MillmError("Generation ended without a result.")
 
 
-async def respond(shape: CompletionShape, events: AsyncIterator[Event], stream: bool, choices: int,
+async def respond(shape: CompletionShape, events: AsyncIterator[Event], built: Built,
                   headers: dict[str, str]) -> Response | tuple[dict[str, Any], int, dict[str, str]]:
-    if stream:
-        response = Response(sse_events(shape, events, choices), mimetype="text/event-stream",
+    if built.stream:
+        response = Response(sse_events(shape, events, built.choices, built.include_usage), mimetype="text/event-stream",
                             headers={**headers, "Cache-Control": "no-cache"})
         response.timeout = None
         return response
@@ -156,7 +158,7 @@ async def generate(built: Built, entry: ModelEntry, chat: bool) -> Any:
 
     events = svc.worker.stream(make_events)
     shape = CompletionShape(chat=chat, model=built.model, fingerprint=engine.fingerprint)
-    return await respond(shape, events, built.stream, built.choices, miLLM_headers(built, label, steer))
+    return await respond(shape, events, built, miLLM_headers(built, label, steer))
 
 
 async def score(built: Built, entry: ModelEntry, chat: bool) -> Any:
@@ -164,11 +166,13 @@ async def score(built: Built, entry: ModelEntry, chat: bool) -> Any:
     svc = services()
     assert built.score is not None
     engine = await svc.manager.engine_for(entry)
-    results = await svc.worker.call(engine.score, built.score)
+    results, readout = await svc.worker.call(scoring.score_reading, engine, built.score, built.readout)
     shape = CompletionShape(chat=chat, model=built.model, fingerprint=engine.fingerprint)
     params = [row.params for row in built.score.rows]
     body = (scoring.chat_body(shape, engine, results, params) if chat
             else scoring.completion_body(shape, engine, built.prompt_texts, results, params))
+    if readout is not None:
+        body["millm"] = {"sae_activations": readout}
     return body, 200, miLLM_headers(built)
 
 

@@ -40,6 +40,7 @@ class Attachment:
     handle: Any = None
     pre_readers: list[Reader] = field(default_factory=list)
     post_readers: list[Reader] = field(default_factory=list)
+    unsteered_readers: list[Reader] = field(default_factory=list)  # called on suppressed passes (scoring)
 
 
 @dataclass(frozen=True)
@@ -193,9 +194,10 @@ class Steering:
 
     @contextmanager
     def reading(self, sae_id: str, reader: Reader, point: str) -> Iterator[None]:
-        """Call ``reader(residual)`` at ``sae_id``'s layer, before ("pre") or after ("post") its delta."""
+        """Call ``reader(residual)`` at ``sae_id``'s layer, before ("pre") or after ("post") its delta, or
+        ("unsteered") on suppressed passes only, where no SAE steers."""
         att = self._attachment(sae_id)
-        readers = att.pre_readers if point == "pre" else att.post_readers
+        readers = {"pre": att.pre_readers, "post": att.post_readers, "unsteered": att.unsteered_readers}[point]
         readers.append(reader)
         try:
             yield
@@ -234,6 +236,8 @@ class Steering:
     def _hook(self, att: Attachment) -> Callable[..., Any]:
         def hook(module: Any, args: Any, output: Any) -> Any:
             if self._suppressed:
+                for read in att.unsteered_readers:
+                    read(output[0] if isinstance(output, tuple) else output)
                 return None
             hidden = output[0] if isinstance(output, tuple) else output
             for read in att.pre_readers:

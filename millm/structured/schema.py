@@ -45,8 +45,8 @@ class JsonConstraint:
 
     def header(self) -> str:
         """X-miLLM-Constrained."""
-        if self.kind == "json_object":
-            return "json_object"
+        if self.kind == "json_object":  # with a schema of the client's own (llama.cpp server's shape): say so
+            return "json_object" if self.schema == {"type": "object"} else "json_object;schema"
         return f"json_schema;name={sf_string(self.name or '')}"
 
 

@@ -304,7 +304,6 @@ def test_readout_streaming_and_absence(base, sae_id):
     ({"positions": "middle"}, {}, "positions"),
     ({"read_point": "later"}, {}, "read_point"),
     ({"sae_id": "sae_nope"}, {}, "not attached"),
-    ({"bogus": 1}, {}, "bogus"),
 ])
 def test_readout_refusals(base, sae_id, ask, body, needle):
     r = chat(base, return_sae_activations=ask, **body)
