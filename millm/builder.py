@@ -25,6 +25,7 @@ from millm.engine.scoring import (
 )
 from millm.errors import InvalidParameter, ResponseFormatUnsupported, UnusedFieldsRefused
 from millm.fields import NESTED_KEYS, check_fields, is_no_change, template_messages
+from millm.limits import Limits, check_embedding_inputs, check_prompt_tokens, check_prompts, check_rows
 from millm.steering.intensity import Dial, parse_intensity
 from millm.steering.readout import check_readout_rows
 from millm.structured.schema import JsonConstraint, check_response_format
@@ -220,9 +221,11 @@ def _stream(params: SamplingParams, stream: bool) -> bool:
     return stream
 
 
-def build_chat(body: Any, engine_of: EngineOf, strict: bool = False) -> Built:
+def build_chat(body: Any, engine_of: EngineOf, strict: bool = False, limits: Limits | None = None) -> Built:
     """A chat completion, a chat scoring request, or a refusal."""
     wire = parse(ChatCompletionRequest, body)
+    limits = limits or Limits.of()
+    check_prompts("extra_messages", 1 + len(wire.extra_messages or []), limits)
     engine = engine_of(wire.model)
     scoring = engine == "transformers" and is_chat_scoring(body)
     ignored = decide_fields("chat", engine, body, strict, scoring)
@@ -244,6 +247,7 @@ def build_chat(body: Any, engine_of: EngineOf, strict: bool = False) -> Built:
     stream = _stream(params, bool(wire.stream))
     constraint = constraint_for(body, params)
     intensity = parse_intensity(body.get("steering_intensity"))
+    check_rows("extra_messages", len(conversations), params.n, limits)
     if readout is not None:
         check_readout_rows(len(conversations) * params.n)
     generation = GenerationRequest([ChatPrompt(m, kwargs) for m in conversations], params,
@@ -253,14 +257,17 @@ def build_chat(body: Any, engine_of: EngineOf, strict: bool = False) -> Built:
                  include_usage=not stream or include_usage(body))
 
 
-def build_completion(body: Any, engine_of: EngineOf, strict: bool = False) -> Built:
+def build_completion(body: Any, engine_of: EngineOf, strict: bool = False, limits: Limits | None = None) -> Built:
     """A text completion (each prompt of a list its own choice, seeded separately), scoring, or a refusal."""
     wire = parse(CompletionRequest, body)
+    limits = limits or Limits.of()
     engine = engine_of(wire.model)
     scoring = engine == "transformers" and is_completion_scoring(body)
     ignored = decide_fields("completions", engine, body, strict, scoring)
     special = _bool(body, "add_special_tokens", True)
     prompts = completion_prompts(wire.prompt, special)
+    check_prompts("prompt", len(prompts), limits)
+    check_prompt_tokens("prompt", sum(len(p.ids) for p in prompts if isinstance(p, TokenPrompt)), limits)
     readout = readout_ask(wire.return_sae_activations)
     if scoring:
         echo = _bool(body, "echo", False)
@@ -275,6 +282,7 @@ def build_completion(body: Any, engine_of: EngineOf, strict: bool = False) -> Bu
         if isinstance(prompt, TextPrompt):
             check_prompt_text(prompt.where, prompt.text)
     sampling = sampling_params(body)
+    check_rows("prompt", len(prompts), sampling.n, limits)
     if readout is not None:
         check_readout_rows(len(prompts) * sampling.n)
     generations = [GenerationRequest([p], sampling, readout=readout) for p in prompts]
@@ -303,7 +311,7 @@ def _tokens(ids: list[int], where: str) -> TokenPrompt:
     return TokenPrompt(tuple(ids), where)
 
 
-def build_embedding(body: Any, engine_of: EngineOf, strict: bool = False) -> Built:
+def build_embedding(body: Any, engine_of: EngineOf, strict: bool = False, limits: Limits | None = None) -> Built:
     """Embeddings of a string, a list of strings, token ids or a list of token-id lists."""
     wire = parse(EmbeddingRequest, body)
     engine_of(wire.model)
@@ -316,4 +324,7 @@ def build_embedding(body: Any, engine_of: EngineOf, strict: bool = False) -> Bui
     inputs: list[Any] = [raw] if isinstance(raw, str) or (raw and all(isinstance(t, int) for t in raw)) else list(raw)
     if not inputs:
         raise InvalidParameter("'input' is an empty list.", param="input")
+    limits = limits or Limits.of()
+    check_embedding_inputs(len(inputs), limits)
+    check_prompt_tokens("input", sum(len(i) for i in inputs if isinstance(i, list)), limits)
     return Built("embeddings", wire.model, ignored, embed_inputs=inputs, encoding=encoding)

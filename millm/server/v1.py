@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import logging
 import struct
@@ -16,6 +17,7 @@ from millm.engine.base import Engine, StepControl
 from millm.engine.events import Activations, Delta, Event, Finish, Usage
 from millm.engine.plan import run_each
 from millm.errors import FieldNotHonoured, MillmError, ModelNotFound, Unauthorized
+from millm.limits import Limits, check_prompt_tokens, prompt_tokens
 from millm.registry import ModelEntry
 from millm.server import scoring, sse
 from millm.server.auth import bearer_matches
@@ -51,7 +53,9 @@ async def begin(build: Callable[..., Built]) -> tuple[Built, ModelEntry]:
         found.append(manager.entry(name))
         return found[-1].engine
 
-    return build(await json_body(), engine_of, strict), found[-1]
+    body = await json_body()
+    limits = Limits.of(services().settings)
+    return await asyncio.to_thread(build, body, engine_of, strict, limits), found[-1]  # off the event loop
 
 
 INTENSITY_HEADER = "X-miLLM-Steering-Intensity"
@@ -147,7 +151,10 @@ async def generate(built: Built, entry: ModelEntry, chat: bool) -> Any:
         svc.steering.profile(built.profile)  # 404 before any load
     engine = await svc.manager.engine_for(entry)
     steer = await request_steering(engine, built)
-    plans = [engine.prepare(replace(g, override=steer.override)) for g in built.generations]
+    # tokenising and template rendering: on the engine thread (it owns the tokenizer), never the event loop
+    plans = await svc.worker.call(lambda: [engine.prepare(replace(g, override=steer.override))
+                                           for g in built.generations])
+    check_prompt_tokens("messages" if chat else "prompt", prompt_tokens(plans), Limits.of(svc.settings))
     target = engine.steering_target()
     label = target.steering.label(steer.override) if target is not None else "none"
 
