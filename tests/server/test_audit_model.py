@@ -121,3 +121,16 @@ def test_a_stop_match_cancels_the_stream_at_once(base, engine):
     sampled = chunks[-1]["usage"]["completion_tokens"]
     assert len(forwards) == sampled  # the prefill samples the first token; no forward after the stop matched
     assert sampled <= reference["usage"]["completion_tokens"] < 400
+
+
+def test_json_object_with_a_schema_is_enforced(base):
+    """llama.cpp server's shape: the schema is the constraint, not just "some JSON object"."""
+    schema = {"type": "object", "properties": {"mood": {"enum": ["calm", "stormy"]}}, "required": ["mood"],
+              "additionalProperties": False}
+    r = post(base, "chat/completions", messages=[{"role": "user", "content": "Describe the sea as JSON."}],
+             max_tokens=40, temperature=0, response_format={"type": "json_object", "schema": schema})
+    assert r.status_code == 200, r.text
+    assert r.headers["X-miLLM-Constrained"] == "json_object;schema"
+    choice = r.json()["choices"][0]
+    assert choice["finish_reason"] == "stop"
+    assert json.loads(choice["message"]["content"])["mood"] in ("calm", "stormy")
