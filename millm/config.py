@@ -31,6 +31,8 @@ class Settings(BaseSettings):
     graceful_unload_timeout: float = Field(default=30.0, ge=0)  # seconds running requests get before an unload
     api_key: str | None = None
     admin_key: str | None = None
+    max_body_bytes: int = Field(default=16 * 1024 * 1024, gt=0)  # a larger request body answers 413
+    body_timeout: float = Field(default=60.0, gt=0)  # seconds a request body may take to arrive (then 408)
     cache: Path | None = None  # MILLM_CACHE: derived artefacts elsewhere than MILLM_HOME/cache
     intensity_max: float = Field(default=2.0, gt=ENVELOPE[0], le=ENVELOPE[1])
     cluster_intensity_min: float = Field(default=0.5, ge=ENVELOPE[0], le=ENVELOPE[1])

@@ -108,6 +108,12 @@ class Unauthorized(MillmError):
     status, type, code = 401, "invalid_request_error", "invalid_api_key"
 
 
+class ManagementForbidden(MillmError):
+    """A management change on a server bound beyond loopback with no key set: nobody can be trusted with it."""
+
+    status, type, code = 403, "invalid_request_error", "management_forbidden"
+
+
 class InvalidSAE(MillmError):
     """An SAE file is malformed; the message names the file and the key."""
 

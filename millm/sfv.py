@@ -16,6 +16,29 @@ def sf_string(value: str) -> str:
     return '"' + "".join(out) + '"'
 
 
+def sf_string_value(item: str) -> str:
+    """The text an ``sf_string`` item holds (the inverse of ``sf_string``); an unquoted item is returned as is."""
+    if len(item) < 2 or not (item.startswith('"') and item.endswith('"')):
+        return item
+    raw, out, i = item[1:-1], bytearray(), 0
+    while i < len(raw):
+        ch = raw[i]
+        if ch == "\\" and i + 1 < len(raw):
+            out += raw[i + 1].encode()
+            i += 2
+        elif ch == "%" and _is_hex(raw[i + 1:i + 3]):
+            out.append(int(raw[i + 1:i + 3], 16))
+            i += 3
+        else:
+            out += ch.encode()
+            i += 1
+    return out.decode("utf-8", "replace")
+
+
+def _is_hex(pair: str) -> bool:
+    return len(pair) == 2 and all(c in "0123456789abcdefABCDEF" for c in pair)
+
+
 def sf_decimal(value: float) -> str:
     """An RFC 8941 sf-decimal: at most three fractional digits, at least one (``0.5``, ``1.0``, ``0.333``)."""
     whole, _, frac = f"{value:.3f}".partition(".")

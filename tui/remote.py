@@ -18,6 +18,7 @@ import httpx
 from millm.builder import build_chat
 from millm.config import get_settings
 from millm.errors import MillmError
+from millm.steering.names import steering_label
 from tui.client import (
     ChatEvent,
     ChatResult,
@@ -80,7 +81,7 @@ class RemoteClient:
         return client
 
     async def _call(self, method: str, path: str, body: Any = None, params: dict[str, Any] | None = None) -> Any:
-        headers = self._admin_headers if method != "GET" else {}
+        headers = (self._admin_headers or self._v1_headers) if method != "GET" else self._v1_headers
         try:
             response = await self.http.request(method, path, json=body, params=params, headers=headers)
         except httpx.TransportError as exc:
@@ -185,7 +186,7 @@ class RemoteClient:
                 if response.status_code >= 400:
                     raise _error(response, await response.aread())
                 headers = response.headers
-                result.steering = headers.get(STEERING_HEADER, "none")
+                result.steering = steering_label(headers.get(STEERING_HEADER, "none"))
                 result.intensity = headers.get(INTENSITY_HEADER)
                 result.rung = rung_phrase(headers.get(RUNG_HEADER))
                 event_name = ""

@@ -12,11 +12,12 @@ import asyncio
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from millm.engine.base import StepControl
+from millm.engine.busy import TimedExecutor
 from millm.errors import InsufficientMemory, QueueFull
 
 T = TypeVar("T")
@@ -47,7 +48,7 @@ class EngineWorker:
 
     def __init__(self, max_queue: int) -> None:
         self.max_queue = max_queue
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="millm-engine")
+        self._executor = TimedExecutor(max_workers=1, thread_name_prefix="millm-engine")
         self._lock = threading.Lock()
         self._pending = 0
         self._running = 0
@@ -60,6 +61,11 @@ class EngineWorker:
     def pending(self) -> int:
         """Jobs queued or running."""
         return self._pending
+
+    @property
+    def busy_seconds(self) -> float:
+        """Seconds the engine thread has spent running jobs, batch steps and commands (for /metrics)."""
+        return self._executor.busy_seconds
 
     @property
     def running(self) -> int:

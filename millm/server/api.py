@@ -2,28 +2,48 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 from quart import Blueprint, request
+from quart.blueprints import BlueprintSetupState
+from werkzeug.routing import BaseConverter, ValidationError
 
-from millm.errors import InvalidParameter, ModelNotLoaded, Unauthorized
+from millm.errors import InvalidParameter, InvalidSAE, ModelNotLoaded
 from millm.sae.labels import LabelIndex
-from millm.server.auth import bearer_matches
+from millm.server.auth import guard_management
 from millm.server.bodies import read_json
 from millm.server.state import services
+from millm.steering.names import ROUTE_WORDS
 from millm.steering.target import SteeringTarget
 
+log = logging.getLogger(__name__)
 bp = Blueprint("api", __name__, url_prefix="/api")
 T = TypeVar("T")
 
 
-@bp.before_request
-async def require_admin_key() -> None:
-    key = services().settings.admin_key
-    if key and request.method not in ("GET", "HEAD") and not bearer_matches(request.headers.get("Authorization", ""),
-                                                                             key):
-        raise Unauthorized("Management changes need 'Authorization: Bearer <MILLM_ADMIN_KEY>'.")
+class NameConverter(BaseConverter):
+    """``<name:...>``: a path segment that is not one of the routes' own words, so /api/profiles/<name> never
+    shadows /api/profiles/import or /deactivate (a wrong method on those answers 405, not a profile lookup)."""
+
+    def to_python(self, value: str) -> str:
+        if value in ROUTE_WORDS:
+            raise ValidationError()
+        return value
+
+
+def use_names(blueprint: Blueprint) -> None:
+    """Register the ``name`` converter before ``blueprint``'s routes are added, and guard its routes."""
+    def register(state: BlueprintSetupState) -> None:
+        state.app.url_map.converters.setdefault("name", NameConverter)
+
+    blueprint.record_once(register)
+    blueprint.before_request(guard_management)
+
+
+use_names(bp)
 
 
 async def body() -> dict[str, Any]:
@@ -72,13 +92,45 @@ async def list_saes() -> Any:
 
 @bp.post("/saes")
 async def add_sae() -> Any:
-    """Register an SAE by path: {"path", "name"?, "labels"?}."""
+    """Register an SAE by path: {"path", "name"?, "labels"?}. ``labels`` names a file inside the SAE's own
+    folder (default: its labels.json); a path that is missing and one that cannot be read as an SAE answer
+    the same error, so the route tells nothing about the server's files."""
     data = await body()
-    if not isinstance(data.get("path"), str):
-        raise InvalidParameter("'path' (a folder or file) is required.", param="path")
+    path, name, labels = data.get("path"), data.get("name"), data.get("labels")
+    if not isinstance(path, str) or not path or "\0" in path:
+        raise InvalidParameter("'path' (an SAE folder, or a Gemma Scope params.npz) is required.", param="path")
+    if name is not None and not isinstance(name, str):
+        raise InvalidParameter("'name' must be a string.", param="name")
     svc = services()
-    record = svc.steering.register_sae(data["path"], data.get("name"), data.get("labels"))
+    try:
+        folder = sae_folder(Path(path))
+        label_file = labels_within(folder, labels)
+        record = svc.steering.register_sae(path, name, label_file)
+    except (InvalidSAE, OSError) as exc:
+        log.info("POST /api/saes refused %r: %s", path, exc)
+        raise InvalidParameter("'path' is not a readable SAE on this server (an SAE folder, or a Gemma Scope "
+                               "params.npz).", param="path") from None
     return svc.steering.view(record, steerable()), 201
+
+
+def sae_folder(path: Path) -> Path:
+    """The folder an SAE at ``path`` lives in (``path`` itself, or a params.npz file's folder)."""
+    resolved = path.expanduser().resolve()
+    return resolved if resolved.is_dir() else resolved.parent
+
+
+def labels_within(folder: Path, labels: Any) -> Path | None:
+    """The labels file a registration names, which must lie inside the SAE's ``folder`` (a relative name is
+    taken from there); None for the folder's own labels.json. Anything else is a 400 naming ``labels``."""
+    if labels is None:
+        return None
+    if not isinstance(labels, str) or not labels or "\0" in labels:
+        raise InvalidParameter("'labels' must name a JSON file inside the SAE's folder.", param="labels")
+    file = (folder / Path(labels).expanduser()).resolve()
+    if not file.is_relative_to(folder) or file == folder:
+        raise InvalidParameter("'labels' must name a JSON file inside the SAE's own folder; labels are read "
+                               "from nowhere else.", param="labels")
+    return file
 
 
 @bp.get("/saes/<sae_id>")
@@ -192,13 +244,13 @@ async def create_profile() -> Any:
     return svc.save_profile(data, overwrite=False), 201
 
 
-@bp.get("/profiles/<name>")
+@bp.get("/profiles/<name:name>")
 async def get_profile(name: str) -> Any:
     """One profile."""
     return services().steering.profile(name)
 
 
-@bp.put("/profiles/<name>")
+@bp.put("/profiles/<name:name>")
 async def update_profile(name: str) -> Any:
     """Replace a profile's description and entries."""
     svc = services().steering
@@ -206,14 +258,25 @@ async def update_profile(name: str) -> Any:
     return svc.save_profile({**await body(), "name": name}, overwrite=True)
 
 
-@bp.delete("/profiles/<name>")
+@bp.delete("/profiles/<name:name>")
 async def delete_profile(name: str) -> Any:
-    """Delete a profile (one backed by a cluster or circuit goes with it)."""
-    services().steering.delete_profile(name)
+    """Delete a profile (one backed by a cluster or circuit goes with it); deleting the active profile
+    deactivates it first, so no response ever names a profile that is gone."""
+    svc = services().steering
+    svc.profile(name)
+    await deactivate_if_active(name)
+    svc.delete_profile(name)
     return {"deleted": name}
 
 
-@bp.post("/profiles/<name>/activate")
+async def deactivate_if_active(name: str) -> None:
+    """Deactivate ``name`` on the loaded model when it is the active profile (its values go with it)."""
+    target = steerable()
+    if target is not None and target.steering.active_profile == name:
+        await command(services().steering.deactivate, target)
+
+
+@bp.post("/profiles/<name:name>/activate")
 async def activate_profile(name: str) -> Any:
     """Make a profile's values the live values."""
     await command(services().steering.activate, engine(), name)
@@ -222,12 +285,13 @@ async def activate_profile(name: str) -> Any:
 
 @bp.post("/profiles/deactivate")
 async def deactivate_profile() -> Any:
-    """Clear the live values the active profile set."""
+    """Clear the live values the active profile set (values it did not set stay; without an active profile
+    nothing changes)."""
     await command(services().steering.deactivate, engine())
     return {"active": None, **steering_state()}
 
 
-@bp.get("/profiles/<name>/export")
+@bp.get("/profiles/<name:name>/export")
 async def export_profile(name: str) -> Any:
     """The profile document, as import takes it."""
     return services().steering.export(name)

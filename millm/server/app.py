@@ -13,7 +13,7 @@ from millm.engine import Engine, load_engine
 from millm.engine.manager import Loader, ModelManager, Registry
 from millm.engine.worker import EngineWorker
 from millm.errors import MillmError
-from millm.server import api, health, models_api, openapi, steering_docs, v1
+from millm.server import api, auth, body_limits, health, metrics, models_api, openapi, steering_docs, v1
 from millm.server.state import Services
 from millm.steering.intensity import IntensitySettings
 from millm.steering.service import SteeringService
@@ -28,7 +28,9 @@ def create_app(settings: Settings, engine: Engine | None = None, loader: Loader 
 
     ``loader`` loads the model a request names and ``registry`` finds it (tests give scripted ones)."""
     app = Quart("millm")
-    app.config.update(RESPONSE_TIMEOUT=None, BODY_TIMEOUT=None)
+    app.config.update(RESPONSE_TIMEOUT=None)
+    body_limits.install(app, settings)
+    auth.install(app)
     worker = EngineWorker(settings.max_queue)
     steering = SteeringService(Store(settings.home / "millm.db"), IntensitySettings.from_settings(settings))
     if engine is not None:
@@ -36,6 +38,7 @@ def create_app(settings: Settings, engine: Engine | None = None, loader: Loader 
     manager = ModelManager(settings, worker, engine, on_load=lambda e: steering.restore(e.steering_target()),
                            loader=loader, registry=registry)
     app.extensions["millm"] = Services(settings, worker, manager, steering)
+    metrics.install(app, app.extensions["millm"])
     app.register_blueprint(v1.bp)
     app.register_blueprint(health.bp)
     app.register_blueprint(api.bp)

@@ -88,7 +88,8 @@ def decode(raw: bytes) -> Any:
 async def read_json(*, required: bool = True) -> Any:
     """The current request's JSON body, decoded off the event loop (a large body must not stall other
     routes). Without ``required`` an empty body is ``{}``; a /v1 body must be present."""
-    raw: bytes = await request.body
+    raw = await request.get_data(as_text=False)  # get_data applies BODY_TIMEOUT (MILLM_BODY_TIMEOUT); .body does not
+    assert isinstance(raw, bytes)
     if not raw and not required:
         return {}
     return await asyncio.to_thread(decode, raw)

@@ -9,11 +9,12 @@ from quart import Blueprint
 
 from millm.errors import InvalidParameter, ModelNotFound
 from millm.registry import ModelEntry, register_path, unregister
-from millm.server.api import body, require_admin_key
+from millm.server.api import body
+from millm.server.auth import guard_management
 from millm.server.state import services
 
 bp = Blueprint("models_api", __name__, url_prefix="/api/models")
-bp.before_request(require_admin_key)
+bp.before_request(guard_management)
 
 
 def describe(entry: ModelEntry) -> dict[str, Any]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 import signal
 from typing import Any
@@ -12,19 +11,15 @@ from hypercorn.asyncio import serve
 from hypercorn.config import Config
 from quart import Quart
 
+from millm.server.auth import BIND_HOST, is_loopback
+
+__all__ = ["hypercorn_config", "is_loopback", "run"]
+
 log = logging.getLogger(__name__)
 
 
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def hypercorn_config(host: str, port: int) -> Config:
+    """Hypercorn's settings: the bind, no access log, a short graceful stop."""
     config = Config()
     config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
     config.accesslog = None
@@ -34,8 +29,9 @@ def hypercorn_config(host: str, port: int) -> Config:
 
 
 def run(app: Quart, host: str, port: int) -> None:
-    """Serve until interrupted (Ctrl-C or SIGTERM)."""
+    """Serve until interrupted (Ctrl-C or SIGTERM); the app learns the address it is bound to."""
     stop = asyncio.Event()
+    app.config[BIND_HOST] = host
 
     async def main() -> None:
         loop = asyncio.get_running_loop()

@@ -11,12 +11,12 @@ from typing import Any
 
 from quart import Blueprint, request
 
-from millm.server.api import body, command, engine, require_admin_key, steerable, steering_state
+from millm.server.api import body, command, deactivate_if_active, engine, steerable, steering_state, use_names
 from millm.server.state import services
 from millm.steering.target import SteeringTarget
 
 bp = Blueprint("steering_docs", __name__, url_prefix="/api")
-bp.before_request(require_admin_key)
+use_names(bp)
 
 
 def _target() -> tuple[SteeringTarget | None, str]:
@@ -63,14 +63,14 @@ async def import_cluster() -> Any:
     return cluster_view(row, target), 201
 
 
-@bp.get("/clusters/<name>")
+@bp.get("/clusters/<name:name>")
 async def get_cluster(name: str) -> Any:
     """One cluster."""
     target, _ = _target()
     return cluster_view(services().steering.document("cluster", name), target)
 
 
-@bp.put("/clusters/<name>/intensity")
+@bp.put("/clusters/<name:name>/intensity")
 async def set_cluster_intensity(name: str) -> Any:
     """Set the cluster's persistent dial: {"lambda": x}, bounded to [0, max] (its declared range's maximum,
     else MILLM_INTENSITY_MAX). An active cluster is re-applied at once; ``live`` says whether the live
@@ -82,10 +82,13 @@ async def set_cluster_intensity(name: str) -> Any:
     return {**cluster_view(row, target), "live": target.steering.live if target is not None else None}
 
 
-@bp.delete("/clusters/<name>")
+@bp.delete("/clusters/<name:name>")
 async def delete_cluster(name: str) -> Any:
-    """Delete a cluster and the profile it backs."""
-    services().steering.delete_document("cluster", name)
+    """Delete a cluster and the profile it backs (deactivated first when active)."""
+    svc = services().steering
+    svc.document("cluster", name)
+    await deactivate_if_active(name)
+    svc.delete_document("cluster", name)
     return {"deleted": name}
 
 
@@ -117,14 +120,14 @@ async def active_circuit() -> Any:
     return services().steering.circuit_state(target, model_id)
 
 
-@bp.get("/circuits/<name>")
+@bp.get("/circuits/<name:name>")
 async def get_circuit(name: str) -> Any:
     """One circuit, with how it would serve now."""
     target, model_id = _target()
     return circuit_view(services().steering.document("circuit", name), target, model_id)
 
 
-@bp.post("/circuits/<name>/activate")
+@bp.post("/circuits/<name:name>/activate")
 async def activate_circuit(name: str) -> Any:
     """Make the circuit the active profile: the live values become its members (natively), its fallback
     cluster's (slice_fallback) or none, as it serves now."""
@@ -135,8 +138,11 @@ async def activate_circuit(name: str) -> Any:
     return {**svc.circuit_state(target, target.model_id), **steering_state()}
 
 
-@bp.delete("/circuits/<name>")
+@bp.delete("/circuits/<name:name>")
 async def delete_circuit(name: str) -> Any:
-    """Delete a circuit and the profile it backs."""
-    services().steering.delete_document("circuit", name)
+    """Delete a circuit and the profile it backs (deactivated first when active)."""
+    svc = services().steering
+    svc.document("circuit", name)
+    await deactivate_if_active(name)
+    svc.delete_document("circuit", name)
     return {"deleted": name}

@@ -19,13 +19,14 @@ from millm.engine.plan import run_each
 from millm.errors import FieldNotHonoured, MillmError, ModelNotFound, Unauthorized
 from millm.limits import Limits, check_prompt_tokens, prompt_tokens
 from millm.registry import ModelEntry
-from millm.server import scoring, sse
+from millm.server import metrics, scoring, sse
 from millm.server.auth import bearer_matches
 from millm.server.bodies import read_json
 from millm.server.headers import ignored_fields, seed_header, strict_mode
 from millm.server.shapes import CompletionShape
 from millm.server.state import services
 from millm.steering.bases import RequestSteering
+from millm.steering.names import steering_header
 from millm.steering.rung import CIRCUIT_RUNG_HEADER, rung_header
 
 log = logging.getLogger(__name__)
@@ -63,7 +64,7 @@ INTENSITY_HEADER = "X-miLLM-Steering-Intensity"
 
 def miLLM_headers(built: Built, steering: str = "none", steer: RequestSteering | None = None) -> dict[str, str]:
     headers = {"X-miLLM-Ignored-Fields": ignored_fields(built.ignored),
-               "X-miLLM-Seed": seed_header(built.seed, built.seed_scope), "X-miLLM-Steering": steering}
+               "X-miLLM-Seed": seed_header(built.seed, built.seed_scope), "X-miLLM-Steering": steering_header(steering)}
     if steer is not None:
         headers[INTENSITY_HEADER] = steer.echo
         headers[CIRCUIT_RUNG_HEADER] = rung_header(steer.rung) if steer.rung is not None else None
@@ -163,7 +164,7 @@ async def generate(built: Built, entry: ModelEntry, chat: bool) -> Any:
             control = control.checking(lambda: steer.check(target.steering))
         return run_each(engine.run, plans, control)
 
-    events = svc.worker.stream(make_events)
+    events = metrics.observed(svc.worker.stream(make_events))
     shape = CompletionShape(chat=chat, model=built.model, fingerprint=engine.fingerprint)
     return await respond(shape, events, built, miLLM_headers(built, label, steer))
 

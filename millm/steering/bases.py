@@ -17,6 +17,7 @@ from millm.steering.controller import Attachment, Override, Steering
 from millm.steering.documents import Registered, Serving, ServingMode, parse_shape, stored_serving_mode
 from millm.steering.imports import stored_cluster
 from millm.steering.intensity import Base, BaseKind, Context, Dial, IntensitySettings, Strengths, resolve
+from millm.steering.names import STORED
 from millm.steering.profiles import ProfileDoc, resolve_entries
 from millm.steering.target import SteeringTarget
 from millm.store import Store
@@ -36,7 +37,8 @@ def profile_row(store: Store, name: str) -> dict[str, object]:
 def stored_profile(store: Store, name: str) -> ProfileDoc:
     """A saved profile as a document; 404 when there is none."""
     row = profile_row(store, name)
-    return ProfileDoc.model_validate({k: row[k] for k in ("name", "description", "model", "entries")})
+    return ProfileDoc.model_validate({k: row[k] for k in ("name", "description", "model", "entries")},
+                                     context=STORED)
 
 
 def registered(store: Store, attached: Mapping[str, int], widths: Mapping[str, int] | None = None) -> Registered:

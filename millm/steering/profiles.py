@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from millm.errors import InvalidFeatureIndex, InvalidParameter, SAENotAttached
 from millm.steering.controller import Steering
+from millm.steering.names import Name
 
 
 class ProfileEntry(BaseModel):
@@ -31,7 +32,7 @@ class ProfileDoc(BaseModel):
 
     model_config = ConfigDict(extra="ignore", strict=True)
 
-    name: str = Field(min_length=1, max_length=200, pattern=r"^[^/\s][^/]*$")
+    name: Name
     description: str = ""
     model: str | None = None
     entries: list[ProfileEntry]

@@ -140,7 +140,8 @@ class SteeringService:
                 s.attach(sae_id, load_sae(record["path"]).sae, layer)
                 s.set_values(sae_id, state.get("values", {}).get(sae_id, {}), merge=False)
         s.set_enabled(state.get("enabled", True))
-        s.active_profile = state.get("active_profile")
+        active = state.get("active_profile")
+        s.active_profile = active if isinstance(active, str) and self.store.profile(active) is not None else None
 
     def set_values(self, engine: SteeringTarget, sae_id: str | None, values: Any, *, merge: bool) -> None:
         steering = engine.steering
@@ -284,6 +285,11 @@ class SteeringService:
         return {"active": name, "steering": serving.steering_field()}
 
     def deactivate(self, engine: SteeringTarget) -> None:
+        """Remove the live values the active profile set (persisted). While a profile is active every live
+        value is one it set (an operator's own change ends the activation), so they all go; with no active
+        profile the live values are the operator's and nothing changes."""
+        if engine.steering.active_profile is None:
+            return
         self.clear(engine)
 
     # one chat's own steering (CLI, TUI)

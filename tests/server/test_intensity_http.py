@@ -168,7 +168,7 @@ def test_a_cluster_dialled_to_zero_answers_unsteered_and_to_two_differs(base, do
     assert text(off_word) == text(plain) and off_word.headers[INTENSITY] == "0.0"
     two = chat(base, profile=docs["cluster"], steering_intensity=2)
     assert text(two) != text(plain)
-    assert two.headers[INTENSITY] == "2.0" and two.headers["X-miLLM-Steering"] == docs["cluster"]
+    assert two.headers[INTENSITY] == "2.0" and two.headers["X-miLLM-Steering"] == f'"{docs["cluster"]}"'
     assert RUNG not in two.headers and INTENSITY not in plain.headers
 
 
@@ -257,7 +257,7 @@ def test_rung_header_on_a_native_circuit(base, docs):
     plain = text(chat(base))
     r = chat(base, profile=docs["circuit"], steering_intensity=1.0)
     assert rung_of(r) == (2, {"language": "causally validated (edge)"})
-    assert r.headers[INTENSITY] == "1.0" and r.headers["X-miLLM-Steering"] == docs["circuit"]
+    assert r.headers[INTENSITY] == "1.0" and r.headers["X-miLLM-Steering"] == f'"{docs["circuit"]}"'
     assert text(r) != plain
     no_dial = chat(base, profile=docs["circuit"])
     assert rung_of(no_dial)[0] == 2 and INTENSITY not in no_dial.headers
@@ -283,7 +283,7 @@ def test_rung_header_for_the_active_circuit(base, saes, docs):
         {"mode": "native", "rung": 2, "language": "causally validated (edge)"}
     steered = chat(base)
     assert rung_of(steered) == (2, {"language": "causally validated (edge)"})
-    assert steered.headers["X-miLLM-Steering"] == name
+    assert steered.headers["X-miLLM-Steering"] == f'"{name}"'
     assert text(steered) == text(chat(base, profile=name))
     assert rung_of(head(base, steering_intensity=1.2))[0] == 2
     assert RUNG not in head(base, steering_intensity=0).headers
@@ -302,7 +302,7 @@ def test_slice_fallback_serving(base, saes, docs):
     fallback = chat(base, profile=docs["fallback"])
     served = chat(base, profile=name)
     assert text(served) == text(fallback) != text(chat(base))
-    assert RUNG not in served.headers and served.headers["X-miLLM-Steering"] == name
+    assert RUNG not in served.headers and served.headers["X-miLLM-Steering"] == f'"{name}"'
     # the backing cluster's rule, 0.5 floor included (a native circuit without a range has floor 0)
     assert head(base, profile=name, steering_intensity="min").headers[INTENSITY] == "0.5"
     assert head(base, profile=name, steering_intensity=0.2).headers[INTENSITY] == "0.2"

@@ -147,7 +147,7 @@ def test_per_request_profile_replaces_then_restores(base, sae_id, engine):
     steer(base, sae_id, {"3": 1.0})
     before = httpx.get(base + "/api/steering", timeout=10).json()
     r = chat(base, profile=name)
-    assert r.headers["X-miLLM-Steering"] == name
+    assert r.headers["X-miLLM-Steering"] == f'"{name}"'
     assert text(r) == live_steered  # the profile replaced the global values for this request
     assert httpx.get(base + "/api/steering", timeout=10).json() == before
     httpx.delete(base + "/api/steering", timeout=10)
@@ -231,7 +231,7 @@ def test_profile_management(base, sae_id):
     assert bad.status_code == 400 and "feature" in bad.json()["error"]["message"]
     r = httpx.post(base + "/api/profiles/imported/activate", timeout=10).json()
     assert r["active"] == "imported" and r["saes"][sae_id]["values"] == {str(FEATURE): STRENGTH}
-    assert chat(base).headers["X-miLLM-Steering"] == "imported"
+    assert chat(base).headers["X-miLLM-Steering"] == '"imported"'
     httpx.post(base + "/api/profiles/deactivate", timeout=10)
     assert chat(base).headers["X-miLLM-Steering"] == "none"
     steer(base, sae_id, {"4": 3.0})
