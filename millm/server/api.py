@@ -13,6 +13,7 @@ from werkzeug.routing import BaseConverter, ValidationError
 
 from millm.errors import InvalidParameter, InvalidSAE, ModelNotLoaded
 from millm.sae.labels import LabelIndex
+from millm.server import api_bodies
 from millm.server.auth import guard_management
 from millm.server.bodies import read_json
 from millm.server.state import services
@@ -50,6 +51,7 @@ async def body() -> dict[str, Any]:
     data = await read_json(required=False)
     if not isinstance(data, dict):
         raise InvalidParameter("The request body must be a JSON object.")
+    api_bodies.check(request.endpoint, data)
     return data
 
 

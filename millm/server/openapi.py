@@ -9,12 +9,14 @@ from pydantic import BaseModel
 from quart import Quart
 
 from millm import __version__
+from millm.server.api_bodies import BODIES
 from millm.wire import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 
-REQUEST_BODIES: dict[str, type[BaseModel]] = {
+REQUEST_BODIES: dict[str, dict[str, Any] | type[BaseModel]] = {
     "v1.chat_completions": ChatCompletionRequest,
     "v1.completions": CompletionRequest,
     "v1.embeddings": EmbeddingRequest,
+    **BODIES,
 }
 ERROR = {"type": "object", "properties": {"error": {"type": "object", "properties": {
     "message": {"type": "string"}, "type": {"type": "string"},
@@ -41,11 +43,22 @@ def build(app: Quart) -> dict[str, Any]:
             }
             if params:
                 op["parameters"] = params
-            model = REQUEST_BODIES.get(rule.endpoint)
-            if model is not None:
-                schemas[model.__name__] = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            body = REQUEST_BODIES.get(rule.endpoint)
+            if body is not None and method in ("POST", "PUT", "PATCH"):
                 op["requestBody"] = {"required": True, "content": {"application/json": {
-                    "schema": {"$ref": f"#/components/schemas/{model.__name__}"}}}}
+                    "schema": {"$ref": f"#/components/schemas/{_component(body, rule.endpoint, schemas)}"}}}}
             paths.setdefault(path, {})[method.lower()] = op
     return {"openapi": "3.1.0", "info": {"title": "miLLM", "version": __version__},
             "paths": paths, "components": {"schemas": schemas}}
+
+
+def _component(body: dict[str, Any] | type[BaseModel], endpoint: str, schemas: dict[str, Any]) -> str:
+    """Add a request body's schema (and a model's nested ones) to ``schemas``; its component name."""
+    if isinstance(body, dict):
+        name = "".join(part.title() for part in re.split(r"[._]", endpoint)) + "Body"
+        schemas[name] = body
+        return name
+    schema = body.model_json_schema(ref_template="#/components/schemas/{model}")
+    schemas.update(schema.pop("$defs", {}))
+    schemas[body.__name__] = schema
+    return body.__name__

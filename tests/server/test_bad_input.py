@@ -189,3 +189,24 @@ def test_server_answers_after_bad_input(server):
     assert httpx.get(server + "/api/health", timeout=10).json() == {"status": "ok"}
     r = httpx.post(server + "/v1/chat/completions", json=chat_body(), timeout=120)
     assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"]
+
+
+# /api bodies are held to the schemas /openapi.json publishes, before anything reaches SQLite or a path
+API_WRONG_TYPES = [
+    ("PUT", "/api/steering", {"sae": [{"a": 1}], "values": {}}, "sae"),  # answered 500 (SQLite binding)
+    ("PATCH", "/api/steering", {"sae": {"x": 1}, "values": {"1": 2.0}}, "sae"),
+    ("PUT", "/api/steering", {"sae": "x", "values": {"1": "strong"}}, "values.1"),
+    ("PUT", "/api/steering", {"sae": "x"}, "values"),
+    ("POST", "/api/saes", {"path": ["/tmp"]}, "path"),
+    ("POST", "/api/saes", {"path": "/tmp", "name": {"n": 1}}, "name"),
+    ("POST", "/api/saes/sae_x/attach", {"layer": "ten"}, "layer"),
+    ("PUT", "/api/monitoring", {"enabled": True, "history": [5]}, "history"),
+    ("POST", "/api/models", {"path": 5}, "path"),
+    ("POST", "/api/profiles", {"name": "p", "entries": [{"sae": [1], "feature": 1, "strength": 1.0}]},
+     "entries.0.sae"),
+]
+
+
+@pytest.mark.parametrize("method,path,body,param", API_WRONG_TYPES)
+def test_api_wrong_value_types_answer_400_naming_the_field(server, method, path, body, param):
+    assert_openai_400(httpx.request(method, server + path, json=body, timeout=60), param)
