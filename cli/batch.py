@@ -16,20 +16,9 @@ from cli.common import engine_for, err, reports_errors, steering_service
 from millm.config import get_settings
 from millm.errors import InvalidParameter
 
-RAY_HELP = ("Run on Ray: 'local' starts a local instance, 'auto' finds the running cluster, or a cluster address "
-            "(ray://head:10001). A bare --ray means local.")
+RAY_HELP = ("Run on Ray: 'local' starts a local instance, 'auto' finds the running cluster, or give a cluster "
+            "address (ray://head:10001).")
 LOCAL = "local"
-
-
-def optional_value(argv: list[str], option: str, implied: str) -> list[str]:
-    """``option`` given with no value (last, or followed by another option) takes ``implied``, so
-    ``--ray`` alone reads as ``--ray local`` (click options cannot take an optional value)."""
-    out = []
-    for i, arg in enumerate(argv):
-        out.append(arg)
-        if arg == option and (i + 1 == len(argv) or argv[i + 1].startswith("-")):
-            out.append(implied)
-    return out
 
 
 def ray_address(value: str) -> str | None:
@@ -65,7 +54,7 @@ def batch(
                                                                 "in input order; lines already there are kept.")],
     batch_size: Annotated[int, typer.Option("--batch-size", help="Lines answered together; generation lines "
                                                                  "with equal parameters share one padded run.")] = 16,
-    ray: Annotated[str | None, typer.Option("--ray", metavar="[ADDRESS]", help=RAY_HELP)] = None,
+    ray: Annotated[str | None, typer.Option("--ray", metavar="ADDRESS", help=RAY_HELP)] = None,
     workers: Annotated[int, typer.Option(help="Ray actors, one engine each (with --ray).")] = 1,
 ) -> None:
     """Answer every line of an OpenAI batch file as `millm serve` would; rerun to resume after a stop."""
@@ -81,7 +70,8 @@ def batch(
         from millm.batch.distributed import answer_on_ray
 
         with progress_bar("batch (ray)", len(job.lines), job.done) as advance:
-            answer_on_ray(job, output, ray_address(ray), workers, batch_size, advance)
+            answer_on_ray(job, output, steering_service(), get_settings(), ray_address(ray), workers, batch_size,
+                          advance)
     else:
         answerer = Answerer(lambda entry: engine_for(entry.id), steering_service(), get_settings(), job.created)
         with output.open("a", encoding="utf-8") as sink, progress_bar("batch", len(job.lines), job.done) as advance:

@@ -220,4 +220,4 @@ def models_list() -> None:
 
 
 def main() -> None:
-    app(batch_cli.optional_value(sys.argv[1:], "--ray", batch_cli.LOCAL))
+    app()

@@ -10,7 +10,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from cli.common import engine_for, err, reports_errors
+from cli.batch import RAY_HELP, progress_bar, ray_address
+from cli.common import engine_for, engine_of, err, reports_errors
+from millm.config import get_settings
 from millm.errors import InvalidParameter, MillmError
 
 if TYPE_CHECKING:
@@ -100,10 +102,14 @@ def score(
     logprobs: Annotated[int, typer.Option(help="Alternatives to report, 0-20.")] = 5,
     temperature: Annotated[float, typer.Option(help="Divides the logits; 0 = no scaling.")] = 1.0,
     batch_size: Annotated[int, typer.Option("--batch-size", help="Prompts per forward pass.")] = 32,
+    ray: Annotated[str | None, typer.Option("--ray", metavar="ADDRESS", help=RAY_HELP)] = None,
+    workers: Annotated[int, typer.Option(help="Ray actors, one engine each (with --ray).")] = 1,
 ) -> None:
     """Score the next token of every line (never steered); rows already in OUTPUT are skipped."""
     if batch_size < 1:
         raise InvalidParameter("--batch-size must be at least 1.", param="batch_size")
+    if workers < 1:
+        raise InvalidParameter("--workers must be at least 1.", param="workers")
     defaults = {"allowed_tokens": [int(a) if a.lstrip("-").isdigit() else a for a in allowed or []],
                 "logprobs": logprobs, "temperature": temperature}
     score_row_of(None, {"prompt": "-"}, defaults)  # the options obey the server's rules, checked before loading
@@ -111,10 +117,11 @@ def score(
         lines = input.read_text().splitlines()
     except OSError as exc:
         raise InvalidParameter(f"{input}: {exc.strerror}.", param="input") from None
+    if ray is not None:
+        score_on_ray(lines, output, model, defaults, ray_address(ray), workers, batch_size)
+        return
     engine = engine_for(model)
-    if not engine.capabilities.scorable:
-        raise InvalidParameter(f"'{engine.model_id}' runs on {engine.engine_name}, which exposes no next-token "
-                               "distribution here; score with a transformers model.", param="model")
+    check_scorable(engine)
     done = done_rows(output)
     todo = [i for i in range(len(lines)) if i not in done]
     with output.open("a") as sink, Progress(TextColumn("scoring"), BarColumn(), MofNCompleteColumn(),
@@ -129,11 +136,25 @@ def score(
     err.print(f"scored {len(todo)} rows ({len(done)} already done) -> {output}")
 
 
+def check_scorable(engine: Engine) -> None:
+    if not engine.capabilities.scorable:
+        raise InvalidParameter(f"'{engine.model_id}' runs on {engine.engine_name}, which exposes no next-token "
+                               "distribution here; score with a transformers model.", param="model")
+
+
 def write_batch(engine: Engine, lines: list[str], indices: list[int], defaults: dict[str, Any],
                 sink: Any) -> None:
-    """Score one batch; a bad row gets an error line and the others go on."""
+    """Score one batch and write its lines in input order."""
+    sink.write("".join(score_lines(engine, {i: lines[i] for i in indices}, defaults)))
+    sink.flush()
+
+
+def score_lines(engine: Engine, lines: dict[int, str], defaults: dict[str, Any]) -> list[str]:
+    """Output lines for one batch of input lines (by row number); a bad row gets an error line and the
+    others go on."""
     from millm.engine.scoring import ScoreRequest
 
+    indices = list(lines)
     results: dict[int, dict[str, Any]] = {}
     ready: list[tuple[int, ScoreRow]] = []
     for i in indices:
@@ -150,6 +171,46 @@ def write_batch(engine: Engine, lines: list[str], indices: list[int], defaults: 
                 results[i] = result_line(engine, i, engine.score(ScoreRequest([row]))[0])
             except MillmError as exc:
                 results[i] = {"row": i, "error": exc.message}
-    for i in indices:
-        sink.write(json.dumps(results[i]) + "\n")
-    sink.flush()
+    return [json.dumps(results[i]) + "\n" for i in indices]
+
+
+class ScoreWorker:
+    """One Ray actor of a ``millm score --ray`` job: its own engine for the model, scoring its batches."""
+
+    def __init__(self, model: list[Any], defaults: list[Any]) -> None:
+        from millm.batch.distributed import shipped
+        from millm.engine import load_engine
+        from millm.registry import resolve
+
+        settings = get_settings()
+        self.engine = load_engine(resolve(shipped(model), settings, paths=True), settings)
+        check_scorable(self.engine)
+        self.defaults = shipped(defaults)
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
+        import numpy as np
+
+        out = score_lines(self.engine, {int(i): str(t) for i, t in zip(batch["index"], batch["line"])},
+                          self.defaults)
+        return {"out": np.array(out, dtype=object), "tokens": np.zeros(len(out), dtype=np.int64)}
+
+
+def score_on_ray(lines: list[str], output: Path, model: str | None, defaults: dict[str, Any], address: str | None,
+                 workers: int, batch_size: int) -> None:
+    """The pending rows over Ray (one engine per actor), appended to ``output`` in input order."""
+    from millm.batch.distributed import require_ray, run_rows
+
+    require_ray()
+    name = model or get_settings().default_model
+    if engine_of(name) != "transformers":
+        raise InvalidParameter(f"'{name}' does not run on transformers, which scoring needs.", param="model")
+    done = done_rows(output)
+    todo = [(i, lines[i]) for i in range(len(lines)) if i not in done]
+    with output.open("a") as sink, progress_bar("scoring (ray)", len(lines), len(done)) as advance:
+        def write(line: str) -> None:
+            sink.write(line)
+            sink.flush()
+
+        run_rows(todo, ScoreWorker, {"model": name, "defaults": defaults}, address, workers, batch_size, write,
+                 advance)
+    err.print(f"scored {len(todo)} rows ({len(done)} already done) -> {output}")

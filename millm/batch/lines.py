@@ -126,3 +126,14 @@ def output_line(answer: Answer) -> str:
                         "headers": answer.headers},
            "error": error}
     return json.dumps(out) + "\n"
+
+
+def to_wire(line: BatchLine) -> str:
+    """A parsed line as text, to travel to a Ray worker unchanged (its refusal decided on the driver)."""
+    return json.dumps({"index": line.index, "custom_id": line.custom_id, "route": line.route, "body": line.body,
+                       "refusal": line.refusal})
+
+
+def from_wire(text: str) -> BatchLine:
+    data = json.loads(text)
+    return BatchLine(data["index"], data["custom_id"], data["route"], data["body"], data["refusal"])

@@ -6,7 +6,7 @@ import asyncio
 import base64
 import logging
 import struct
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -16,6 +16,7 @@ from millm.builder import STRICT_HEADER, Built, build_chat, build_completion, bu
 from millm.engine.base import Engine, StepControl
 from millm.engine.events import Activations, Delta, Event, Finish, Usage
 from millm.engine.plan import run_each
+from millm.engine.scoring import ScoreResult
 from millm.errors import FieldNotHonoured, MillmError, ModelNotFound, Unauthorized
 from millm.limits import Limits, check_prompt_tokens, prompt_tokens
 from millm.registry import ModelEntry
@@ -105,10 +106,15 @@ async def sse_events(shape: CompletionShape, events: AsyncIterator[Event], choic
 
 
 async def collect(shape: CompletionShape, events: AsyncIterator[Event]) -> dict[str, Any]:
+    return whole_body(shape, [event async for event in events])
+
+
+def whole_body(shape: CompletionShape, events: Iterable[Event]) -> dict[str, Any]:
+    """The non-streamed body of a generation's events (``millm batch`` renders its rows here too)."""
     texts: dict[int, str] = {}
     finishes: dict[int, str] = {}
     extension: dict[str, Any] = {}
-    async for event in events:
+    for event in events:
         if isinstance(event, Delta):
             texts[event.index] = texts.get(event.index, "") + event.text
         elif isinstance(event, Finish):
@@ -138,11 +144,16 @@ async def request_steering(engine: Engine, built: Built) -> RequestSteering:
     svc = services()
     target = engine.steering_target()
     if target is None:
-        for name, value in (("profile", built.profile), ("steering_intensity", built.intensity)):
-            if value is not None:
-                raise FieldNotHonoured(f"'{name}' cannot be honoured by the {engine.engine_name} engine.", param=name)
+        refuse_unsteerable(engine, built)
         return RequestSteering()
     return await svc.worker.command(svc.steering.for_request, target, built.profile, built.intensity)
+
+
+def refuse_unsteerable(engine: Engine, built: Built) -> None:
+    """``profile`` or ``steering_intensity`` on an engine that cannot steer: refused, naming the field."""
+    for name, value in (("profile", built.profile), ("steering_intensity", built.intensity)):
+        if value is not None:
+            raise FieldNotHonoured(f"'{name}' cannot be honoured by the {engine.engine_name} engine.", param=name)
 
 
 async def generate(built: Built, entry: ModelEntry, chat: bool) -> Any:
@@ -176,12 +187,19 @@ async def score(built: Built, entry: ModelEntry, chat: bool) -> Any:
     engine = await svc.manager.engine_for(entry)
     results, readout = await svc.worker.call(scoring.score_reading, engine, built.score, built.readout)
     shape = CompletionShape(chat=chat, model=built.model, fingerprint=engine.fingerprint)
+    return score_body(shape, engine, built, results, readout), 200, miLLM_headers(built)
+
+
+def score_body(shape: CompletionShape, engine: Engine, built: Built, results: list[ScoreResult],
+               readout: dict[str, Any] | None) -> dict[str, Any]:
+    """A scoring response's body (``millm batch`` renders its rows here too)."""
+    assert built.score is not None
     params = [row.params for row in built.score.rows]
-    body = (scoring.chat_body(shape, engine, results, params) if chat
+    body = (scoring.chat_body(shape, engine, results, params) if shape.chat
             else scoring.completion_body(shape, engine, built.prompt_texts, results, params))
     if readout is not None:
         body["millm"] = {"sae_activations": readout}
-    return body, 200, miLLM_headers(built)
+    return body
 
 
 @bp.post("/chat/completions")
@@ -205,15 +223,19 @@ async def embeddings() -> Any:
     svc = services()
     engine = await svc.manager.engine_for(entry)
     vectors, tokens = await svc.worker.call(engine.embed, built.embed_inputs)
+    return embeddings_body(built, vectors, tokens), 200, miLLM_headers(built)  # X-miLLM-Steering: none, always
+
+
+def embeddings_body(built: Built, vectors: list[list[float]], tokens: int) -> dict[str, Any]:
+    """An embeddings response's body (``millm batch`` renders its rows here too)."""
     data = []
     for i, vector in enumerate(vectors):
         value: Any = vector
         if built.encoding == "base64":
             value = base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
         data.append({"object": "embedding", "index": i, "embedding": value})
-    body_out = {"object": "list", "data": data, "model": built.model,
-                "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
-    return body_out, 200, miLLM_headers(built)  # X-miLLM-Steering: none, always
+    return {"object": "list", "data": data, "model": built.model,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
 
 
 def model_card(entry: ModelEntry) -> dict[str, Any]:

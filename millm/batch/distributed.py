@@ -1,0 +1,160 @@
+"""Rows over a Ray cluster with Ray Data: ``read_json`` -> ``map_batches`` over an actor pool (one engine
+per actor, a GPU each where CUDA is present) -> the output file, written by the driver in input order.
+
+The driver writes the pending rows to a JSONL file of ``{"index", "line"}`` records (each ``line`` a
+string, so Ray's schema inference never meets a request body), and streams the workers' rendered output
+lines back with order preserved, appending each as it arrives: a stopped job resumes like a local one.
+Workers render every output line themselves with the same functions as a local run, so the files are
+equal byte for byte.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from millm.errors import InvalidParameter
+
+if TYPE_CHECKING:
+    from millm.batch.run import BatchJob
+    from millm.config import Settings
+    from millm.steering.service import SteeringService
+
+Advance = Callable[[int, int], None]  # rows written, tokens in them
+INSTALL_HINT = "--ray needs Ray Data, an optional extra: pip install -e .[ray]  (or pip install 'ray[data]')."
+
+
+def require_ray() -> Any:
+    """The ``ray`` module with Ray Data, or a clear error saying how to install it."""
+    try:
+        import ray
+        import ray.data  # noqa: F401
+    except ImportError:
+        raise InvalidParameter(INSTALL_HINT, param="ray") from None
+    return ray
+
+
+def actor_resources() -> dict[str, float]:
+    """What each actor asks of Ray: one GPU where the driver sees CUDA, else one CPU."""
+    import torch
+
+    return {"num_gpus": 1.0} if torch.cuda.is_available() else {"num_cpus": 1.0}
+
+
+def read_on_this_node(ray: Any) -> dict[str, Any]:
+    """The read runs where the driver wrote its file, and takes no CPU an actor is waiting for (with every
+    CPU given to actors, a read that needs one never starts)."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    node = ray.get_runtime_context().get_node_id()
+    return {"num_cpus": 0, "scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=False)}
+
+
+def run_rows(rows: list[tuple[int, str]], worker: type, worker_args: dict[str, Any], address: str | None,
+             workers: int, batch_size: int, write: Callable[[str], None], advance: Advance | None = None) -> None:
+    """``worker(**worker_args)`` answers batches ``{"index", "line"}`` with ``{"out", "tokens"}``; every
+    ``out`` (a finished output line) is passed to ``write`` in input order. Each argument travels through
+    Ray's object store once, as ``[ref]``; a worker reads it with ``shipped(arg)``."""
+    if not rows:
+        return
+    ray = require_ray()
+    started = not ray.is_initialized()
+    if started:
+        ray.init(address=address, log_to_driver=False, configure_logging=False,
+                 runtime_env={"env_vars": {k: v for k, v in os.environ.items() if k.startswith("MILLM_")}})
+    try:
+        context = ray.data.DataContext.get_current()
+        context.execution_options.preserve_order = True
+        context.enable_progress_bars = False
+        with tempfile.TemporaryDirectory(prefix="millm-ray-") as folder:
+            source = Path(folder) / "rows.jsonl"
+            source.write_text("".join(json.dumps({"index": i, "line": text}) + "\n" for i, text in rows))
+            shipped = {name: [ray.put(value)] for name, value in worker_args.items()}
+            dataset = ray.data.read_json(str(source), override_num_blocks=1, ray_remote_args=read_on_this_node(ray))
+            dataset = dataset.map_batches(worker, fn_constructor_kwargs=shipped, batch_size=batch_size,
+                                          compute=ray.data.ActorPoolStrategy(size=workers), batch_format="numpy",
+                                          **actor_resources())
+            for row in dataset.iter_rows():
+                write(str(row["out"]))
+                if advance is not None:
+                    advance(1, int(row["tokens"]))
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def shipped(arg: list[Any]) -> Any:
+    """A worker argument ``run_rows`` sent through the object store."""
+    import ray
+
+    return ray.get(arg[0])
+
+
+class BatchWorker:
+    """One Ray actor of a ``millm batch`` job: the shipped steering state installed in a directory of its
+    own, an engine per model (loaded on first use, its persisted steering restored), and an Answerer."""
+
+    def __init__(self, state: list[Any], created: list[Any], pads: list[Any]) -> None:
+        from millm.batch.answer import Answerer
+        from millm.batch.shipped import install
+        from millm.config import get_settings
+        from millm.engine import Engine, load_engine
+        from millm.registry import ModelEntry
+
+        self.home = Path(tempfile.mkdtemp(prefix="millm-worker-"))
+        steering = install(shipped(state), self.home)
+        settings = get_settings()
+        engines: dict[str, Engine] = {}
+
+        def engine_for(entry: ModelEntry) -> Engine:
+            if entry.id not in engines:
+                engines[entry.id] = load_engine(entry, settings)
+                steering.restore(engines[entry.id].steering_target())
+            return engines[entry.id]
+
+        self.answerer = Answerer(engine_for, steering, settings, shipped(created), shipped(pads))
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
+        import numpy as np
+
+        from millm.batch.lines import from_wire, output_line
+
+        answers = self.answerer.answer([from_wire(str(text)) for text in batch["line"]])
+        return {"out": np.array([output_line(a) for a in answers], dtype=object),
+                "tokens": np.array([a.tokens for a in answers], dtype=np.int64)}
+
+
+def models_named(job: BatchJob, settings: Settings) -> list[str]:
+    """The model ids the pending lines name (names that do not resolve are answered by the workers)."""
+    from millm.errors import MillmError
+    from millm.registry import resolve
+
+    ids: set[str] = set()
+    for name in {line.body.get("model") for line in job.todo if line.refusal is None and isinstance(line.body, dict)}:
+        if isinstance(name, str):
+            try:
+                ids.add(resolve(name, settings).id)
+            except MillmError:
+                continue
+    return sorted(ids)
+
+
+def answer_on_ray(job: BatchJob, output: Path, steering: SteeringService, settings: Settings, address: str | None,
+                  workers: int, batch_size: int, advance: Advance | None = None, pads: bool = True) -> None:
+    """A batch job's pending lines over Ray, appended to ``output`` in input order."""
+    from millm.batch.lines import to_wire
+    from millm.batch.shipped import capture
+
+    require_ray()
+    state = capture(steering, models_named(job, settings))
+    with output.open("a", encoding="utf-8") as sink:
+        def write(line: str) -> None:
+            sink.write(line)
+            sink.flush()
+
+        run_rows([(line.index, to_wire(line)) for line in job.todo], BatchWorker,
+                 {"state": state, "created": job.created, "pads": pads}, address, workers, batch_size, write, advance)
