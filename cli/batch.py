@@ -16,8 +16,8 @@ from cli.common import engine_for, err, reports_errors, steering_service
 from millm.config import get_settings
 from millm.errors import InvalidParameter
 
-RAY_HELP = ("Run on Ray: 'local' starts a local instance, 'auto' finds the running cluster, or give a cluster "
-            "address (ray://head:10001).")
+RAY_HELP = ("Run on Ray: 'local' starts a local instance, 'auto' joins the cluster of this node, or give the "
+            "address of its head (HEAD_IP:6379).")
 LOCAL = "local"
 
 

@@ -1,0 +1,119 @@
+"""``millm batch`` throughput: rows/s against the same rows sent one by one to ``millm serve``, and over
+Ray with one worker against no Ray; prints the per-worker rate and the expected cluster throughput.
+
+    python bench/batch.py --rows 32 --max-tokens 8 --batch-size 16 [--no-ray]
+
+Targets (issue 18): batch >= 3x one-by-one at batch 16 for short chats; Ray with one worker >= 0.8x
+without Ray. Rows are short greedy chats; every run answers the same file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.served import millm_server  # noqa: E402
+
+TOPICS = ["the sea", "a cat", "rain", "bread", "the moon", "music", "a train", "snow", "coffee", "a garden",
+          "the wind", "a river", "paper", "a bridge", "light", "a song"]
+
+
+def rows(count: int, max_tokens: int, model: str) -> list[dict]:
+    def body(i: int) -> dict:
+        return {"model": model, "messages": [{"role": "user", "content": f"One sentence about {TOPICS[i % 16]}."}],
+                "temperature": 0, "max_tokens": max_tokens}
+
+    return [{"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions", "body": body(i)}
+            for i in range(count)]
+
+
+def one_by_one(lines: list[dict], port: int) -> float:
+    """Seconds to send every row to a running ``millm serve``, one request at a time."""
+    with millm_server(port) as base, httpx.Client(base_url=base, timeout=600) as http:
+        http.post(lines[0]["url"], json=lines[0]["body"]).raise_for_status()  # warm
+        start = time.perf_counter()
+        for line in lines:
+            http.post(line["url"], json=line["body"]).raise_for_status()
+        return time.perf_counter() - start
+
+
+def local_batch(src: Path, out: Path, batch_size: int) -> float:
+    from cli.common import engine_for, steering_service
+    from millm.batch.answer import Answerer
+    from millm.batch.run import open_job, write_answers
+    from millm.config import get_settings
+
+    job = open_job(src, out)
+    answerer = Answerer(lambda entry: engine_for(entry.id), steering_service(), get_settings(), job.created)
+    answerer.answer(job.todo[:1])  # load and warm, as the served baseline is
+    start = time.perf_counter()
+    with out.open("a") as sink:
+        write_answers(answerer, job.todo, sink, batch_size)
+    return time.perf_counter() - start
+
+
+def ray_batch(src: Path, out: Path, batch_size: int, workers: int) -> tuple[float, float]:
+    """(wall seconds including the actors' start and model load, seconds from the first line written to the
+    last: the steady rate's window)."""
+    from cli.common import steering_service
+    from millm.batch.distributed import answer_on_ray
+    from millm.batch.run import open_job
+    from millm.config import get_settings
+
+    job = open_job(src, out)
+    stamps: list[float] = []
+    start = time.perf_counter()
+    answer_on_ray(job, out, steering_service(), get_settings(), None, workers, batch_size,
+                  lambda rows, tokens: stamps.append(time.perf_counter()))
+    wall = time.perf_counter() - start
+    return wall, stamps[-1] - stamps[0]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=32)
+    parser.add_argument("--max-tokens", type=int, default=8)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--port", type=int, default=8790)
+    parser.add_argument("--no-ray", action="store_true")
+    args = parser.parse_args()
+
+    from millm.config import get_settings
+
+    lines = rows(args.rows, args.max_tokens, get_settings().default_model)
+    folder = Path(tempfile.mkdtemp(prefix="millm-bench-batch-"))
+    src = folder / "in.jsonl"
+    src.write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+    served = one_by_one(lines, args.port)
+    batched = local_batch(src, folder / "local.jsonl", args.batch_size)
+    n = args.rows
+    print(f"{n} short chats, max_tokens {args.max_tokens}, batch {args.batch_size}")
+    print(f"  millm serve, one by one : {served:7.1f} s  {n / served:6.2f} rows/s")
+    print(f"  millm batch             : {batched:7.1f} s  {n / batched:6.2f} rows/s  "
+          f"{served / batched:.2f}x one-by-one (target >= 3x)")
+    if args.no_ray:
+        return
+    wall, steady = ray_batch(src, folder / "ray.jsonl", args.batch_size, args.workers)
+    same = (folder / "ray.jsonl").read_bytes() == (folder / "local.jsonl").read_bytes()
+    print(f"  millm batch --ray ({args.workers} worker{'s' if args.workers > 1 else ''}): {wall:7.1f} s wall "
+          f"(actor start and model load included), output equal to local: {same}")
+    per_worker = (n - args.batch_size) / steady / args.workers if steady > 0 else float("nan")
+    ratio = per_worker * args.workers / (n / batched)
+    print(f"    steady rate           : {per_worker:6.2f} rows/s per worker, {ratio:.2f}x without Ray (target >= 0.8x)")
+    print(f"    whole job             : {n / wall:6.2f} rows/s, {(n / wall) / (n / batched):.2f}x without Ray")
+    for workers in (4, 16, 64):
+        print(f"    expected with {workers:>2} workers: {workers * per_worker:8.1f} rows/s (workers x per-worker rate)")
+
+
+if __name__ == "__main__":
+    main()
