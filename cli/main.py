@@ -173,6 +173,8 @@ def serve(
     host: Annotated[str, typer.Option(help="Address to bind; loopback unless you mean otherwise.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
     model: Annotated[str | None, typer.Option(help="Model to load at start (default: the bundled one).")] = None,
+    batching: Annotated[bool, typer.Option("--batching", help="Continuous batching of generations (as "
+                                           "MILLM_BATCHING=true); response_format is refused while on.")] = False,
 ) -> None:
     """Serve the OpenAI-compatible /v1 API and the management API with Hypercorn."""
     import logging
@@ -182,6 +184,8 @@ def serve(
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = get_settings()
+    if batching:
+        settings = settings.model_copy(update={"batching": True})
     engine = engine_for(model)
     app = create_app(settings, engine)
     shown = f"[{host}]" if ":" in host else host

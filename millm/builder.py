@@ -198,6 +198,14 @@ def constraint_for(body: Mapping[str, Any], params: SamplingParams) -> JsonConst
     return constraint
 
 
+def refuse_under_batching(built: Built) -> None:
+    """response_format on a server with continuous batching enabled: refused before loading (spec)."""
+    if built.constraint is not None:
+        raise ResponseFormatUnsupported("'response_format' cannot be honoured while continuous batching is enabled "
+                                        "on this server (MILLM_BATCHING); it was refused rather than ignored.",
+                                        param="response_format")
+
+
 # arguments miLLM passes to the template renderer itself; a client's value would clash with them (a 500)
 TEMPLATE_ARGUMENTS = ("tokenize", "add_generation_prompt", "return_dict", "continue_final_message", "conversation",
                       "messages", "return_tensors", "padding", "truncation", "max_length", "tokenizer_kwargs")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from platformdirs import user_data_dir
 from pydantic import Field, model_validator
@@ -28,6 +29,11 @@ class Settings(BaseSettings):
     max_prompts: int = Field(default=256, ge=1)  # conversations (messages + extra_messages) or prompts
     max_embedding_inputs: int = Field(default=2048, ge=1)  # inputs of one embeddings request
     max_prompt_tokens: int = Field(default=131072, ge=1)  # prompt tokens over every row of one request
+    batching: bool = False  # MILLM_BATCHING / serve --batching: continuous batching of generations
+    batch_max_rows: int = Field(default=16, ge=1)  # rows decoded together
+    batch_max_tokens: int = Field(default=32768, ge=1)  # KV token budget, split into one slot per row
+    batch_prefill_chunk: int = Field(default=256, ge=1)  # prompt tokens prefilled per batch step
+    batching_monitoring: Literal["batch", "serial"] = "batch"  # serial: monitored requests skip the batch
     graceful_unload_timeout: float = Field(default=30.0, ge=0)  # seconds running requests get before an unload
     api_key: str | None = None
     admin_key: str | None = None

@@ -32,6 +32,7 @@ class Capabilities:
     seedable: bool  # seeded sampling that repeats byte for byte
     constrainable: bool  # response_format enforced token by token
     multiple_choices: bool  # n > 1 in one request
+    batchable: bool = False  # continuous batching (a ``batch_scheduler``)
 
 
 @dataclass(eq=False)

@@ -59,3 +59,30 @@ def penalty_processor(counts: torch.Tensor, frequency: float, presence: float) -
 def make_sampler(temperature: float, top_p: float, generator: torch.Generator | None = None) -> Sampler:
     """Greedy at temperature 0, else softmax(logits / T) restricted by top_p."""
     return lambda logits: sample(logits, temperature, top_p, generator)
+
+
+def row_penalties(logits: torch.Tensor, counts: torch.Tensor, frequency: torch.Tensor,
+                  presence: torch.Tensor) -> torch.Tensor:
+    """``apply_penalties`` with each row's own frequency and presence penalty (``[rows]`` each)."""
+    if not bool((frequency != 0).any() or (presence != 0).any()):
+        return logits
+    counts = counts.to(logits.dtype)
+    return logits - frequency.view(-1, 1) * counts - presence.view(-1, 1) * (counts > 0).to(logits.dtype)
+
+
+def sample_rows(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """``sample`` with each row's own temperature and top_p (``[rows]`` each): greedy rows (temperature
+    0) take the argmax, the others draw from softmax(logits / T) restricted by their own top_p."""
+    greedy = temperature == 0
+    chosen = torch.argmax(logits, dim=-1)
+    if bool(greedy.all()):
+        return chosen
+    scaled = logits.float() / torch.where(greedy, 1.0, temperature).view(-1, 1)
+    sorted_logits, order = torch.sort(scaled, dim=-1, descending=True)
+    probs = torch.softmax(sorted_logits, dim=-1)
+    mass_before = torch.cumsum(probs, dim=-1) - probs
+    drop_sorted = (mass_before >= top_p.view(-1, 1)) & (top_p < 1.0).view(-1, 1)
+    drop_sorted[..., 0] = False
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    drawn = torch.multinomial(torch.softmax(scaled.masked_fill(drop, float("-inf")), dim=-1), 1).squeeze(-1)
+    return torch.where(greedy, chosen, drawn)

@@ -20,6 +20,7 @@ from millm.engine.params import ChatPrompt, GenerationRequest, Prompt, TokenProm
 from millm.engine.plan import Plan, token_budget
 from millm.engine.rows import Row, emit
 from millm.engine.sampling import LogitsProcessor, make_sampler, penalty_processor, update_counts
+from millm.engine.scheduler import BatchSettings, Scheduler
 from millm.engine.scoring import ScoreRequest, ScoreResult, check_in_vocab, echo_row, score_row
 from millm.engine.templates import END_OF_TURN_TOKENS, has_chat_template, render_chat
 from millm.errors import ContextLengthExceeded, InvalidParameter, InvalidScoringRequest, MillmError, NoChatTemplate
@@ -44,7 +45,7 @@ class TransformersEngine:
 
     engine_name = "transformers"
     capabilities = Capabilities(steerable=True, scorable=True, seedable=True, constrainable=True,
-                                multiple_choices=True)
+                                multiple_choices=True, batchable=True)
 
     def __init__(self, entry: ModelEntry, model: Any, tokenizer: Any, device: torch.device,
                  dtype: torch.dtype, default_max_tokens: int = 1024) -> None:
@@ -58,7 +59,8 @@ class TransformersEngine:
                                   or tokenizer.model_max_length)
         self.stop_ids = self._end_token_ids()
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.stop_ids, default=0)
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # re-entered by a batch step run between a serial stream's steps
+        self._scheduler: Scheduler | None = None
         self.steering = Steering(model)
         self.monitor = Monitor()
         self.constraints = ConstraintCompiler(tokenizer)
@@ -66,8 +68,15 @@ class TransformersEngine:
         self._target = SteeringTarget(entry.id, self.steering, self.monitor)
 
     def close(self) -> None:
-        """Remove every hook before the model goes away."""
+        """Remove every hook and the batch's KV slots before the model goes away."""
         self.steering.detach_all()
+        self._scheduler = None
+
+    def batch_scheduler(self, settings: BatchSettings) -> Scheduler:
+        """This model's continuous-batching scheduler (its KV slots are allocated on first use)."""
+        if self._scheduler is None or self._scheduler.settings != settings:
+            self._scheduler = Scheduler(self, settings)
+        return self._scheduler
 
     @classmethod
     def load(cls, entry: ModelEntry, settings: Settings) -> TransformersEngine:

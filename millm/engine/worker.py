@@ -4,6 +4,11 @@ The event loop never blocks on torch: it submits work here and awaits the result
 a stream of events. A request is admitted (or refused with queue_full) when it is submitted, before
 any response starts, and counted from that moment. Steering and monitoring changes are commands:
 they run on this thread between two decode steps of whatever is generating, or at once when idle.
+
+With continuous batching enabled (``batching``), a generation the batch can serve joins the engine's
+scheduler instead of running alone: the scheduler's steps run here as jobs of their own, so calls,
+commands and serial jobs interleave with them, and a serial stream runs one batch step between each
+of its own steps (neither starves the other).
 """
 
 from __future__ import annotations
@@ -11,14 +16,21 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from millm.engine.base import StepControl
 from millm.engine.busy import TimedExecutor
+from millm.engine.scheduler import BatchSettings, Job, Scheduler, fallback_reason
 from millm.errors import InsufficientMemory, QueueFull
+
+if TYPE_CHECKING:
+    from millm.engine.base import Engine
+    from millm.engine.events import Event
+    from millm.engine.plan import Plan
 
 T = TypeVar("T")
 _END = object()
@@ -46,8 +58,15 @@ def typed(exc: BaseException) -> BaseException:
 class EngineWorker:
     """Serialises engine calls on one thread; refuses work past ``max_queue`` queued-or-running jobs."""
 
-    def __init__(self, max_queue: int) -> None:
+    def __init__(self, max_queue: int, batching: BatchSettings | None = None) -> None:
         self.max_queue = max_queue
+        self.batching = batching
+        self.batched = 0  # generations served by the batch
+        self.batch_live = 0  # batched generations admitted and not yet ended (waiting or decoding)
+        self.fallbacks: Counter[str] = Counter()  # generations served serially while batching, by reason
+        self._scheduler: Scheduler | None = None  # the batch with work in it, while it has some
+        self._ticking = False
+        self._in_step = False
         self._executor = TimedExecutor(max_workers=1, thread_name_prefix="millm-engine")
         self._lock = threading.Lock()
         self._pending = 0
@@ -69,7 +88,9 @@ class EngineWorker:
 
     @property
     def running(self) -> int:
-        return self._running
+        """Jobs running now: a serial job, or the generations decoding in the batch."""
+        scheduler = self._scheduler
+        return self._running + self.batch_live - (scheduler.queued if scheduler is not None else 0)
 
     def _admit(self) -> None:
         with self._lock:
@@ -79,7 +100,7 @@ class EngineWorker:
             self._pending += 1
             self._idle.clear()
 
-    def _release(self, _: Future[Any]) -> None:
+    def _release(self, _: Future[Any] | None) -> None:
         with self._lock:
             self._pending -= 1
             if self._pending == 0:
@@ -155,7 +176,7 @@ class EngineWorker:
         """
         loop = asyncio.get_running_loop()
         items: asyncio.Queue[Any] = asyncio.Queue()
-        control = StepControl(run_commands=self.run_commands)
+        control = StepControl(run_commands=self._between_steps)
 
         def put(item: Any) -> None:
             try:
@@ -193,6 +214,98 @@ class EngineWorker:
             with self._lock:
                 self._controls.discard(control)
             raise
+        return self._consume(items, control)
+
+    # continuous batching
+    @property
+    def scheduler(self) -> Scheduler | None:
+        """The batch currently holding rows or waiting requests (None when it is empty)."""
+        return self._scheduler
+
+    def _between_steps(self) -> None:
+        """A serial stream's step boundary: commands, then one batch step when the batch has work."""
+        self.run_commands()
+        scheduler = self._scheduler
+        if scheduler is not None and scheduler.busy and not self._in_step:
+            self._step(scheduler)
+
+    def _step(self, scheduler: Scheduler) -> None:
+        self._in_step = True
+        try:
+            scheduler.step()
+        except BaseException as exc:  # outside any one row: every request in the batch gets the error
+            scheduler.fail_all(typed(exc))
+        finally:
+            self._in_step = False
+
+    def _tick(self) -> None:
+        """One batch step as a job of its own; queued again while the batch has work."""
+        scheduler = self._scheduler
+        try:
+            if scheduler is not None and scheduler.busy:
+                self._step(scheduler)
+        finally:
+            with self._lock:
+                if scheduler is not None and scheduler.busy:
+                    self._executor.submit(self._tick)
+                else:
+                    self._ticking = False
+                    if self._scheduler is scheduler:
+                        self._scheduler = None
+
+    def generate(self, engine: Engine, plans: list[Plan], make_events: Callable[[StepControl], Iterator[Event]],
+                 check: Callable[[], None] | None = None) -> AsyncIterator[Event]:
+        """A generation's events: from the batch when batching is enabled and the request can join it,
+        else ``make_events`` run serially (``stream``). Admitted now either way (QueueFull before any
+        response starts). ``check`` runs between batch steps, as ``make_events`` runs its own."""
+        if self.batching is None:
+            return self.stream(make_events)
+        make_scheduler: Callable[[BatchSettings], Scheduler] | None = getattr(engine, "batch_scheduler", None)
+        reason = "engine"
+        if make_scheduler is not None and engine.capabilities.batchable:
+            target = engine.steering_target()
+            monitoring = target is not None and target.monitor.config.enabled
+            found = fallback_reason(plans, self.batching, monitoring)
+            if found is None:
+                return self._batched(make_scheduler(self.batching), plans, check)
+            reason = found
+        events = self.stream(make_events)
+        self.fallbacks[reason] += 1
+        return events
+
+    def _batched(self, scheduler: Scheduler, plans: list[Plan],
+                 check: Callable[[], None] | None) -> AsyncIterator[Event]:
+        self._admit()
+        loop = asyncio.get_running_loop()
+        items: asyncio.Queue[Any] = asyncio.Queue()
+        control = StepControl(run_commands=self.run_commands)
+
+        def put(item: Any) -> None:
+            try:
+                loop.call_soon_threadsafe(items.put_nowait, item)
+            except RuntimeError:  # the loop is gone: nobody is listening any more
+                control.cancel.set()
+
+        def end(error: BaseException | None) -> None:
+            if error is not None:
+                put(_Failure(typed(error)))
+            with self._lock:
+                self._controls.discard(control)
+                self.batch_live -= 1
+            put(_END)
+            self._release(None)
+
+        with self._lock:
+            self._controls.add(control)
+            self.batched += 1
+            self.batch_live += 1
+        scheduler.run_commands = self.run_commands
+        scheduler.submit(Job(plans, control, put, end, check))
+        with self._lock:
+            self._scheduler = scheduler
+            if not self._ticking:
+                self._ticking = True
+                self._executor.submit(self._tick)
         return self._consume(items, control)
 
     @staticmethod

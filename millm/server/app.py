@@ -11,6 +11,7 @@ from werkzeug.exceptions import HTTPException
 from millm.config import Settings
 from millm.engine import Engine, load_engine
 from millm.engine.manager import Loader, ModelManager, Registry
+from millm.engine.scheduler import BatchSettings
 from millm.engine.worker import EngineWorker
 from millm.errors import MillmError
 from millm.server import api, auth, body_limits, health, metrics, models_api, openapi, steering_docs, v1
@@ -31,7 +32,7 @@ def create_app(settings: Settings, engine: Engine | None = None, loader: Loader 
     app.config.update(RESPONSE_TIMEOUT=None)
     body_limits.install(app, settings)
     auth.install(app)
-    worker = EngineWorker(settings.max_queue)
+    worker = EngineWorker(settings.max_queue, BatchSettings.from_settings(settings))
     steering = SteeringService(Store(settings.home / "millm.db"), IntensitySettings.from_settings(settings))
     if engine is not None:
         steering.restore(engine.steering_target())

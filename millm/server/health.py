@@ -28,11 +28,14 @@ async def ready() -> Any:
 
 @bp.get("/inference")
 async def inference() -> Any:
-    """Which backend serves generation, and how busy it is."""
+    """Which backend serves generation (``serial``, or ``cbm`` with continuous batching), and how busy it is.
+
+    With batching: rows decoding in the batch, requests waiting for it, the batch's tokens/s over the
+    last few seconds, how many generations it served, and the ones served serially by reason."""
     svc = services()
     worker, manager = svc.worker, svc.manager
-    return {
-        "backend": "serial",
+    body: dict[str, Any] = {
+        "backend": "serial" if worker.batching is None else "cbm",
         "model": manager.engine.model_id if manager.engine is not None else None,
         "engine": manager.engine.engine_name if manager.engine is not None else None,
         "state": manager.state,
@@ -40,3 +43,15 @@ async def inference() -> Any:
         "queue_depth": worker.pending - worker.running,
         "max_queue": worker.max_queue,
     }
+    if worker.batching is not None:
+        scheduler = worker.scheduler
+        body["batch"] = {
+            "active_rows": scheduler.active_rows if scheduler is not None else 0,
+            "queued": scheduler.queued if scheduler is not None else 0,
+            "tokens_per_second": round(scheduler.tokens_per_second(), 2) if scheduler is not None else 0.0,
+            "max_rows": worker.batching.max_rows,
+            "slot_tokens": worker.batching.slot_len,
+            "batched_requests": worker.batched,
+            "serial_fallbacks": dict(worker.fallbacks),
+        }
+    return body

@@ -12,7 +12,7 @@ from typing import Any
 
 from quart import Blueprint, Response, request
 
-from millm.builder import STRICT_HEADER, Built, build_chat, build_completion, build_embedding
+from millm.builder import STRICT_HEADER, Built, build_chat, build_completion, build_embedding, refuse_under_batching
 from millm.engine.base import Engine, StepControl
 from millm.engine.events import Activations, Delta, Event, Finish, Usage
 from millm.engine.plan import run_each
@@ -159,6 +159,8 @@ def refuse_unsteerable(engine: Engine, built: Built) -> None:
 async def generate(built: Built, entry: ModelEntry, chat: bool) -> Any:
     """Generation: each prepared plan run in turn on the engine thread, streamed or collected."""
     svc = services()
+    if svc.worker.batching is not None:
+        refuse_under_batching(built)
     if built.profile is not None:
         svc.steering.profile(built.profile)  # 404 before any load
     engine = await svc.manager.engine_for(entry)
@@ -170,12 +172,12 @@ async def generate(built: Built, entry: ModelEntry, chat: bool) -> Any:
     target = engine.steering_target()
     label = target.steering.label(steer.override) if target is not None else "none"
 
-    def make_events(control: StepControl) -> Iterator[Event]:
-        if target is not None and steer.pinned:
-            control = control.checking(lambda: steer.check(target.steering))
-        return run_each(engine.run, plans, control)
+    check = (lambda: steer.check(target.steering)) if target is not None and steer.pinned else None
 
-    events = metrics.observed(svc.worker.stream(make_events))
+    def make_events(control: StepControl) -> Iterator[Event]:
+        return run_each(engine.run, plans, control if check is None else control.checking(check))
+
+    events = metrics.observed(svc.worker.generate(engine, plans, make_events, check))
     shape = CompletionShape(chat=chat, model=built.model, fingerprint=engine.fingerprint)
     return await respond(shape, events, built, miLLM_headers(built, label, steer))
 

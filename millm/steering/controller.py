@@ -8,6 +8,11 @@ Operators change the *base* values. A request with a profile installs an *overri
 duration and removes it in ``finally``; whatever the base is then becomes live again. An operator
 change made during the request is therefore never undone (operator wins), and is reported not
 live until the request ends.
+
+Under continuous batching each attachment also has a preallocated row buffer (``[slots, d_model]``):
+a batched row bound to a slot carries its own delta there (its request's override, else the live
+base), and a batched forward adds each row's own delta. Operator changes rewrite the rows that follow
+the base at once; a row with its own override keeps it until it leaves (operator wins, per row).
 """
 
 from __future__ import annotations
@@ -41,6 +46,18 @@ class Attachment:
     pre_readers: list[Reader] = field(default_factory=list)
     post_readers: list[Reader] = field(default_factory=list)
     unsteered_readers: list[Reader] = field(default_factory=list)  # called on suppressed passes (scoring)
+    rows: torch.Tensor | None = None  # per-slot deltas for batched rows, [slots, d_model]
+    row_steering: set[int] = field(default_factory=set)  # slots whose delta here is non-zero
+
+
+@dataclass(frozen=True)
+class RowView:
+    """One batched forward: the slots it covers, in order, and per SAE the rows whose pre-steering
+    residual is read (``(row offset in the forward, reader)``: a batched request's monitoring)."""
+
+    first: int
+    count: int
+    readers: dict[str, list[tuple[int, Reader]]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -71,6 +88,9 @@ class Steering:
         self._override: Override | None = None
         self._suppressed = False
         self._lock = threading.RLock()
+        self._slots = 0  # row buffers reserved for batching (0: none)
+        self._row_sources: dict[int, Override | None] = {}  # bound slot -> its override (None: the base)
+        self._view: RowView | None = None
 
     # attaching
     def attach(self, sae_id: str, sae: SAE, layer: int) -> Attachment:
@@ -92,6 +112,8 @@ class Steering:
             with torch.inference_mode(False):
                 delta = torch.zeros(self.d_model, device=device, dtype=self.dtype)
             att = Attachment(sae_id, sae.to(device, self.dtype), layer, delta)
+            if self._slots:
+                att.rows = self._row_buffer(device)
             att.handle = self.layers[layer].register_forward_hook(self._hook(att))
             self.attachments[sae_id] = att
             att.values = values
@@ -161,6 +183,46 @@ class Steering:
             self.active_profile = name
             self._refresh()
 
+    # batched rows
+    def _row_buffer(self, device: torch.device) -> torch.Tensor:
+        with torch.inference_mode(False):
+            return torch.zeros(self._slots, self.d_model, device=device, dtype=self.dtype)
+
+    def reserve_rows(self, slots: int) -> None:
+        """Give every attachment (now and later) a delta row per batch slot."""
+        with self._lock:
+            if slots == self._slots:
+                return
+            self._slots = slots
+            self._row_sources.clear()
+            for att in self.attachments.values():
+                att.rows = self._row_buffer(att.delta.device)
+                att.row_steering.clear()
+
+    def bind_row(self, slot: int, override: Override | None) -> None:
+        """Slot ``slot`` now steers with ``override`` (None: the live base, following operator changes)."""
+        with self._lock:
+            self._row_sources[slot] = override
+            for att in self.attachments.values():
+                self._write_row(att, slot)
+
+    def release_row(self, slot: int) -> None:
+        with self._lock:
+            self._row_sources.pop(slot, None)
+            for att in self.attachments.values():
+                if att.rows is not None:
+                    att.rows[slot].zero_()
+                att.row_steering.discard(slot)
+
+    @contextmanager
+    def rows(self, view: RowView) -> Iterator[None]:
+        """The hooks steer this forward per row (each slot's own delta) and call only ``view``'s readers."""
+        previous, self._view = self._view, view
+        try:
+            yield
+        finally:
+            self._view = previous
+
     @property
     def live(self) -> bool:
         """Whether the base values are what the model runs with now (no request override pending)."""
@@ -213,6 +275,29 @@ class Steering:
         return self.active_profile or "live"
 
     # the buffers
+    def _delta_of(self, att: Attachment, values: dict[int, float], out: torch.Tensor) -> bool:
+        """Write ``sum_i clamp(strength_i) * W_dec[i]`` into ``out``; whether it steers at all."""
+        if not values:
+            out.zero_()
+            return False
+        index = torch.tensor(list(values), device=out.device)
+        strengths = torch.tensor([clamp(s) for s in values.values()], device=out.device, dtype=self.dtype)
+        out.copy_(strengths @ att.sae.W_dec[index])
+        return True
+
+    def _base_values(self, att: Attachment) -> dict[int, float]:
+        return att.values if self.enabled else {}
+
+    def _write_row(self, att: Attachment, slot: int) -> None:
+        if att.rows is None or slot not in self._row_sources:
+            return
+        override = self._row_sources[slot]
+        values = override.values.get(att.sae_id, {}) if override is not None else self._base_values(att)
+        if self._delta_of(att, values, att.rows[slot]):
+            att.row_steering.add(slot)
+        else:
+            att.row_steering.discard(slot)
+
     def _refresh(self) -> None:
         """Rewrite every delta buffer in place from the override, or else the base.
 
@@ -223,15 +308,10 @@ class Steering:
             if self._override is not None:
                 values = self._override.values.get(att.sae_id, {})
             else:
-                values = att.values if self.enabled else {}
-            if values:
-                index = torch.tensor(list(values), device=att.delta.device)
-                strengths = torch.tensor([clamp(s) for s in values.values()], device=att.delta.device,
-                                         dtype=self.dtype)
-                att.delta.copy_(strengths @ att.sae.W_dec[index])
-            else:
-                att.delta.zero_()
-            att.steering = bool(values)
+                values = self._base_values(att)
+            att.steering = self._delta_of(att, values, att.delta)
+            for slot in self._row_sources:
+                self._write_row(att, slot)
 
     def _hook(self, att: Attachment) -> Callable[..., Any]:
         def hook(module: Any, args: Any, output: Any) -> Any:
@@ -239,6 +319,8 @@ class Steering:
                 for read in att.unsteered_readers:
                     read(output[0] if isinstance(output, tuple) else output)
                 return None
+            if self._view is not None:
+                return self._row_hook(att, self._view, output)
             hidden = output[0] if isinstance(output, tuple) else output
             for read in att.pre_readers:
                 read(hidden)
@@ -252,6 +334,20 @@ class Steering:
                 return None
             return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
         return hook
+
+    def _row_hook(self, att: Attachment, view: RowView, output: Any) -> Any:
+        """A batched forward: each row gets its own slot's delta; only the view's readers read."""
+        hidden = output[0] if isinstance(output, tuple) else output
+        for offset, read in view.readers.get(att.sae_id, ()):
+            read(hidden[offset:offset + 1])
+        slots = range(view.first, view.first + view.count)
+        if att.rows is None or not any(slot in att.row_steering for slot in slots):
+            return None
+        delta = att.rows[view.first:view.first + view.count].unsqueeze(1)
+        if att.sae.per_position:
+            delta = delta * att.sae.output_scale(hidden)
+        hidden = hidden + delta
+        return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
 
     def snapshot(self) -> dict[str, Any]:
         """The GET /api/steering body (base values, as an operator set them)."""

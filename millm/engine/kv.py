@@ -1,0 +1,97 @@
+"""Fixed-size KV slots for continuous batching: one preallocated tensor per layer, indexed by slot.
+
+Each row of a batch owns one slot for its whole life; its keys and values are written at its own
+positions in place and never moved, so rows join and leave without re-concatenating anything. A
+forward reads a *view* of slots ``[first, first + rows)`` up to a span rounded up to ``SPAN_STEP``,
+which keeps the shapes of a decode step to a few buckets (what a captured CUDA graph needs later).
+
+The object is also the cache handed to the HuggingFace model: ``update`` is the one method a
+Llama-style attention layer calls on its cache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+SPAN_STEP = 32
+
+
+def span_for(longest: int, slot_len: int) -> int:
+    """Positions a forward attends over: ``longest`` rounded up to ``SPAN_STEP``, at most the slot."""
+    return min(slot_len, -(-longest // SPAN_STEP) * SPAN_STEP)
+
+
+def attention_mask(positions: torch.Tensor, span: int) -> torch.Tensor:
+    """A boolean ``[rows, 1, q, span]`` mask: each query sees its own row's keys up to its own position."""
+    keys = torch.arange(span, device=positions.device)
+    return (keys.view(1, 1, 1, span) <= positions.unsqueeze(1).unsqueeze(-1))
+
+
+@dataclass(frozen=True)
+class KVShape:
+    """What a model's KV cache is made of."""
+
+    layers: int
+    kv_heads: int
+    head_dim: int
+
+    @classmethod
+    def of(cls, config: Any) -> KVShape:
+        heads = int(config.num_attention_heads)
+        head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+        return cls(int(config.num_hidden_layers), int(getattr(config, "num_key_value_heads", None) or heads), head_dim)
+
+    def bytes_per_token(self, dtype: torch.dtype) -> int:
+        return 2 * self.layers * self.kv_heads * self.head_dim * torch.empty((), dtype=dtype).element_size()
+
+
+class SlotCache:
+    """``slots`` KV slots of ``slot_len`` positions each, for every layer.
+
+    Storage is allocated empty and zeroed lazily as forwards reach further (``_clean``), so memory is
+    touched only up to the longest span used; positions a row has not written hold finite zeros or an
+    earlier row's values, which its mask hides.
+    """
+
+    def __init__(self, shape: KVShape, slots: int, slot_len: int, dtype: torch.dtype, device: torch.device) -> None:
+        self.shape, self.slots, self.slot_len = shape, slots, slot_len
+        size = (slots, shape.kv_heads, slot_len, shape.head_dim)
+        self.keys = [torch.empty(size, dtype=dtype, device=device) for _ in range(shape.layers)]
+        self.values = [torch.empty(size, dtype=dtype, device=device) for _ in range(shape.layers)]
+        self._clean = 0
+        self._rows = slice(0, 0)
+        self._slot_index = torch.zeros(0, dtype=torch.long)
+        self._positions = torch.zeros(0, 0, dtype=torch.long)
+        self._span = 0
+
+    def bind(self, first: int, positions: torch.Tensor, reads: torch.Tensor | None = None) -> torch.Tensor:
+        """Prepare one forward over slots ``[first, first + len(positions))`` writing at ``positions``
+        (``[rows, q]``); returns the attention mask for it, each query seeing keys up to its position in
+        ``reads`` (default: where it writes; a filler row of a decode step writes aside and reads key 0)."""
+        reads = positions if reads is None else reads
+        rows = positions.shape[0]
+        span = span_for(int(reads.max()) + 1, self.slot_len)
+        if span > self._clean:
+            for tensor in (*self.keys, *self.values):
+                tensor[:, :, self._clean:span].zero_()
+            self._clean = span
+        self._rows = slice(first, first + rows)
+        self._slot_index = torch.arange(first, first + rows, device=positions.device).unsqueeze(1)
+        self._positions = positions
+        self._span = span
+        return attention_mask(reads, span)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write this forward's keys and values at each row's own positions; return the bound view."""
+        keys, values = self.keys[layer_idx], self.values[layer_idx]
+        index = (self._slot_index, slice(None), self._positions)
+        keys[index] = key_states.transpose(1, 2)
+        values[index] = value_states.transpose(1, 2)
+        return keys[self._rows, :, :self._span], values[self._rows, :, :self._span]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self._span

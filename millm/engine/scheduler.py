@@ -1,0 +1,377 @@
+"""Continuous batching: the scheduler that owns a transformers engine's batched decode loop.
+
+One thread (the engine worker's) calls ``step``. Each step runs the operator's queued commands,
+retires rows whose consumer left or whose steering an operator change made invalid, admits waiting
+requests into free KV slots, prefills admitted prompts in chunks (so a long prompt does not stall
+the streams in flight), then decodes one token for every decoding row in one forward over the
+slots, streams each row's text and retires finished rows, freeing their slot at once. Nothing is
+ever re-prefilled: a row's keys and values stay in its slot (``millm.engine.kv``) until it leaves.
+
+Each row carries its own sampling parameters and its own steering (a delta row in the steering
+controller's row buffer), so requests with different temperatures, penalties, stops, budgets and
+profiles share a batch and each is decoded exactly as it would be alone (up to floating-point
+summation order, which greedy text does not notice; the tests compare it).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+import torch
+
+from millm.engine.events import Event, Usage
+from millm.engine.kv import KVShape, SlotCache
+from millm.engine.output import ChoiceOutput
+from millm.engine.plan import Plan
+from millm.engine.rows import Row, emit
+from millm.engine.sampling import row_penalties, sample_rows, update_counts
+from millm.steering.controller import RowView, Steering
+from millm.steering.monitor import Monitor, MonitorSession
+
+if TYPE_CHECKING:
+    from millm.config import Settings
+    from millm.engine.base import StepControl
+
+RATE_WINDOW = 5.0  # seconds of decoded tokens the batch's tokens/s is measured over
+
+
+@dataclass(frozen=True)
+class BatchSettings:
+    """How big the batch may grow: rows, the KV token budget (split into equal slots), the prompt
+    tokens prefilled per step, and whether monitored requests are batched or served serially."""
+
+    max_rows: int = 16
+    max_tokens: int = 32768
+    prefill_chunk: int = 256
+    monitoring: Literal["batch", "serial"] = "batch"
+
+    @property
+    def slot_len(self) -> int:
+        return self.max_tokens // self.max_rows
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> BatchSettings | None:
+        """The batch settings when continuous batching is enabled (MILLM_BATCHING), else None."""
+        if not settings.batching:
+            return None
+        return cls(settings.batch_max_rows, settings.batch_max_tokens, settings.batch_prefill_chunk,
+                   settings.batching_monitoring)
+
+
+def fallback_reason(plans: list[Plan], batch: BatchSettings, monitoring: bool) -> str | None:
+    """Why a generation is served on the serial path instead of the batch (None: it is batched).
+
+    n > 1, a seed (its own random generator, so its text never depends on batch traffic), several
+    conversations (extra_messages), a read-out (return_sae_activations), a constraint, active
+    monitoring when MILLM_BATCHING_MONITORING=serial, and what cannot fit the batch: a row longer than
+    a KV slot, or more prompts than the batch has rows.
+    """
+    for plan in plans:
+        if plan.params.n > 1:
+            return "n"
+        if plan.params.seed is not None:
+            return "seed"
+        if len(plan.prompt_ids) > 1:
+            return "extra_messages"
+        if plan.readout is not None:
+            return "return_sae_activations"
+        if plan.constraint is not None:
+            return "response_format"
+    if monitoring and batch.monitoring == "serial":
+        return "monitoring"
+    if len(plans) > batch.max_rows or any(len(p.prompt_ids[0]) + p.max_tokens > batch.slot_len for p in plans):
+        return "too_long"
+    return None
+
+
+class BatchEngine(Protocol):
+    """What the scheduler needs of an engine: its model, tokenizer, steering and monitor."""
+
+    model: Any
+    tokenizer: Any
+    device: torch.device
+    dtype: torch.dtype
+    stop_ids: frozenset[int]
+    pad_id: int
+    steering: Steering
+    monitor: Monitor
+
+    @property
+    def model_id(self) -> str: ...
+
+    @property
+    def vocab_size(self) -> int: ...
+
+
+@dataclass(eq=False)
+class Job:
+    """One batched request: its plans (one row each, choice indices following on), the consumer's
+    cancellation, and where its events go (``send``) and how it ends (``end``, with an error or None)."""
+
+    plans: list[Plan]
+    control: StepControl
+    send: Callable[[Event], None]
+    end: Callable[[BaseException | None], None]
+    check: Callable[[], None] | None = None  # between steps: raises when an operator change invalidates it
+    rows_left: int = 0
+    completion_tokens: int = 0
+    session: MonitorSession | None = None
+    monitored_sae: str | None = None
+    slots: list[int] = field(default_factory=list)
+
+    @property
+    def override(self) -> Any:
+        return self.plans[0].override
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(len(p.prompt_ids[0]) for p in self.plans)
+
+
+@dataclass(eq=False)
+class BatchRow:
+    """One row in a slot: its prompt, how much of it is in the KV, and the token sampled but not fed."""
+
+    job: Job
+    row: Row
+    slot: int
+    prompt: list[int]
+    filled: int = 0
+    next_token: int | None = None
+
+    @property
+    def length(self) -> int:
+        """Tokens in the slot's KV; the next fed token goes at this position."""
+        return self.filled + self.row.output.tokens - (1 if self.next_token is not None else 0)
+
+
+class Scheduler:
+    """The batch of one engine: KV slots, rows, the waiting requests, and the step that drives them."""
+
+    def __init__(self, engine: BatchEngine, settings: BatchSettings) -> None:
+        self.engine = engine
+        self.settings = settings
+        slots = settings.max_rows
+        self.cache = SlotCache(KVShape.of(engine.model.config), slots, settings.slot_len, engine.dtype, engine.device)
+        engine.steering.reserve_rows(slots)
+        self.rows: dict[int, BatchRow] = {}
+        self.free = list(range(slots))
+        self.counts = torch.zeros(slots, int(engine.model.config.vocab_size), dtype=torch.int32, device=engine.device)
+        self.waiting: deque[Job] = deque()
+        self._lock = threading.Lock()
+        self._decoded: deque[tuple[float, int]] = deque()  # (time, tokens) of recent decode steps
+        self.run_commands: Callable[[], None] = lambda: None
+
+    # any thread
+    def submit(self, job: Job) -> None:
+        with self._lock:
+            self.waiting.append(job)
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.rows or self.waiting)
+
+    @property
+    def active_rows(self) -> int:
+        return len(self.rows)
+
+    @property
+    def queued(self) -> int:
+        return len(self.waiting)
+
+    def tokens_per_second(self) -> float:
+        """Tokens the batch decoded per second over the last RATE_WINDOW seconds."""
+        now = time.monotonic()
+        recent = [(t, n) for t, n in list(self._decoded) if now - t <= RATE_WINDOW]
+        if not recent:
+            return 0.0
+        span = max(now - recent[0][0], 1e-3)
+        return sum(n for _, n in recent) / span
+
+    # the engine thread
+    def step(self) -> None:
+        """One scheduling step: commands, retirements, admissions, prefill chunks, one decode."""
+        self.run_commands()
+        with torch.inference_mode():
+            self._check_jobs()
+            self._admit()
+            self._prefill()
+            self._decode()
+
+    def _jobs(self) -> list[Job]:
+        return list(dict.fromkeys(r.job for r in self.rows.values()))
+
+    def _check_jobs(self) -> None:
+        for job in self._jobs():
+            if job.control.cancel.is_set():
+                self._finish(job, job.control.reason)
+            elif job.check is not None:
+                try:
+                    job.check()
+                except Exception as exc:  # this row's steering is invalid now: it ends, the others go on
+                    self._finish(job, exc)
+
+    def _admit(self) -> None:
+        while self.waiting and len(self.waiting[0].plans) <= len(self.free):
+            with self._lock:
+                job = self.waiting.popleft()
+            if job.control.cancel.is_set():
+                job.end(job.control.reason)
+                continue
+            self._start(job)
+
+    def _start(self, job: Job) -> None:
+        engine = self.engine
+        offset = 0
+        for plan in job.plans:
+            slot = min(self.free)
+            self.free.remove(slot)
+            output = ChoiceOutput(engine.tokenizer, plan.params.stop, engine.stop_ids)
+            row = Row(offset, output, plan.params, plan.max_tokens)
+            self.rows[slot] = BatchRow(job, row, slot, plan.prompt_ids[0])
+            self.counts[slot].zero_()
+            engine.steering.bind_row(slot, job.override)
+            job.slots.append(slot)
+            offset += 1
+        job.rows_left = len(job.plans)
+        config = engine.monitor.config
+        if config.enabled and config.sae in engine.steering.attachments:
+            job.session = engine.monitor.session()
+            job.session.sae = engine.steering.attachments[config.sae].sae
+            job.monitored_sae = config.sae
+
+    def _readers(self, rows: list[BatchRow], first: int) -> dict[str, list[tuple[int, Any]]]:
+        readers: dict[str, list[tuple[int, Any]]] = {}
+        for r in rows:
+            if r.job.session is not None and r.job.monitored_sae is not None:
+                readers.setdefault(r.job.monitored_sae, []).append((r.slot - first, r.job.session))
+        return readers
+
+    def _forward(self, ids: torch.Tensor, first: int, positions: torch.Tensor, rows: list[BatchRow],
+                 mask_positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Last-position logits (fp32) of one forward over slots ``[first, first + len(ids))``."""
+        mask = self.cache.bind(first, positions, mask_positions)
+        view = RowView(first, ids.shape[0], self._readers(rows, first))
+        with self.engine.steering.rows(view):
+            out = self.engine.model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=self.cache,
+                                    use_cache=True, logits_to_keep=1)
+        return out.logits[:, -1, :].float()
+
+    def _prefill(self) -> None:
+        """Feed waiting prompt tokens, at most ``prefill_chunk`` per step; a finished prompt samples its
+        first token."""
+        budget = self.settings.prefill_chunk
+        for r in sorted(self.rows.values(), key=lambda r: r.slot):
+            if budget <= 0:
+                return
+            if r.filled >= len(r.prompt):
+                continue
+            chunk = r.prompt[r.filled:r.filled + budget]
+            budget -= len(chunk)
+            try:
+                ids = torch.tensor([chunk], device=self.engine.device)
+                positions = torch.arange(r.filled, r.filled + len(chunk), device=self.engine.device).unsqueeze(0)
+                logits = self._forward(ids, r.slot, positions, [r])
+                r.filled += len(chunk)
+                if r.filled == len(r.prompt):
+                    self._sample([r], logits)
+            except Exception as exc:  # this row's forward failed: it ends, the others go on
+                self._finish(r.job, exc)
+
+    def _decode(self) -> None:
+        rows = [r for r in self.rows.values() if r.next_token is not None]
+        if not rows:
+            return
+        high = max(r.slot for r in rows) + 1
+        ids = torch.full((high, 1), self.engine.pad_id, dtype=torch.long)
+        # a slot not decoding now writes at its last position (never a fed token's) and reads key 0
+        writes = torch.full((high, 1), self.cache.slot_len - 1, dtype=torch.long)
+        reads = torch.zeros((high, 1), dtype=torch.long)
+        for r in rows:
+            assert r.next_token is not None
+            ids[r.slot, 0] = r.next_token
+            writes[r.slot, 0] = reads[r.slot, 0] = r.length
+        device = self.engine.device
+        try:
+            logits = self._forward(ids.to(device), 0, writes.to(device), rows, reads.to(device))
+        except Exception as exc:  # the shared forward failed: every row in it ends with the error
+            for job in dict.fromkeys(r.job for r in rows):
+                self._finish(job, exc)
+            return
+        for r in rows:
+            r.next_token = None
+        self._sample(rows, logits[[r.slot for r in rows]])
+        self._decoded.append((time.monotonic(), len(rows)))
+        while self._decoded and time.monotonic() - self._decoded[0][0] > RATE_WINDOW:
+            self._decoded.popleft()
+
+    def _sample(self, rows: list[BatchRow], logits: torch.Tensor) -> None:
+        """Each row's own penalties, temperature and top_p; then its text, and its end when it ends."""
+        slots = [r.slot for r in rows]
+        params = [r.row.params for r in rows]
+        device = logits.device
+        counts = self.counts[slots]
+        logits = row_penalties(logits, counts, torch.tensor([p.frequency_penalty for p in params], device=device),
+                               torch.tensor([p.presence_penalty for p in params], device=device))
+        tokens = sample_rows(logits, torch.tensor([p.temperature for p in params], device=device),
+                             torch.tensor([p.top_p for p in params], device=device))
+        counts_now = self.counts[slots]
+        update_counts(counts_now, tokens)
+        self.counts[slots] = counts_now
+        for r, token in zip(rows, tokens.tolist()):
+            if self.rows.get(r.slot) is not r:  # its request already ended in this step
+                continue
+            try:
+                r.next_token = token
+                for event in emit(r.row, token):
+                    r.job.send(event)
+                if r.row.done:
+                    self._retire(r)
+            except Exception as exc:  # this row's own work failed: its request ends, the others go on
+                self._finish(r.job, exc)
+
+    def _retire(self, r: BatchRow) -> None:
+        """A row finished: free its slot; the request ends (with its Usage) when its last row does."""
+        job = r.job
+        self._free(r)
+        job.completion_tokens += r.row.output.tokens
+        job.rows_left -= 1
+        if job.rows_left == 0:
+            job.send(Usage(job.prompt_tokens, job.completion_tokens))
+            self._commit(job)
+            job.end(None)
+
+    def _free(self, r: BatchRow) -> None:
+        del self.rows[r.slot]
+        self.engine.steering.release_row(r.slot)
+        self.free.append(r.slot)
+
+    def _commit(self, job: Job) -> None:
+        if job.session is not None:
+            self.engine.monitor.commit(job.session, self.engine.model_id)
+            job.session = None
+
+    def _finish(self, job: Job, error: BaseException | None) -> None:
+        """End a request early (cancelled, or failed): free every row it still holds."""
+        for slot in job.slots:
+            r = self.rows.get(slot)
+            if r is not None and r.job is job:
+                self._free(r)
+        if job.rows_left > 0:
+            job.rows_left = 0
+            self._commit(job)
+            job.end(error)
+
+    def fail_all(self, error: BaseException) -> None:
+        """Something outside any one row broke the step: every admitted and waiting request ends with it."""
+        for job in self._jobs():
+            self._finish(job, error)
+        with self._lock:
+            waiting, self.waiting = list(self.waiting), deque()
+        for job in waiting:
+            job.end(error)

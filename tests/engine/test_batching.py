@@ -1,0 +1,261 @@
+"""Continuous batching on the real model (fp32 CPU): every batched row decodes as it would alone.
+
+The scheduler is driven step by step here, on this thread, exactly as the worker drives it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+
+import pytest
+import torch
+
+from millm.engine.base import StepControl
+from millm.engine.events import Delta, Event, Finish, Usage
+from millm.engine.kv import attention_mask, span_for
+from millm.engine.params import ChatPrompt, GenerationRequest, SamplingParams, TextPrompt
+from millm.engine.plan import Plan
+from millm.engine.sampling import apply_penalties, row_penalties, sample_rows
+from millm.engine.scheduler import BatchSettings, Job, Scheduler, fallback_reason
+from millm.errors import InvalidFeatureIndex
+from millm.steering.controller import Override
+from tests.saes import random_sae
+
+SAE_ID = "sae_batch_test"
+
+
+class Consumer:
+    """One request's view of the batch: its events, and how it ended."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+        self.ended = False
+        self.error: BaseException | None = None
+        self.control = StepControl()
+
+    def end(self, error: BaseException | None) -> None:
+        self.ended, self.error = True, error
+
+    @property
+    def text(self) -> str:
+        return "".join(e.text for e in self.events if isinstance(e, Delta))
+
+    @property
+    def finishes(self) -> list[str]:
+        return [e.reason for e in self.events if isinstance(e, Finish)]
+
+
+def plan(engine, prompt: str, override=None, chat: bool = False, **params) -> Plan:
+    params.setdefault("temperature", 0.0)
+    params.setdefault("max_tokens", 8)
+    p = ChatPrompt([{"role": "user", "content": prompt}]) if chat else TextPrompt(prompt)
+    return engine.prepare(GenerationRequest([p], SamplingParams(**params), override=override))
+
+
+def alone(engine, p: Plan) -> tuple[str, list[str]]:
+    events = list(engine.run(p))
+    return "".join(e.text for e in events if isinstance(e, Delta)), [e.reason for e in events if isinstance(e, Finish)]
+
+
+def submit(scheduler: Scheduler, *plans: Plan, check=None) -> Consumer:
+    consumer = Consumer()
+    scheduler.submit(Job(list(plans), consumer.control, consumer.events.append, consumer.end, check))
+    return consumer
+
+
+def drain(scheduler: Scheduler, limit: int = 500) -> int:
+    steps = 0
+    while scheduler.busy:
+        scheduler.step()
+        steps += 1
+        assert steps < limit
+    return steps
+
+
+@pytest.fixture
+def scheduler(engine) -> Iterator[Scheduler]:
+    yield Scheduler(engine, BatchSettings(max_rows=4, max_tokens=4 * 256, prefill_chunk=64))
+
+
+@pytest.fixture
+def sae(engine) -> Iterator[str]:
+    engine.steering.attach(SAE_ID, random_sae(engine.steering.d_model, 32, seed=3), 10)
+    try:
+        yield SAE_ID
+    finally:
+        engine.steering.detach(SAE_ID)
+
+
+def test_greedy_batch_equals_each_alone(engine, scheduler):
+    plans = [plan(engine, "The capital of France is", max_tokens=10),
+             plan(engine, "Once upon a time, in a land far away, there lived a young", max_tokens=6),
+             plan(engine, "Count with me: 1, 2, 3,", max_tokens=16, stop=[" 7"]),
+             plan(engine, "Name a colour.", chat=True, max_tokens=12, frequency_penalty=1.5, presence_penalty=0.5)]
+    expected = [alone(engine, p) for p in plans]
+    consumers = [submit(scheduler, p) for p in plans]
+    drain(scheduler)
+    assert [(c.text, c.finishes) for c in consumers] == expected
+    assert expected[2][1] == ["stop"] and expected[1][1] == ["length"]  # the stop and the budget were exercised
+    for c, p in zip(consumers, plans):
+        usage = c.events[-1]
+        assert isinstance(usage, Usage) and usage.prompt_tokens == len(p.prompt_ids[0]) and c.ended and not c.error
+    assert scheduler.active_rows == 0 and sorted(scheduler.free) == [0, 1, 2, 3]
+
+
+def test_rows_join_while_others_decode_and_long_prompts_prefill_in_chunks(engine):
+    scheduler = Scheduler(engine, BatchSettings(max_rows=2, max_tokens=2 * 512, prefill_chunk=16))
+    first = plan(engine, "Tell me about the sea.", chat=True, max_tokens=20)
+    long_text = "A list of fruits: " + ", ".join(["apple", "banana", "cherry", "grape", "melon"] * 12) + ", and"
+    late = plan(engine, long_text, max_tokens=6)
+    assert len(late.prompt_ids[0]) > 4 * 16  # several prefill chunks
+    a = submit(scheduler, first)
+    for _ in range(4):
+        scheduler.step()
+    decoded_before = len(a.events)
+    b = submit(scheduler, late)
+    scheduler.step()
+    assert len(a.events) > decoded_before or a.ended  # the running row kept decoding while b prefilled
+    drain(scheduler)
+    assert (a.text, a.finishes) == alone(engine, first)
+    assert (b.text, b.finishes) == alone(engine, late)
+
+
+def test_waiting_requests_join_when_a_slot_frees(engine):
+    scheduler = Scheduler(engine, BatchSettings(max_rows=2, max_tokens=2 * 128, prefill_chunk=64))
+    plans = [plan(engine, f"Question {i}: what is {i} plus {i}?", chat=True, max_tokens=4 + 3 * i) for i in range(4)]
+    consumers = [submit(scheduler, p) for p in plans]
+    scheduler.step()
+    assert scheduler.active_rows == 2 and scheduler.queued == 2
+    drain(scheduler)
+    assert [(c.text, c.finishes) for c in consumers] == [alone(engine, p) for p in plans]
+
+
+def test_two_profiles_and_live_values_in_one_batch(engine, scheduler, sae):
+    one = Override("one", {sae: {1: 40.0}})
+    two = Override("two", {sae: {5: -30.0}})
+    prompt = "My favourite hobby is"
+    plans = [plan(engine, prompt, override=one, max_tokens=8), plan(engine, prompt, override=two, max_tokens=8),
+             plan(engine, prompt, max_tokens=8)]
+    expected = [alone(engine, p) for p in plans]
+    assert len({text for text, _ in expected}) == 3  # each steering changes the text
+    consumers = [submit(scheduler, p) for p in plans]
+    drain(scheduler)
+    assert [(c.text, c.finishes) for c in consumers] == expected
+
+
+def test_operator_change_reaches_live_rows_only(engine, scheduler, sae):
+    prompt = "My favourite hobby is"
+    own = plan(engine, prompt, override=Override("own", {sae: {1: 40.0}}), max_tokens=8)
+    live = plan(engine, prompt, max_tokens=8)
+    expected_own, unsteered = alone(engine, own), alone(engine, live)
+    calls = []
+
+    def operator_at_second_boundary() -> None:  # the serial loop's boundary where one batch step has run
+        calls.append(1)
+        if len(calls) == 2:
+            engine.steering.set_values(sae, {5: -60.0}, merge=False)
+
+    try:
+        events = list(engine.run(live, StepControl(run_commands=operator_at_second_boundary)))
+    finally:
+        engine.steering.clear()
+    expected_live = "".join(e.text for e in events if isinstance(e, Delta))
+    a, b = submit(scheduler, own), submit(scheduler, live)
+    scheduler.step()  # both prefilled and one token decoded, the live row unsteered so far
+    engine.steering.set_values(sae, {5: -60.0}, merge=False)  # the operator steers between two steps
+    try:
+        drain(scheduler)
+    finally:
+        engine.steering.clear()
+    assert (a.text, a.finishes) == expected_own  # its own profile stands: the operator's change is for the base
+    assert b.text == expected_live != unsteered[0]  # the live row follows it mid-stream, as a serial one does
+
+
+def test_cancel_retires_only_that_row(engine, scheduler):
+    plans = [plan(engine, "Write a poem about rain.", chat=True, max_tokens=24) for _ in range(2)]
+    a, b = submit(scheduler, plans[0]), submit(scheduler, plans[1])
+    for _ in range(3):
+        scheduler.step()
+    a.control.cancel.set()
+    scheduler.step()
+    assert a.ended and a.error is None and scheduler.active_rows == 1
+    seen = len(a.events)
+    drain(scheduler)
+    assert len(a.events) == seen
+    assert (b.text, b.finishes) == alone(engine, plans[1])
+
+
+def test_a_steering_error_fails_only_its_row(engine, scheduler):
+    plans = [plan(engine, "Say hello.", chat=True, max_tokens=10) for _ in range(2)]
+    broken = True
+
+    def check() -> None:
+        if broken:
+            raise InvalidFeatureIndex("SAE sae_x was detached while the request was generating.")
+
+    a = submit(scheduler, plans[0])
+    b = submit(scheduler, plans[1], check=check)
+    drain(scheduler)
+    assert isinstance(b.error, InvalidFeatureIndex) and not any(isinstance(e, Usage) for e in b.events)
+    assert (a.text, a.finishes) == alone(engine, plans[0]) and a.error is None
+
+
+def test_several_prompts_of_one_request_share_the_batch(engine, scheduler):
+    plans = [plan(engine, "Red, green,", max_tokens=5), plan(engine, "Monday, Tuesday,", max_tokens=7)]
+    c = submit(scheduler, *plans)
+    drain(scheduler)
+    texts = {i: "".join(e.text for e in c.events if isinstance(e, Delta) and e.index == i) for i in (0, 1)}
+    assert [texts[0], texts[1]] == [alone(engine, p)[0] for p in plans]
+    usage = c.events[-1]
+    assert isinstance(usage, Usage) and usage.completion_tokens == 12
+
+
+def test_batched_monitoring_records_each_row_as_alone(engine, scheduler, sae):
+    from millm.steering.monitor import MonitorConfig
+
+    p = plan(engine, "Rivers flow to the", max_tokens=5)
+    engine.monitor.configure(MonitorConfig(True, sae, [0, 1, 2]))
+    try:
+        alone(engine, p)
+        serial = engine.monitor.history[-1]
+        c = submit(scheduler, p)
+        drain(scheduler)
+        batched = engine.monitor.history[-1]
+    finally:
+        engine.monitor.configure(MonitorConfig())
+    assert c.ended and batched["positions"] == serial["positions"] == len(p.prompt_ids[0]) + 4
+    for f in ("0", "1", "2"):
+        assert batched["features"][f]["max"] == pytest.approx(serial["features"][f]["max"], abs=1e-4)
+
+
+def test_fallback_reasons(engine):
+    settings = BatchSettings(max_rows=2, max_tokens=2 * 64)
+    base = plan(engine, "Hi there", max_tokens=4)
+    assert fallback_reason([base], settings, monitoring=False) is None
+    assert fallback_reason([replace(base, params=replace(base.params, n=2))], settings, False) == "n"
+    assert fallback_reason([replace(base, params=replace(base.params, seed=7))], settings, False) == "seed"
+    assert fallback_reason([replace(base, prompt_ids=base.prompt_ids * 2)], settings, False) == "extra_messages"
+    assert fallback_reason([replace(base, readout=object())], settings, False) == "return_sae_activations"
+    assert fallback_reason([base], settings, monitoring=True) is None
+    assert fallback_reason([base], replace(settings, monitoring="serial"), monitoring=True) == "monitoring"
+    assert fallback_reason([replace(base, max_tokens=64)], settings, False) == "too_long"
+    assert fallback_reason([base] * 3, settings, False) == "too_long"
+
+
+def test_row_sampling_matches_the_single_request_rules():
+    logits = torch.tensor([[1.0, 3.0, 2.0], [0.5, 0.1, 0.9]])
+    counts = torch.tensor([[0, 2, 0], [1, 0, 0]], dtype=torch.int32)
+    out = row_penalties(logits, counts, torch.tensor([1.5, 0.0]), torch.tensor([0.5, 0.0]))
+    assert torch.equal(out[0], apply_penalties(logits[:1], counts[:1], 1.5, 0.5)[0]) and torch.equal(out[1], logits[1])
+    greedy = sample_rows(logits, torch.tensor([0.0, 0.0]), torch.tensor([1.0, 1.0]))
+    assert greedy.tolist() == [1, 2]
+    tiny_p = sample_rows(logits, torch.tensor([0.0, 1.0]), torch.tensor([1.0, 1e-6]))
+    assert tiny_p.tolist() == [1, 2]  # top_p that keeps one token keeps the most likely one
+
+
+def test_kv_mask_and_span():
+    assert span_for(1, 256) == 32 and span_for(33, 256) == 64 and span_for(300, 256) == 256
+    mask = attention_mask(torch.tensor([[2], [0]]), 4)
+    assert mask.shape == (2, 1, 1, 4)
+    assert mask[0, 0, 0].tolist() == [True, True, True, False] and mask[1, 0, 0].tolist() == [True, False, False, False]
