@@ -1,11 +1,13 @@
 """Soak: 64 concurrent clients against a real `millm serve` for 10 minutes, mixed traffic.
 
-    python bench/soak.py [--minutes 10] [--clients 64] [--port 8931]
+    python bench/soak.py [--minutes 10] [--clients 64] [--max-queue 128] [--port 8931]
 
 Each client loops over streamed and plain chat, text completions, embeddings, next-token scoring and
 steering changes through /api (values set, merged, cleared, steering toggled) on the bundled model with
 its bundled L10 SAE attached. The server runs in a subprocess with a fresh MILLM_HOME (the operator's
-steering is never touched) and the usual model cache.
+steering is never touched), the usual model cache and MILLM_MAX_QUEUE from --max-queue (by default room
+for every client, so the clients' work is served rather than mostly refused; a smaller queue soaks the
+queue_full path instead).
 
 Passes (exit 0) when: no answer is an error other than queue_full (503), every stream ends with
 [DONE] and carries no error frame, and the server answers /api/health at the end. Prints requests per
@@ -47,10 +49,11 @@ def rss_mib(pid: int) -> float:
 
 
 @contextmanager
-def serve(port: int) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+def serve(port: int, max_queue: int) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """`millm serve` on loopback with a fresh home and the usual model cache; yields (base URL, process)."""
     home = tempfile.mkdtemp(prefix="millm-soak-")
-    env = {**os.environ, "MILLM_HOME": home, "MILLM_CACHE": str(get_settings().cache_dir)}
+    env = {**os.environ, "MILLM_HOME": home, "MILLM_CACHE": str(get_settings().cache_dir),
+           "MILLM_MAX_QUEUE": str(max_queue)}
     proc = subprocess.Popen([sys.executable, "-m", "cli", "serve", "--port", str(port)], env=env,
                             stdout=subprocess.DEVNULL, stderr=open(Path(home) / "server.log", "wb"))  # noqa: SIM115
     base = f"http://127.0.0.1:{port}"
@@ -197,9 +200,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--clients", type=int, default=64)
+    parser.add_argument("--max-queue", type=int, default=128)
     parser.add_argument("--port", type=int, default=8931)
     args = parser.parse_args()
-    with serve(args.port) as (base, proc):
+    with serve(args.port, args.max_queue) as (base, proc):
         code = asyncio.run(soak(base, proc, args.minutes, args.clients))
     sys.exit(code)
 
