@@ -3,7 +3,8 @@
 Steering documents come from their own pydantic models (the ones import checks them with); the small
 bodies are written here, by endpoint, and ``check`` holds every body to its schema before the route reads
 it, so a wrong type is a 400 naming the field rather than reaching SQLite or a path (a list as ``sae``
-answered 500). What a schema allows, the route still checks against the loaded model and the store.
+answered 500). They hold types only: ranges are the routes' own (written once, where they are checked
+against the loaded model and the store).
 """
 
 from __future__ import annotations
@@ -32,14 +33,14 @@ BODIES: dict[str, dict[str, Any] | type[BaseModel]] = {
         "name": OPTIONAL_STRING,
         "labels": {"type": ["string", "null"], "description": "A labels file inside the SAE's folder"}}},
     "api.attach_sae": {"type": "object", "properties": {
-        "layer": {"type": ["integer", "null"], "minimum": 0, "description": "Default: the SAE's layer hint"}}},
+        "layer": {"type": ["integer", "null"], "description": "Default: the SAE's layer hint"}}},
     "api.put_steering": STEERING,
     "api.patch_steering": STEERING,
     "api.create_profile": {"type": "object", "required": ["name"], "properties": {
         "name": NAME, "description": STRING, "model": {"type": ["string", "null"]},
         "entries": {"type": "array", "items": {"type": "object", "required": ["sae", "feature", "strength"],
                                                "properties": {"sae": {"type": ["string", "integer"]},
-                                                              "feature": {"type": "integer", "minimum": 0},
+                                                              "feature": {"type": "integer"},
                                                               "strength": {"type": "number"}}}},
         "from_current": {"type": "boolean", "description": "Save the live values under this name"}}},
     "api.update_profile": ProfileDoc,
@@ -47,15 +48,15 @@ BODIES: dict[str, dict[str, Any] | type[BaseModel]] = {
     "api.put_monitoring": {"type": "object", "properties": {
         "enabled": {"type": "boolean"},
         "sae": {"type": ["string", "integer", "null"], "description": "An attached SAE id, or its layer"},
-        "features": {"type": "array", "items": {"type": "integer", "minimum": 0}},
-        "history": {"type": "integer", "minimum": 1}}},
+        "features": {"type": "array", "items": {"type": "integer"}},
+        "history": {"type": "integer"}}},
     "models_api.add_model": {"type": "object", "required": ["path"], "properties": {
         "path": {"type": "string", "description": "A checkpoint directory or <repo>.<QUANT>.gguf file"},
         "id": OPTIONAL_STRING}},
     "steering_docs.import_cluster": ClusterDoc,
     "steering_docs.import_circuit": CircuitDoc,
     "steering_docs.set_cluster_intensity": {"type": "object", "required": ["lambda"], "properties": {
-        "lambda": {"type": "number", "minimum": 0}}},
+        "lambda": {"type": "number"}}},
 }
 
 
