@@ -177,8 +177,10 @@ def score_lines(engine: Engine, lines: dict[int, str], defaults: dict[str, Any])
 class ScoreWorker:
     """One Ray actor of a ``millm score --ray`` job: its own engine for the model, scoring its batches."""
 
-    def __init__(self, model: list[Any], defaults: list[Any]) -> None:
-        from millm.batch.distributed import shipped
+    def __init__(self, model: list[Any], defaults: list[Any], threads: list[Any]) -> None:
+        from millm.batch.distributed import match_threads, shipped
+
+        match_threads(threads)
         from millm.engine import load_engine
         from millm.registry import resolve
 

@@ -58,7 +58,8 @@ def run_rows(rows: list[tuple[int, str]], worker: type, worker_args: dict[str, A
              workers: int, batch_size: int, write: Callable[[str], None], advance: Advance | None = None) -> None:
     """``worker(**worker_args)`` answers batches ``{"index", "line"}`` with ``{"out", "tokens"}``; every
     ``out`` (a finished output line) is passed to ``write`` in input order. Each argument travels through
-    Ray's object store once, as ``[ref]``; a worker reads it with ``shipped(arg)``."""
+    Ray's object store once, as ``[ref]``; a worker reads it with ``shipped(arg)``, and is also given
+    ``threads`` for ``match_threads``."""
     if not rows:
         return
     ray = require_ray()
@@ -73,7 +74,7 @@ def run_rows(rows: list[tuple[int, str]], worker: type, worker_args: dict[str, A
         with tempfile.TemporaryDirectory(prefix="millm-ray-") as folder:
             source = Path(folder) / "rows.jsonl"
             source.write_text("".join(json.dumps({"index": i, "line": text}) + "\n" for i, text in rows))
-            shipped = {name: [ray.put(value)] for name, value in worker_args.items()}
+            shipped = {name: [ray.put(value)] for name, value in {**worker_args, "threads": driver_threads()}.items()}
             dataset = ray.data.read_json(str(source), override_num_blocks=1, ray_remote_args=read_on_this_node(ray))
             dataset = dataset.map_batches(worker, fn_constructor_kwargs=shipped, batch_size=batch_size,
                                           compute=ray.data.ActorPoolStrategy(size=workers), batch_format="numpy",
@@ -94,17 +95,33 @@ def shipped(arg: list[Any]) -> Any:
     return ray.get(arg[0])
 
 
+def driver_threads() -> int:
+    """The driver's torch thread count, for workers to match (``run_rows`` passes it as ``threads``)."""
+    import torch
+
+    return torch.get_num_threads()
+
+
+def match_threads(threads: list[Any]) -> None:
+    """Compute with the driver's thread count rather than the one CPU Ray gives an actor: a reduction split
+    over a different number of threads rounds differently, and the files must match byte for byte."""
+    import torch
+
+    torch.set_num_threads(int(shipped(threads)))
+
+
 class BatchWorker:
     """One Ray actor of a ``millm batch`` job: the shipped steering state installed in a directory of its
     own, an engine per model (loaded on first use, its persisted steering restored), and an Answerer."""
 
-    def __init__(self, state: list[Any], created: list[Any], pads: list[Any]) -> None:
+    def __init__(self, state: list[Any], created: list[Any], pads: list[Any], threads: list[Any]) -> None:
         from millm.batch.answer import Answerer
         from millm.batch.shipped import install
         from millm.config import get_settings
         from millm.engine import Engine, load_engine
         from millm.registry import ModelEntry
 
+        match_threads(threads)
         self.home = Path(tempfile.mkdtemp(prefix="millm-worker-"))
         steering = install(shipped(state), self.home)
         settings = get_settings()

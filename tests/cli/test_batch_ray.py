@@ -65,7 +65,8 @@ def test_score_on_ray_writes_the_single_process_file(engine, local_ray, tmp_path
     src.write_text("\n".join(r if isinstance(r, str) else json.dumps(r) for r in rows) + "\n")
     single, distributed = tmp_path / "single.jsonl", tmp_path / "ray.jsonl"
     assert runner.invoke(app, ["score", str(src), "-o", str(single), "--batch-size", "2"]).exit_code == 0
-    distributed.write_text(single.read_text().splitlines(keepends=True)[0])  # resumed after the first row
+    # resumed after the first batch: padded scoring batches then hold the rows a single run put together
+    distributed.write_text("".join(single.read_text().splitlines(keepends=True)[:2]))
     result = runner.invoke(app, ["score", str(src), "-o", str(distributed), "--batch-size", "2", "--ray", "local"])
     assert result.exit_code == 0, result.output
     assert distributed.read_bytes() == single.read_bytes()
