@@ -51,6 +51,9 @@ class KVShape:
 class SlotCache:
     """``slots`` KV slots of ``slot_len`` positions each, for every layer.
 
+    Stored ``[slots, slot_len, kv_heads, head_dim]`` so that one position of one slot is one contiguous
+    block: a forward's writes are a single ``index_copy_`` over (slot, position) pairs.
+
     Storage is allocated empty and zeroed lazily as forwards reach further (``_clean``), so memory is
     touched only up to the longest span used; positions a row has not written hold finite zeros or an
     earlier row's values, which its mask hides.
@@ -58,13 +61,12 @@ class SlotCache:
 
     def __init__(self, shape: KVShape, slots: int, slot_len: int, dtype: torch.dtype, device: torch.device) -> None:
         self.shape, self.slots, self.slot_len = shape, slots, slot_len
-        size = (slots, shape.kv_heads, slot_len, shape.head_dim)
+        size = (slots, slot_len, shape.kv_heads, shape.head_dim)
         self.keys = [torch.empty(size, dtype=dtype, device=device) for _ in range(shape.layers)]
         self.values = [torch.empty(size, dtype=dtype, device=device) for _ in range(shape.layers)]
         self._clean = 0
         self._rows = slice(0, 0)
-        self._slot_index = torch.zeros(0, dtype=torch.long)
-        self._positions = torch.zeros(0, 0, dtype=torch.long)
+        self._flat = torch.zeros(0, dtype=torch.long)
         self._span = 0
 
     def bind(self, first: int, positions: torch.Tensor, reads: torch.Tensor | None = None) -> torch.Tensor:
@@ -76,11 +78,11 @@ class SlotCache:
         span = span_for(int(reads.max()) + 1, self.slot_len)
         if span > self._clean:
             for tensor in (*self.keys, *self.values):
-                tensor[:, :, self._clean:span].zero_()
+                tensor[:, self._clean:span].zero_()
             self._clean = span
         self._rows = slice(first, first + rows)
-        self._slot_index = torch.arange(first, first + rows, device=positions.device).unsqueeze(1)
-        self._positions = positions
+        slots = torch.arange(first, first + rows, device=positions.device).unsqueeze(1)
+        self._flat = (slots * self.slot_len + positions).reshape(-1)
         self._span = span
         return attention_mask(reads, span)
 
@@ -88,10 +90,10 @@ class SlotCache:
                **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """Write this forward's keys and values at each row's own positions; return the bound view."""
         keys, values = self.keys[layer_idx], self.values[layer_idx]
-        index = (self._slot_index, slice(None), self._positions)
-        keys[index] = key_states.transpose(1, 2)
-        values[index] = value_states.transpose(1, 2)
-        return keys[self._rows, :, :self._span], values[self._rows, :, :self._span]
+        heads, dim = self.shape.kv_heads, self.shape.head_dim
+        keys.view(-1, heads, dim).index_copy_(0, self._flat, key_states.transpose(1, 2).reshape(-1, heads, dim))
+        values.view(-1, heads, dim).index_copy_(0, self._flat, value_states.transpose(1, 2).reshape(-1, heads, dim))
+        return (keys[self._rows, :self._span].transpose(1, 2), values[self._rows, :self._span].transpose(1, 2))
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self._span
