@@ -1,0 +1,155 @@
+"""Continuous batching through the live server (MILLM_BATCHING on), on the bundled model."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from millm.engine.events import Delta
+from millm.engine.params import ChatPrompt, GenerationRequest, SamplingParams
+from millm.server.app import create_app
+from tests.live import live_server
+from tests.saes import random_sae
+
+MODEL = "SmolLM2-135M-Instruct"
+SAE_ID = "sae_batch_http"
+
+
+def body(content: str, **extra) -> dict:
+    return {"model": MODEL, "messages": [{"role": "user", "content": content}], "temperature": 0, **extra}
+
+
+def alone(engine, content: str, max_tokens: int, stop: tuple[str, ...] = ()) -> str:
+    request = GenerationRequest([ChatPrompt([{"role": "user", "content": content}])],
+                                SamplingParams(temperature=0.0, max_tokens=max_tokens, stop=stop))
+    return "".join(e.text for e in engine.generate(request) if isinstance(e, Delta))
+
+
+def streamed(base: str, payload: dict) -> str:
+    text = []
+    with httpx.stream("POST", base + "/v1/chat/completions", json={**payload, "stream": True}, timeout=300) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                chunk = json.loads(line[6:])
+                assert "error" not in chunk, chunk
+                if chunk["choices"]:
+                    text.append(chunk["choices"][0]["delta"].get("content") or "")
+    return "".join(text)
+
+
+def inference(base: str) -> dict:
+    return httpx.get(base + "/api/health/inference", timeout=10).json()
+
+
+@pytest.fixture(scope="module")
+def batching(engine, settings) -> Iterator[str]:
+    on = settings.model_copy(update={"batching": True, "batch_max_rows": 4, "batch_max_tokens": 4 * 512})
+    with live_server(create_app(on, engine)) as base:
+        yield base
+
+
+def test_concurrent_streams_each_equal_alone(engine, batching):
+    asks = [("Name three fruits.", 12, ()), ("What is the capital of Italy?", 6, ()),
+            ("Count from one to ten.", 24, (" five",)), ("Say hello in French.", 9, ())]
+    expected = [alone(engine, c, n, stop) for c, n, stop in asks]
+    payloads = [body(c, max_tokens=n, stop=list(stop) or None) for c, n, stop in asks]
+    with ThreadPoolExecutor(len(asks)) as pool:
+        got = list(pool.map(lambda p: streamed(batching, p), payloads))
+    assert got == expected
+    health = inference(batching)
+    assert health["backend"] == "cbm" and health["batch"]["batched_requests"] >= len(asks)
+    assert health["batch"]["active_rows"] == 0
+
+
+def test_fallbacks_run_serially_and_are_counted(batching):
+    before = inference(batching)["batch"]["serial_fallbacks"]
+    seeded = httpx.post(batching + "/v1/chat/completions", json=body("Hi", max_tokens=3, seed=7), timeout=120)
+    several = httpx.post(batching + "/v1/chat/completions", json=body("Hi", max_tokens=3, n=2), timeout=120)
+    assert seeded.status_code == several.status_code == 200
+    assert seeded.headers["X-miLLM-Seed"] == '7;scope="request"'
+    after = inference(batching)["batch"]["serial_fallbacks"]
+    assert after.get("seed", 0) == before.get("seed", 0) + 1 and after.get("n", 0) == before.get("n", 0) + 1
+
+
+def test_seeded_text_does_not_depend_on_batch_traffic(batching):
+    seeded = body("Invent a word.", max_tokens=8, temperature=1.0, seed=11)
+    quiet = httpx.post(batching + "/v1/chat/completions", json=seeded, timeout=120).json()
+    with ThreadPoolExecutor(3) as pool:
+        traffic = [pool.submit(streamed, batching, body("Tell me a story.", max_tokens=16, temperature=1.0))
+                   for _ in range(2)]
+        busy = pool.submit(httpx.post, batching + "/v1/chat/completions", json=seeded, timeout=120).result().json()
+        [t.result() for t in traffic]
+    assert busy["choices"][0]["message"]["content"] == quiet["choices"][0]["message"]["content"]
+
+
+def test_response_format_refused_while_batching(batching):
+    r = httpx.post(batching + "/v1/chat/completions", timeout=30,
+                   json=body("JSON please", response_format={"type": "json_object"}))
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert error["param"] == "response_format" and "batching" in error["message"]
+
+
+def test_disconnect_retires_only_its_row(engine, batching):
+    keep = body("Write a short poem about snow.", max_tokens=20)
+    expected = alone(engine, "Write a short poem about snow.", 20)
+    started = threading.Event()
+
+    def leave_early() -> None:
+        with httpx.stream("POST", batching + "/v1/chat/completions", timeout=300,
+                          json={**body("Tell me a very long story.", max_tokens=200), "stream": True}) as r:
+            for line in r.iter_lines():
+                if '"content"' in line:
+                    started.set()
+                    return
+
+    with ThreadPoolExecutor(2) as pool:
+        gone = pool.submit(leave_early)
+        started.wait(120)
+        kept = pool.submit(streamed, batching, keep)
+        gone.result()
+        assert kept.result() == expected
+    assert inference(batching)["batch"]["active_rows"] == 0
+
+
+def test_scoring_and_embeddings_between_steps_leave_batched_rows_steered(engine, batching):
+    engine.steering.attach(SAE_ID, random_sae(engine.steering.d_model, 32, seed=3), 10)
+    try:
+        engine.steering.set_values(SAE_ID, {5: -60.0}, merge=False)
+        expected = alone(engine, "Describe your favourite hobby.", 24)
+        engine.steering.set_enabled(False)
+        unsteered = alone(engine, "Describe your favourite hobby.", 24)
+        engine.steering.set_enabled(True)
+        assert expected != unsteered
+        with ThreadPoolExecutor(3) as pool:
+            gen = pool.submit(streamed, batching, body("Describe your favourite hobby.", max_tokens=24))
+            for _ in range(2):
+                emb = httpx.post(batching + "/v1/embeddings", json={"model": MODEL, "input": "snow"}, timeout=120)
+                score = httpx.post(batching + "/v1/completions", timeout=120,
+                                   json={"model": MODEL, "prompt": "The sky is", "max_tokens": 1, "logprobs": 1})
+                assert emb.status_code == score.status_code == 200
+            assert gen.result() == expected
+    finally:
+        engine.steering.detach(SAE_ID)
+
+
+def test_queue_full_before_the_stream_starts(engine, settings):
+    tight = settings.model_copy(update={"batching": True, "batch_max_rows": 1, "max_queue": 2})
+    with live_server(create_app(tight, engine)) as base:
+        def one(_: int) -> tuple[int, str]:
+            with httpx.stream("POST", base + "/v1/chat/completions", timeout=300,
+                              json={**body("Count to five.", max_tokens=12), "stream": True}) as r:
+                return r.status_code, r.read().decode()
+
+        with ThreadPoolExecutor(6) as pool:
+            results = list(pool.map(one, range(6)))
+    refused = [text for status, text in results if status == 503]
+    assert refused and len(refused) < 6
+    assert all(json.loads(text)["error"]["code"] == "queue_full" for text in refused)  # a JSON error, no stream
+    assert all("[DONE]" in text for status, text in results if status == 200)
