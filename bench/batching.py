@@ -2,7 +2,8 @@
 
     python bench/batching.py [--clients 16] [--tokens 64]
 
-One process loads the model once and serves it twice on loopback ports: MILLM_BATCHING off, then on.
+One process loads the model once and serves it on two loopback ports, MILLM_BATCHING off and on,
+which take turns (each scenario runs off, then on; the one-client case alternates a few rounds).
 Prints aggregate tokens/s of 16 concurrent streaming clients (64 greedy tokens each), their p95
 time to first token, the same clients split over 4 profiles x 3 temperatures, one client alone,
 and the ratios on/off; then the peak RSS of this process (which held 16 batched rows). The store
@@ -16,6 +17,7 @@ import asyncio
 import json
 import os
 import resource
+import statistics
 import tempfile
 import threading
 import time
@@ -114,40 +116,51 @@ def make_profiles(base: str, count: int) -> list[str]:
     return names
 
 
-def scenarios(base: str, model: str, n: int, tokens: int, profiles: list[str]) -> dict[str, tuple[float, float]]:
+def bodies(model: str, n: int, tokens: int, profiles: list[str]) -> dict[str, list[dict[str, Any]]]:
     greedy = [{"model": model, "messages": [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}],
-               "max_tokens": tokens, "temperature": 0,
-               "stream_options": {"include_usage": True}} for i in range(n)]
+               "max_tokens": tokens, "temperature": 0, "stream_options": {"include_usage": True}} for i in range(n)]
     mixed = [{**b, "profile": profiles[i % len(profiles)], "temperature": TEMPERATURES[i % len(TEMPERATURES)]}
              for i, b in enumerate(greedy)]
-    stream(httpx.Client(timeout=600), base, greedy[0])  # warm up
-    return {"greedy": clients(base, greedy), "mixed": clients(base, mixed), "alone": clients(base, greedy[:1])}
+    return {"greedy": greedy, "mixed": mixed, "alone": greedy[:1]}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=3, help="Alternating rounds of the one-client case.")
     parser.add_argument("--port", type=int, default=8790)
     args = parser.parse_args()
     settings = get_settings()
     engine = load_engine(resolve(settings.default_model, settings), settings)
-    results = {}
-    for batching in (False, True):
-        on = settings.model_copy(update={"batching": batching, "max_queue": max(32, 2 * args.clients),
-                                         "batch_max_rows": max(16, args.clients)})
-        with served(on, engine, args.port + batching) as base:
-            profiles = make_profiles(base, 4)
-            results[batching] = scenarios(base, engine.model_id, args.clients, args.tokens, profiles)
-            if batching:
-                health = httpx.get(base + "/api/health/inference", timeout=10).json()
+    results: dict[bool, dict[str, tuple[float, float]]] = {False: {}, True: {}}
+    serial = settings.model_copy(update={"max_queue": max(32, 2 * args.clients)})
+    batched = serial.model_copy(update={"batching": True, "batch_max_rows": max(16, args.clients)})
+    # both servers share the one model and take turns (never at once), so the machine's load is alike for both
+    with served(serial, engine, args.port) as off, served(batched, engine, args.port + 1) as on:
+        profiles = make_profiles(off, 4)
+        work = bodies(engine.model_id, args.clients, args.tokens, profiles)
+        for base in (off, on):
+            stream(httpx.Client(timeout=600), base, work["greedy"][0])  # warm up
+        for key in ("greedy", "mixed"):
+            for batching, base in ((False, off), (True, on)):
+                results[batching][key] = clients(base, work[key])
+        alone: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
+        for _ in range(args.rounds):
+            for batching, base in ((False, off), (True, on)):
+                alone[batching].append(clients(base, work["alone"]))
+        for batching in (False, True):
+            tps, ttft = zip(*alone[batching])
+            results[batching]["alone"] = (statistics.median(tps), statistics.median(ttft))
+        health = httpx.get(on + "/api/health/inference", timeout=10).json()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    off, on_ = results[False], results[True]
+    serial_r, batch_r = results[False], results[True]
     print(f"{engine.model_id} on {engine.device} ({engine.dtype}), {args.clients} streaming clients x "
           f"{args.tokens} tokens, torch threads {__import__('torch').get_num_threads()}")
     for key, label in (("greedy", f"{args.clients} clients, greedy"),
-                       ("mixed", f"{args.clients} clients, 4 profiles x 3 temperatures"), ("alone", "1 client alone")):
-        (s_tps, s_ttft), (b_tps, b_ttft) = off[key], on_[key]
+                       ("mixed", f"{args.clients} clients, 4 profiles x 3 temperatures"),
+                       ("alone", f"1 client alone (median of {args.rounds})")):
+        (s_tps, s_ttft), (b_tps, b_ttft) = serial_r[key], batch_r[key]
         print(f"{label:42s} serial {s_tps:7.1f} tok/s p95 TTFT {s_ttft:6.2f} s | batching {b_tps:7.1f} tok/s "
               f"p95 TTFT {b_ttft:6.2f} s | ratio {b_tps / s_tps:5.2f}x")
     print(f"peak RSS of this process (model + 16 batched rows): {peak:.0f} MiB")

@@ -78,11 +78,12 @@ def sample_rows(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Te
     if bool(greedy.all()):
         return chosen
     scaled = logits.float() / torch.where(greedy, 1.0, temperature).view(-1, 1)
-    sorted_logits, order = torch.sort(scaled, dim=-1, descending=True)
-    probs = torch.softmax(sorted_logits, dim=-1)
-    mass_before = torch.cumsum(probs, dim=-1) - probs
-    drop_sorted = (mass_before >= top_p.view(-1, 1)) & (top_p < 1.0).view(-1, 1)
-    drop_sorted[..., 0] = False
-    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-    drawn = torch.multinomial(torch.softmax(scaled.masked_fill(drop, float("-inf")), dim=-1), 1).squeeze(-1)
+    if bool((top_p < 1.0).any()):
+        sorted_logits, order = torch.sort(scaled, dim=-1, descending=True)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        mass_before = torch.cumsum(probs, dim=-1) - probs
+        drop_sorted = (mass_before >= top_p.view(-1, 1)) & (top_p < 1.0).view(-1, 1)
+        drop_sorted[..., 0] = False
+        scaled = scaled.masked_fill(torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted), float("-inf"))
+    drawn = torch.multinomial(torch.softmax(scaled, dim=-1), 1).squeeze(-1)
     return torch.where(greedy, chosen, drawn)
