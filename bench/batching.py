@@ -155,7 +155,7 @@ def main() -> None:
         health = httpx.get(on + "/api/health/inference", timeout=10).json()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     serial_r, batch_r = results[False], results[True]
-    print(f"{engine.model_id} on {engine.device} ({engine.dtype}), {args.clients} streaming clients x "
+    print(f"{engine.fingerprint}, {args.clients} streaming clients x "
           f"{args.tokens} tokens, torch threads {__import__('torch').get_num_threads()}")
     for key, label in (("greedy", f"{args.clients} clients, greedy"),
                        ("mixed", f"{args.clients} clients, 4 profiles x 3 temperatures"),

@@ -11,6 +11,11 @@ Each row carries its own sampling parameters and its own steering (a delta row i
 controller's row buffer), so requests with different temperatures, penalties, stops, budgets and
 profiles share a batch and each is decoded exactly as it would be alone (up to floating-point
 summation order, which greedy text does not notice; the tests compare it).
+
+A decode step's shapes are (slots ``[0, highest busy slot]``, a span in ``SPAN_STEP`` buckets) and its
+tensors live at fixed addresses (the slot cache, the steering row buffers), with filler rows already
+handled, so a CUDA-graph decode can later round the rows up to fixed buckets and replay one graph
+per (rows, span) without changing the KV layout.
 """
 
 from __future__ import annotations

@@ -153,3 +153,27 @@ def test_queue_full_before_the_stream_starts(engine, settings):
     assert refused and len(refused) < 6
     assert all(json.loads(text)["error"]["code"] == "queue_full" for text in refused)  # a JSON error, no stream
     assert all("[DONE]" in text for status, text in results if status == 200)
+
+
+def test_two_stored_profiles_in_one_batch_each_as_served_serially(server, batching, tmp_path):
+    from tests.saes import write_saelens
+
+    folder = write_saelens(tmp_path / "sae", random_sae(576, 64, seed=3), layer=10)
+    sid = httpx.post(batching + "/api/saes", json={"path": str(folder)}, timeout=30).json()["id"]
+    assert httpx.post(batching + f"/api/saes/{sid}/attach", json={}, timeout=30).status_code == 200
+    try:
+        for name, feature, strength in (("batch-a", 1, 40.0), ("batch-b", 5, -60.0)):
+            entries = [{"sae": sid, "feature": feature, "strength": strength}]
+            r = httpx.post(batching + "/api/profiles", json={"name": name, "entries": entries}, timeout=10)
+            assert r.status_code == 201, r.text
+        payloads = [body("Describe your favourite hobby.", max_tokens=16, profile=p) for p in ("batch-a", "batch-b")]
+        payloads.append(body("Describe your favourite hobby.", max_tokens=16))
+        expected = [streamed(server, p) for p in payloads]  # the serial server, one request at a time
+        assert len(set(expected)) == 3
+        with ThreadPoolExecutor(3) as pool:
+            assert list(pool.map(lambda p: streamed(batching, p), payloads)) == expected
+        assert "profile" not in inference(batching)["batch"]["serial_fallbacks"]
+    finally:
+        for name in ("batch-a", "batch-b"):
+            httpx.delete(batching + f"/api/profiles/{name}", timeout=10)
+        httpx.post(batching + f"/api/saes/{sid}/detach", timeout=30)
