@@ -20,7 +20,6 @@ import argparse
 import asyncio
 import collections
 import json
-import os
 import random
 import subprocess
 import sys
@@ -31,6 +30,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+from served import millm_process
 
 from millm.config import get_settings
 
@@ -52,27 +52,10 @@ def rss_mib(pid: int) -> float:
 def serve(port: int, max_queue: int) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """`millm serve` on loopback with a fresh home and the usual model cache; yields (base URL, process)."""
     home = tempfile.mkdtemp(prefix="millm-soak-")
-    env = {**os.environ, "MILLM_HOME": home, "MILLM_CACHE": str(get_settings().cache_dir),
-           "MILLM_MAX_QUEUE": str(max_queue)}
-    proc = subprocess.Popen([sys.executable, "-m", "cli", "serve", "--port", str(port)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=open(Path(home) / "server.log", "wb"))  # noqa: SIM115
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            try:
-                if httpx.get(base + "/api/health/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"millm serve did not become ready (log: {home}/server.log)")
-            time.sleep(0.5)
-        yield base, proc
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-        print(f"server log: {home}/server.log")
+    env = {"MILLM_HOME": home, "MILLM_CACHE": str(get_settings().cache_dir), "MILLM_MAX_QUEUE": str(max_queue)}
+    with millm_process(port, env=env, log=Path(home) / "server.log") as served:
+        yield served
+    print(f"server log: {home}/server.log")
 
 
 class Tally:
