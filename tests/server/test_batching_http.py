@@ -71,10 +71,33 @@ def test_fallbacks_run_serially_and_are_counted(batching):
     before = inference(batching)["batch"]["serial_fallbacks"]
     seeded = httpx.post(batching + "/v1/chat/completions", json=body("Hi", max_tokens=3, seed=7), timeout=120)
     several = httpx.post(batching + "/v1/chat/completions", json=body("Hi", max_tokens=3, n=2), timeout=120)
-    assert seeded.status_code == several.status_code == 200
+    extra = httpx.post(batching + "/v1/chat/completions", timeout=120,
+                       json=body("Hi", max_tokens=3, extra_messages=[[{"role": "user", "content": "Bye"}]]))
+    assert seeded.status_code == several.status_code == extra.status_code == 200
     assert seeded.headers["X-miLLM-Seed"] == '7;scope="request"'
     after = inference(batching)["batch"]["serial_fallbacks"]
-    assert after.get("seed", 0) == before.get("seed", 0) + 1 and after.get("n", 0) == before.get("n", 0) + 1
+    for reason in ("seed", "n", "extra_messages"):
+        assert after.get(reason, 0) == before.get(reason, 0) + 1, reason
+
+
+def test_a_serial_request_does_not_wait_for_the_batch_to_drain(batching):
+    started, finished = threading.Event(), threading.Event()
+
+    def long_stream() -> None:
+        with httpx.stream("POST", batching + "/v1/chat/completions", timeout=600,
+                          json={**body("Tell me a very long story.", max_tokens=160), "stream": True}) as r:
+            for line in r.iter_lines():
+                if '"content"' in line:
+                    started.set()
+        finished.set()
+
+    with ThreadPoolExecutor(1) as pool:
+        batched = pool.submit(long_stream)
+        assert started.wait(300)
+        seeded = httpx.post(batching + "/v1/chat/completions", json=body("Hi", max_tokens=3, seed=1), timeout=300)
+        assert seeded.status_code == 200
+        assert not finished.is_set()  # answered while the batched stream was still decoding
+        batched.result()
 
 
 def test_seeded_text_does_not_depend_on_batch_traffic(batching):
