@@ -52,8 +52,8 @@ def batch(
                                                "\"url\": \"/v1/...\", \"body\"} per line.")],
     output: Annotated[Path, typer.Option("-o", "--output", help="OpenAI batch output, one line per input line, "
                                                                 "in input order; lines already there are kept.")],
-    batch_size: Annotated[int, typer.Option("--batch-size", help="Lines answered together; generation lines "
-                                                                 "with equal parameters share one padded run.")] = 16,
+    batch_size: Annotated[int, typer.Option("--batch-size", help="Lines answered together; their generation "
+                                                                 "lines decode as one batch.")] = 16,
     ray: Annotated[str | None, typer.Option("--ray", metavar="ADDRESS", help=RAY_HELP)] = None,
     workers: Annotated[int, typer.Option(help="Ray actors, one engine each (with --ray).")] = 1,
 ) -> None:

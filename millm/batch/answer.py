@@ -3,7 +3,7 @@
 Each line goes through the server's request builder, its steering resolution (``profile`` and
 ``steering_intensity`` against the SAEs attached as MILLM_HOME persists them), the engine's own calls, and
 the server's renderers (``millm.server.v1``'s body functions and headers). Only two things differ, both
-written down: generation rows may share one padded decode (``millm.batch.generate``), and ids and
+written down: generation rows share the engine's batch (``millm.batch.generate``), and ids and
 ``created`` are fixed by the job (``millm.batch.lines``) rather than drawn per request.
 """
 
@@ -19,6 +19,7 @@ from millm.batch.lines import Answer, BatchLine
 from millm.builder import Built, build_chat, build_completion, build_embedding
 from millm.config import Settings
 from millm.engine.base import Engine
+from millm.engine.scheduler import BatchSettings
 from millm.errors import InvalidParameter, MillmError
 from millm.registry import ModelEntry, resolve
 from millm.server import scoring
@@ -57,12 +58,13 @@ class Answerer:
     """Answers batch lines; ``created`` is the job's timestamp, written into every completion body."""
 
     def __init__(self, engines: Engines, steering: SteeringService, settings: Settings, created: int,
-                 pads: bool = True) -> None:
+                 shares: bool = True) -> None:
         self.engines = engines
         self.steering = steering
         self.settings = settings
         self.created = created
-        self.pads = pads
+        self.shares = shares  # generation rows share the engine (scheduler or padded runs); false: each alone
+        self.batch = BatchSettings.of(settings)
         self._entries: dict[str, ModelEntry] = {}
 
     def entry(self, model: str) -> ModelEntry:
@@ -92,7 +94,7 @@ class Answerer:
         for gen in waiting:
             by_engine.setdefault(id(gen.engine), []).append(gen)
         for gens in by_engine.values():
-            run_generations(gens[0].engine, [g.job for g in gens], self.pads)
+            run_generations(gens[0].engine, [g.job for g in gens], self.batch, self.shares)
         for gen in waiting:
             answers[gen.line.index] = self._finish(gen)
         return [answers[line.index] for line in lines]

@@ -114,7 +114,7 @@ class BatchWorker:
     """One Ray actor of a ``millm batch`` job: the shipped steering state installed in a directory of its
     own, an engine per model (loaded on first use, its persisted steering restored), and an Answerer."""
 
-    def __init__(self, state: list[Any], created: list[Any], pads: list[Any], threads: list[Any]) -> None:
+    def __init__(self, state: list[Any], created: list[Any], shares: list[Any], threads: list[Any]) -> None:
         from millm.batch.answer import Answerer
         from millm.batch.shipped import install
         from millm.config import get_settings
@@ -133,7 +133,7 @@ class BatchWorker:
                 steering.restore(engines[entry.id].steering_target())
             return engines[entry.id]
 
-        self.answerer = Answerer(engine_for, steering, settings, shipped(created), shipped(pads))
+        self.answerer = Answerer(engine_for, steering, settings, shipped(created), shipped(shares))
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
         import numpy as np
@@ -161,7 +161,7 @@ def models_named(job: BatchJob, settings: Settings) -> list[str]:
 
 
 def answer_on_ray(job: BatchJob, output: Path, steering: SteeringService, settings: Settings, address: str | None,
-                  workers: int, batch_size: int, advance: Advance | None = None, pads: bool = True) -> None:
+                  workers: int, batch_size: int, advance: Advance | None = None, shares: bool = True) -> None:
     """A batch job's pending lines over Ray, appended to ``output`` in input order."""
     from millm.batch.lines import to_wire
     from millm.batch.shipped import capture
@@ -174,4 +174,5 @@ def answer_on_ray(job: BatchJob, output: Path, steering: SteeringService, settin
             sink.flush()
 
         run_rows([(line.index, to_wire(line)) for line in job.todo], BatchWorker,
-                 {"state": state, "created": job.created, "pads": pads}, address, workers, batch_size, write, advance)
+                 {"state": state, "created": job.created, "shares": shares}, address, workers, batch_size, write,
+                 advance)

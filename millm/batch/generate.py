@@ -1,19 +1,30 @@
 """Generation for many requests at once: the one place ``millm batch`` decides how rows share the engine.
 
-Today rows are shared through what ``Engine.run`` offers: a plan holds several prompts, left-padded into
-one decode loop. Rows whose plans agree on everything but their prompts (sampling parameters, token
-budget, steering override; no seed, schema or read-out, which are per request) run as one padded plan,
-and their events are split back per row. Everything else runs on its own, exactly as the server runs it.
-A continuous-batching scheduler can replace ``run_generations`` without touching its callers.
+Where the engine has a continuous-batching scheduler (transformers), every request the scheduler can
+serve joins it: rows with different sampling parameters, budgets and steering decode together, each as it
+would alone (``millm.engine.scheduler``). This process drives the scheduler's steps itself; no server
+worker is involved. What the scheduler does not take (its fallbacks: n > 1, a seed, extra_messages,
+return_sae_activations, response_format, a row longer than a KV slot) runs on its own, exactly as the
+default (serial) server runs it: ``millm batch`` answers constrained rows rather than refusing them.
+
+Where there is no scheduler (llama.cpp), rows whose plans agree on everything but their prompts
+(sampling parameters, token budget, steering override; no seed, schema or read-out) run as one
+left-padded plan, and their events are split back per row.
+
+Either way a row whose shared run fails is run again on its own, so one bad row cannot take its
+neighbours' answers with it, and its answer is the serial server's.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from millm.engine.base import Engine
+from millm.engine.base import Engine, StepControl
 from millm.engine.events import Delta, Event, Finish, Usage
 from millm.engine.plan import Plan, run_each
+from millm.engine.scheduler import BatchSettings, Scheduler, fallback_reason
+from millm.engine.scheduler import Job as Scheduled
 
 
 @dataclass
@@ -55,6 +66,8 @@ def groups(jobs: list[Job], pads: bool) -> list[list[Job]]:
 
 
 def _run_alone(engine: Engine, job: Job) -> None:
+    job.events = []
+    job.error = None
     try:
         job.events = list(run_each(engine.run, job.plans))
     except Exception as exc:  # answered as the server's error handlers answer it, never a crash
@@ -83,9 +96,8 @@ def _run_shared(engine: Engine, group: list[Job]) -> None:
         job.events.append(Usage(prompt_tokens, done[id(job)]))
 
 
-def run_generations(engine: Engine, jobs: list[Job], pads: bool = True) -> None:
-    """Run every job, filling in its events or its error. A shared run that fails is run again job by
-    job, so one bad row cannot take its neighbours' answers with it."""
+def run_padded(engine: Engine, jobs: list[Job], pads: bool = True) -> None:
+    """Every job through ``Engine.run``: equal-parameter rows share one padded plan (with ``pads``)."""
     for group in groups(jobs, pads and engine.capabilities.multiple_choices):
         if len(group) == 1:
             _run_alone(engine, group[0])
@@ -94,5 +106,53 @@ def run_generations(engine: Engine, jobs: list[Job], pads: bool = True) -> None:
             _run_shared(engine, group)
         except Exception:
             for job in group:
-                job.events = []
                 _run_alone(engine, job)
+
+
+def run_scheduled(scheduler: Scheduler, jobs: list[Job]) -> list[Job]:
+    """Submit every job to ``scheduler`` and step it until each has ended; the jobs that ended with an
+    error (their events are partial) are returned, to be run again on their own."""
+    ended: dict[int, BaseException | None] = {}
+
+    def ender(job: Job) -> Callable[[BaseException | None], None]:
+        def end(error: BaseException | None) -> None:
+            ended[id(job)] = error
+        return end
+
+    for job in jobs:
+        scheduler.submit(Scheduled(job.plans, StepControl(), job.events.append, ender(job)))
+    try:
+        while len(ended) < len(jobs) and scheduler.busy:
+            try:
+                scheduler.step()
+            except Exception as exc:  # outside any one row: every request in the batch ends with it
+                scheduler.fail_all(exc)
+    except BaseException as exc:  # interrupted: free every slot before the interruption goes on
+        scheduler.fail_all(exc)
+        raise
+    return [job for job in jobs if id(job) not in ended or ended[id(job)] is not None]
+
+
+def scheduler_of(engine: Engine, batch: BatchSettings) -> Scheduler | None:
+    """The engine's continuous-batching scheduler, or None where the engine has none (llama.cpp)."""
+    make = getattr(engine, "batch_scheduler", None)
+    if make is None or not engine.capabilities.batchable:
+        return None
+    scheduler: Scheduler = make(batch)
+    return scheduler
+
+
+def run_generations(engine: Engine, jobs: list[Job], batch: BatchSettings | None = None,
+                    shares: bool = True) -> None:
+    """Run every job, filling in its events or its error. With ``shares`` false each runs on its own;
+    else through the engine's scheduler (sized by ``batch``) where it has one, else in padded groups."""
+    scheduler = scheduler_of(engine, batch) if shares and batch is not None else None
+    if scheduler is None or batch is None:
+        run_padded(engine, jobs, shares)
+        return
+    target = engine.steering_target()
+    monitoring = target is not None and target.monitor.config.enabled
+    batched = [job for job in jobs if fallback_reason(job.plans, batch, monitoring) is None]
+    alone = [job for job in jobs if fallback_reason(job.plans, batch, monitoring) is not None]
+    for job in alone + (run_scheduled(scheduler, batched) if batched else []):
+        _run_alone(engine, job)

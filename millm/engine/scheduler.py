@@ -60,12 +60,15 @@ class BatchSettings:
         return self.max_tokens // self.max_rows
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> BatchSettings | None:
-        """The batch settings when continuous batching is enabled (MILLM_BATCHING), else None."""
-        if not settings.batching:
-            return None
+    def of(cls, settings: Settings) -> BatchSettings:
+        """The configured bounds, whether or not the server batches (``millm batch`` always may)."""
         return cls(settings.batch_max_rows, settings.batch_max_tokens, settings.batch_prefill_chunk,
                    settings.batching_monitoring)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> BatchSettings | None:
+        """The batch settings when continuous batching is enabled (MILLM_BATCHING), else None."""
+        return cls.of(settings) if settings.batching else None
 
 
 def fallback_reason(plans: list[Plan], batch: BatchSettings, monitoring: bool) -> str | None:

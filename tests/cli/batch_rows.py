@@ -36,6 +36,9 @@ GOOD: list[tuple[str, str, dict[str, Any]]] = [
     ("bad2", "/v1/chat/completions", chat("x", profile="no-such-profile")),
     ("bad3", "/v1/embeddings", {"model": MODEL, "input": "x", "seed": 3}),
     ("ign", "/v1/chat/completions", chat("Say hi.", user="someone")),
+    ("seed", "/v1/chat/completions", chat("Pick a word.", temperature=1, seed=7)),
+    ("json", "/v1/chat/completions", chat("A JSON object, please.", max_tokens=6,
+                                          response_format={"type": "json_object"})),
 ]
 BROKEN = ['{"custom_id": "torn", "method": "POST", "url": "/v1/chat/compl',
           json.dumps({"custom_id": "route", "method": "POST", "url": "/v1/images", "body": {}}),

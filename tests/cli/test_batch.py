@@ -11,8 +11,9 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
-from millm.batch.generate import Job, run_generations
+from millm.batch.generate import Job, run_generations, run_padded
 from millm.builder import build_chat
+from millm.engine.scheduler import BatchSettings
 from tests.cli.batch_rows import BROKEN, GOOD, PROFILE, read_out, weather_profile, write_input
 
 __all__ = ["weather_profile"]
@@ -105,20 +106,50 @@ def test_resume_after_a_killed_run(answered, tmp_path):
     assert again.exit_code == 0 and out.read_bytes() == full.read_bytes()
 
 
-def test_shared_padded_runs_equal_runs_alone(engine):
-    """Greedy rows with equal parameters decode as one padded plan, and each row's events are those of its
-    own run."""
-    def job(text: str) -> Job:
-        built = build_chat({"model": engine.model_id, "messages": [{"role": "user", "content": text}],
-                            "temperature": 0, "max_tokens": 4}, lambda _: "transformers")
-        return Job([engine.prepare(built.generations[0])])
+def chat_job(engine, text: str, **fields: Any) -> Job:
+    body = {"model": engine.model_id, "messages": [{"role": "user", "content": text}], "temperature": 0,
+            "max_tokens": 4, **fields}
+    built = build_chat(body, lambda _: "transformers")
+    return Job([engine.prepare(built.generations[0])])
 
+
+def test_shared_padded_runs_equal_runs_alone(engine):
+    """Greedy rows with equal parameters decode as one padded plan (the path of engines without a
+    scheduler), and each row's events are those of its own run."""
     texts = ["Hi.", "What is the capital of France?", "Name a fruit."]
-    shared, alone = [job(t) for t in texts], [job(t) for t in texts]
-    run_generations(engine, shared)
-    run_generations(engine, alone, pads=False)
+    shared, alone = [chat_job(engine, t) for t in texts], [chat_job(engine, t) for t in texts]
+    run_padded(engine, shared)
+    run_generations(engine, alone, shares=False)
     assert [j.events for j in shared] == [j.events for j in alone]
     assert all(j.error is None and j.events for j in shared)
+
+
+def test_scheduled_rows_with_different_parameters_equal_runs_alone(engine, settings, monkeypatch):
+    """Rows with different budgets, stops and penalties share the scheduler's batch, each giving the events of
+    its own run; the scheduler's fallbacks (a seed, n > 1, a schema) are the only rows run through
+    ``Engine.run``."""
+    def jobs() -> list[Job]:
+        return [chat_job(engine, "Hi."), chat_job(engine, "What is the capital of France?", max_tokens=7),
+                chat_job(engine, "Count to five.", stop=[","]),
+                chat_job(engine, "Name a fruit.", frequency_penalty=1.5),
+                chat_job(engine, "Pick a word.", temperature=1, seed=3), chat_job(engine, "Say yes.", n=2),
+                chat_job(engine, "JSON.", response_format={"type": "json_object"}, max_tokens=6)]
+
+    alone = jobs()
+    run_generations(engine, alone, shares=False)
+    runs: list[object] = []
+    real_run = engine.run
+
+    def counted(plan, control=None):
+        runs.append(plan)
+        return real_run(plan, control)
+
+    monkeypatch.setattr(engine, "run", counted)
+    batched = jobs()
+    run_generations(engine, batched, BatchSettings.of(settings))
+    assert [j.events for j in batched] == [j.events for j in alone]
+    assert all(j.error is None and j.events for j in batched)
+    assert len(runs) == 3
 
 
 def test_batch_refuses_bad_options(tmp_path):
