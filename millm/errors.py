@@ -102,6 +102,18 @@ class QueueFull(MillmError):
     status, type, code = 503, "server_error", "queue_full"
 
 
+class RequestTooLarge(MillmError):
+    """The request body is larger than MILLM_MAX_BODY_BYTES."""
+
+    status, type, code = 413, "invalid_request_error", "request_too_large"
+
+
+class RequestTimeout(MillmError):
+    """The request body did not arrive within MILLM_BODY_TIMEOUT seconds."""
+
+    status, type, code = 408, "invalid_request_error", "request_timeout"
+
+
 class Unauthorized(MillmError):
     """A key is configured and the request did not carry it."""
 

@@ -18,12 +18,12 @@ from millm.errors import InvalidParameter
 
 @dataclass(frozen=True)
 class Limits:
-    """The bounds in force (the settings' values)."""
+    """The bounds in force: the settings' values (their defaults are written once, in millm.config)."""
 
-    max_rows: int = 128  # MILLM_MAX_ROWS: generated choices per request (conversations or prompts x n)
-    max_prompts: int = 256  # MILLM_MAX_PROMPTS: conversations (messages + extra_messages) or prompts per request
-    max_embedding_inputs: int = 2048  # MILLM_MAX_EMBEDDING_INPUTS: inputs per embeddings request (OpenAI's cap)
-    max_prompt_tokens: int = 131072  # MILLM_MAX_PROMPT_TOKENS: prompt tokens over every row of a request
+    max_rows: int  # MILLM_MAX_ROWS: generated choices per request (conversations or prompts x n)
+    max_prompts: int  # MILLM_MAX_PROMPTS: conversations (messages + extra_messages) or prompts per request
+    max_embedding_inputs: int  # MILLM_MAX_EMBEDDING_INPUTS: inputs per embeddings request (OpenAI's cap)
+    max_prompt_tokens: int  # MILLM_MAX_PROMPT_TOKENS: prompt tokens over every row of a request
 
     @classmethod
     def of(cls, settings: Settings | None = None) -> Limits:

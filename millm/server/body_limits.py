@@ -10,11 +10,8 @@ from quart import Quart
 from werkzeug.exceptions import RequestEntityTooLarge, RequestTimeout
 
 from millm.config import Settings
-
-
-def error_body(message: str, code: str) -> dict[str, Any]:
-    """An OpenAI-shaped error body for a refusal decided before the request is parsed."""
-    return {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": code}}
+from millm.errors import RequestTimeout as BodyTimeout
+from millm.errors import RequestTooLarge
 
 
 def install(app: Quart, settings: Settings) -> None:
@@ -23,10 +20,12 @@ def install(app: Quart, settings: Settings) -> None:
 
     @app.errorhandler(RequestEntityTooLarge)
     async def too_large(_: RequestEntityTooLarge) -> Any:
-        return error_body(f"The request body is larger than this server takes ({settings.max_body_bytes} bytes, "
-                          "MILLM_MAX_BODY_BYTES).", "request_too_large"), 413
+        error = RequestTooLarge(f"The request body is larger than this server takes ({settings.max_body_bytes} "
+                                "bytes, MILLM_MAX_BODY_BYTES).")
+        return error.body(), error.status
 
     @app.errorhandler(RequestTimeout)
     async def too_slow(_: RequestTimeout) -> Any:
-        return error_body(f"The request body did not arrive within {settings.body_timeout:g} seconds "
-                          "(MILLM_BODY_TIMEOUT).", "request_timeout"), 408
+        error = BodyTimeout(f"The request body did not arrive within {settings.body_timeout:g} seconds "
+                            "(MILLM_BODY_TIMEOUT).")
+        return error.body(), error.status

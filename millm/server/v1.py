@@ -17,11 +17,11 @@ from millm.engine.base import Engine, StepControl
 from millm.engine.events import Activations, Delta, Event, Finish, Usage
 from millm.engine.plan import run_each
 from millm.engine.scoring import ScoreResult
-from millm.errors import FieldNotHonoured, MillmError, ModelNotFound, Unauthorized
+from millm.errors import FieldNotHonoured, MillmError, ModelNotFound
 from millm.limits import Limits, check_prompt_tokens, prompt_tokens
 from millm.registry import ModelEntry
 from millm.server import metrics, scoring, sse
-from millm.server.auth import bearer_matches
+from millm.server.auth import require_api_key
 from millm.server.bodies import read_json
 from millm.server.headers import ignored_fields, seed_header, strict_mode
 from millm.server.shapes import CompletionShape
@@ -36,9 +36,7 @@ bp = Blueprint("v1", __name__, url_prefix="/v1")
 
 @bp.before_request
 async def require_key() -> None:
-    key = services().settings.api_key
-    if key and not bearer_matches(request.headers.get("Authorization", ""), key):
-        raise Unauthorized("A valid API key is required: send 'Authorization: Bearer <MILLM_API_KEY>'.")
+    require_api_key(services().settings, request.headers.get("Authorization", ""))
 
 
 async def json_body() -> Any:
