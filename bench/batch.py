@@ -1,7 +1,7 @@
 """``millm batch`` throughput: rows/s against the same rows sent one by one to ``millm serve``, and over
 Ray with one worker against no Ray; prints the per-worker rate and the expected cluster throughput.
 
-    python bench/batch.py --rows 32 --max-tokens 8 --batch-size 16 [--no-ray]
+    python bench/batch.py --rows 32 --max-tokens 8 --batch-size 16 [--no-ray] [--no-served]
 
 Targets (issue 18): batch >= 3x one-by-one at batch 16 for short chats; Ray with one worker >= 0.8x
 without Ray. Rows are short greedy chats; every run answers the same file.
@@ -14,6 +14,7 @@ import json
 import sys
 import tempfile
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 import httpx
@@ -35,17 +36,13 @@ def rows(count: int, max_tokens: int, model: str) -> list[dict]:
             for i in range(count)]
 
 
-def one_by_one(lines: list[dict], port: int) -> float:
-    """Seconds to send every row to a running ``millm serve``, one request at a time."""
-    with millm_server(port) as base, httpx.Client(base_url=base, timeout=600) as http:
-        http.post(lines[0]["url"], json=lines[0]["body"]).raise_for_status()  # warm
-        start = time.perf_counter()
-        for line in lines:
-            http.post(line["url"], json=line["body"]).raise_for_status()
-        return time.perf_counter() - start
+def timed_chunks(lines: list[dict], src: Path, out: Path, batch_size: int, port: int | None) -> tuple[float, float]:
+    """Seconds to answer every row with ``millm batch`` (``batch_size`` rows at a time, into ``out``) and to
+    send the same rows one request at a time to a running ``millm serve`` (NaN with ``port`` None).
 
-
-def local_batch(src: Path, out: Path, batch_size: int) -> float:
+    The two alternate chunk by chunk, both warmed first, so load from other work on a shared machine falls
+    on both sides alike rather than on whichever ran first.
+    """
     from cli.common import engine_for, steering_service
     from millm.batch.answer import Answerer
     from millm.batch.run import open_job, write_answers
@@ -54,10 +51,24 @@ def local_batch(src: Path, out: Path, batch_size: int) -> float:
     job = open_job(src, out)
     answerer = Answerer(lambda entry: engine_for(entry.id), steering_service(), get_settings(), job.created)
     answerer.answer(job.todo[:1])  # load and warm, as the served baseline is
-    start = time.perf_counter()
-    with out.open("a") as sink:
-        write_answers(answerer, job.todo, sink, batch_size)
-    return time.perf_counter() - start
+    served, batched = 0.0, 0.0
+    with ExitStack() as stack:
+        http = None
+        if port is not None:
+            base = stack.enter_context(millm_server(port))
+            http = stack.enter_context(httpx.Client(base_url=base, timeout=600))
+            http.post(lines[0]["url"], json=lines[0]["body"]).raise_for_status()  # warm
+        sink = stack.enter_context(out.open("a"))
+        for start in range(0, len(job.todo), batch_size):
+            if http is not None:
+                began = time.perf_counter()
+                for line in lines[start:start + batch_size]:
+                    http.post(line["url"], json=line["body"]).raise_for_status()
+                served += time.perf_counter() - began
+            began = time.perf_counter()
+            write_answers(answerer, job.todo[start:start + batch_size], sink, batch_size)
+            batched += time.perf_counter() - began
+    return (served if http is not None else float("nan")), batched
 
 
 def ray_batch(src: Path, out: Path, batch_size: int, workers: int) -> float:
@@ -91,8 +102,8 @@ def main() -> None:
     src = folder / "in.jsonl"
     src.write_text("".join(json.dumps(line) + "\n" for line in lines))
 
-    served = float("nan") if args.no_served else one_by_one(lines, args.port)
-    batched = local_batch(src, folder / "local.jsonl", args.batch_size)
+    served, batched = timed_chunks(lines, src, folder / "local.jsonl", args.batch_size,
+                                   None if args.no_served else args.port)
     n = args.rows
     print(f"{n} short chats, max_tokens {args.max_tokens}, batch {args.batch_size}")
     print(f"  millm serve, one by one : {served:7.1f} s  {n / served:6.2f} rows/s")
