@@ -169,7 +169,7 @@ class InvalidScoringRequest(MillmError):
 
 
 class NonFiniteLogits(MillmError):
-    """NaN or infinite logits reached the answer of a scoring request."""
+    """NaN or infinite logits reached the answer of a scoring request, or a batched row's next token."""
 
     status, type, code = 500, "server_error", "non_finite_logits"
 

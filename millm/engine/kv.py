@@ -44,9 +44,6 @@ class KVShape:
         head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
         return cls(int(config.num_hidden_layers), int(getattr(config, "num_key_value_heads", None) or heads), head_dim)
 
-    def bytes_per_token(self, dtype: torch.dtype) -> int:
-        return 2 * self.layers * self.kv_heads * self.head_dim * torch.empty((), dtype=dtype).element_size()
-
 
 class SlotCache:
     """``slots`` KV slots of ``slot_len`` positions each, for every layer.

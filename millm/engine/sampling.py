@@ -1,4 +1,8 @@
-"""Sampling as pure functions over logits tensors of shape ``[rows, vocab]``."""
+"""Sampling as pure functions over logits tensors of shape ``[rows, vocab]``.
+
+A parameter is one float for every row (a single request) or a ``[rows]`` tensor, one value per row (the
+continuous batch, whose rows each keep their own); the rule is written once for both.
+"""
 
 from __future__ import annotations
 
@@ -6,27 +10,42 @@ from collections.abc import Callable
 
 import torch
 
+PerRow = float | torch.Tensor  # one value for every row, or a ``[rows]`` tensor of each row's own
 
-def apply_penalties(logits: torch.Tensor, counts: torch.Tensor, frequency: float, presence: float) -> torch.Tensor:
+
+def _column(value: PerRow) -> PerRow:
+    """``value`` broadcast over ``[rows, vocab]``: a float as it is, a per-row tensor as a column."""
+    return value.view(-1, 1) if isinstance(value, torch.Tensor) else value
+
+
+def _any(flags: bool | torch.Tensor) -> bool:
+    return bool(flags.any()) if isinstance(flags, torch.Tensor) else flags
+
+
+def apply_penalties(logits: torch.Tensor, counts: torch.Tensor, frequency: PerRow, presence: PerRow) -> torch.Tensor:
     """OpenAI's additive penalties, exactly: ``logit -= frequency * count + presence * (count > 0)``.
 
     ``counts[r, t]`` is how often row ``r`` has generated token ``t`` so far (prompt tokens excluded,
     as in OpenAI's definition). This is not HF's multiplicative repetition penalty.
     """
-    if frequency == 0.0 and presence == 0.0:
+    if not _any(frequency != 0.0) and not _any(presence != 0.0):
         return logits
     counts = counts.to(logits.dtype)
-    return logits - frequency * counts - presence * (counts > 0).to(logits.dtype)
+    return logits - _column(frequency) * counts - _column(presence) * (counts > 0).to(logits.dtype)
 
 
-def top_p_mask(logits: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Keep the smallest set of tokens whose probability mass reaches ``top_p`` (always >= 1 token)."""
-    if top_p >= 1.0:
+def top_p_mask(logits: torch.Tensor, top_p: PerRow) -> torch.Tensor:
+    """Keep the smallest set of tokens whose probability mass reaches ``top_p`` (always >= 1 token); a row
+    whose ``top_p`` is 1 keeps every token."""
+    restricted = top_p < 1.0
+    if not _any(restricted):
         return logits
     sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
     probs = torch.softmax(sorted_logits, dim=-1)
     mass_before = torch.cumsum(probs, dim=-1) - probs
-    drop_sorted = mass_before >= top_p
+    drop_sorted = mass_before >= _column(top_p)
+    if isinstance(restricted, torch.Tensor):
+        drop_sorted &= restricted.view(-1, 1)
     drop_sorted[..., 0] = False
     drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
     return logits.masked_fill(drop, float("-inf"))
@@ -61,29 +80,17 @@ def make_sampler(temperature: float, top_p: float, generator: torch.Generator | 
     return lambda logits: sample(logits, temperature, top_p, generator)
 
 
-def row_penalties(logits: torch.Tensor, counts: torch.Tensor, frequency: torch.Tensor,
-                  presence: torch.Tensor) -> torch.Tensor:
-    """``apply_penalties`` with each row's own frequency and presence penalty (``[rows]`` each)."""
-    if not bool((frequency != 0).any() or (presence != 0).any()):
-        return logits
-    counts = counts.to(logits.dtype)
-    return logits - frequency.view(-1, 1) * counts - presence.view(-1, 1) * (counts > 0).to(logits.dtype)
+def unsampleable(logits: torch.Tensor) -> torch.Tensor:
+    """Rows no token can be picked from (``[rows]`` bool): a NaN or +inf logit, or every logit -inf."""
+    return torch.isnan(logits).any(-1) | torch.isposinf(logits).any(-1) | torch.isneginf(logits).all(-1)
 
 
 def sample_rows(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     """``sample`` with each row's own temperature and top_p (``[rows]`` each): greedy rows (temperature
-    0) take the argmax, the others draw from softmax(logits / T) restricted by their own top_p."""
-    greedy = temperature == 0
+    0) take the argmax; only the others are drawn, from softmax(logits / T) restricted by their top_p."""
     chosen = torch.argmax(logits, dim=-1)
-    if bool(greedy.all()):
-        return chosen
-    scaled = logits.float() / torch.where(greedy, 1.0, temperature).view(-1, 1)
-    if bool((top_p < 1.0).any()):
-        sorted_logits, order = torch.sort(scaled, dim=-1, descending=True)
-        probs = torch.softmax(sorted_logits, dim=-1)
-        mass_before = torch.cumsum(probs, dim=-1) - probs
-        drop_sorted = (mass_before >= top_p.view(-1, 1)) & (top_p < 1.0).view(-1, 1)
-        drop_sorted[..., 0] = False
-        scaled = scaled.masked_fill(torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted), float("-inf"))
-    drawn = torch.multinomial(torch.softmax(scaled, dim=-1), 1).squeeze(-1)
-    return torch.where(greedy, chosen, drawn)
+    drawn = torch.nonzero(temperature > 0).view(-1)
+    if drawn.numel():
+        scaled = top_p_mask(logits[drawn].float() / temperature[drawn].view(-1, 1), top_p[drawn])
+        chosen[drawn] = torch.multinomial(torch.softmax(scaled, dim=-1), 1).squeeze(-1)
+    return chosen

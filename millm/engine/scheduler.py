@@ -1,11 +1,16 @@
 """Continuous batching: the scheduler that owns a transformers engine's batched decode loop.
 
 One thread (the engine worker's) calls ``step``. Each step runs the operator's queued commands,
-retires rows whose consumer left or whose steering an operator change made invalid, admits waiting
-requests into free KV slots, prefills admitted prompts in chunks (so a long prompt does not stall
-the streams in flight), then decodes one token for every decoding row in one forward over the
-slots, streams each row's text and retires finished rows, freeing their slot at once. Nothing is
-ever re-prefilled: a row's keys and values stay in its slot (``millm.engine.kv``) until it leaves.
+retires rows whose consumer left or whose steering an operator change made invalid, drops waiting
+requests whose consumer left, admits waiting requests into free KV slots (each one's steering
+checked first), prefills admitted prompts in chunks (so a long prompt does not stall the streams in
+flight), then decodes one token for every decoding row in one forward over the slots, streams each
+row's text and retires finished rows, freeing their slot at once. Nothing is ever re-prefilled: a
+row's keys and values stay in its slot (``millm.engine.kv``) until it leaves.
+
+A failure in one request's own work (binding its steering, its prefill, its logits, its text) ends
+that request alone, with the spec's in-stream error; only a failure of the shared decode forward
+ends every row in it.
 
 Each row carries its own sampling parameters and its own steering (a delta row in the steering
 controller's row buffer), so requests with different temperatures, penalties, stops, budgets and
@@ -34,7 +39,8 @@ from millm.engine.kv import KVShape, SlotCache
 from millm.engine.output import ChoiceOutput
 from millm.engine.plan import Plan
 from millm.engine.rows import Row, emit
-from millm.engine.sampling import row_penalties, sample_rows, update_counts
+from millm.engine.sampling import apply_penalties, sample_rows, unsampleable, update_counts
+from millm.errors import NonFiniteLogits
 from millm.steering.controller import RowView, Steering
 from millm.steering.monitor import Monitor, MonitorSession
 
@@ -215,43 +221,66 @@ class Scheduler:
         return list(dict.fromkeys(r.job for r in self.rows.values()))
 
     def _check_jobs(self) -> None:
+        """End the admitted requests whose consumer left, or whose steering an operator change made invalid."""
         for job in self._jobs():
             if job.control.cancel.is_set():
                 self._finish(job, job.control.reason)
-            elif job.check is not None:
-                try:
-                    job.check()
-                except Exception as exc:  # this row's steering is invalid now: it ends, the others go on
-                    self._finish(job, exc)
+                continue
+            try:
+                self._check(job)
+            except Exception as exc:  # this row's steering is invalid now: it ends, the others go on
+                self._finish(job, exc)
+
+    def _check(self, job: Job) -> None:
+        if job.check is not None:
+            job.check()
+        errors = self.engine.steering.row_errors
+        for slot in job.slots:
+            if slot in errors:
+                raise errors[slot]
 
     def _admit(self) -> None:
+        """Drop the waiting requests whose consumer left; then start waiting requests while slots are free,
+        each checked first, so a request whose steering became invalid while it waited sends no text."""
+        with self._lock:
+            gone = [job for job in self.waiting if job.control.cancel.is_set()]
+            if gone:
+                self.waiting = deque(job for job in self.waiting if not job.control.cancel.is_set())
+        for job in gone:
+            job.end(job.control.reason)
         while self.waiting and len(self.waiting[0].plans) <= len(self.free):
             with self._lock:
                 job = self.waiting.popleft()
-            if job.control.cancel.is_set():
-                job.end(job.control.reason)
+            try:
+                if job.check is not None:
+                    job.check()
+            except Exception as exc:  # invalid before its first token: it ends, nothing was sent
+                job.end(exc)
                 continue
             self._start(job)
 
     def _start(self, job: Job) -> None:
+        """Bind each of the job's prompts to a free slot. A failure here (its steering cannot be bound)
+        ends this request alone, with every slot it took freed."""
         engine = self.engine
-        offset = 0
-        for plan in job.plans:
-            slot = min(self.free)
-            self.free.remove(slot)
-            output = ChoiceOutput(engine.tokenizer, plan.params.stop, engine.stop_ids)
-            row = Row(offset, output, plan.params, plan.max_tokens)
-            self.rows[slot] = BatchRow(job, row, slot, plan.prompt_ids[0])
-            self.counts[slot].zero_()
-            engine.steering.bind_row(slot, job.override)
-            job.slots.append(slot)
-            offset += 1
         job.rows_left = len(job.plans)
-        config = engine.monitor.config
-        if config.enabled and config.sae in engine.steering.attachments:
-            job.session = engine.monitor.session()
-            job.session.sae = engine.steering.attachments[config.sae].sae
-            job.monitored_sae = config.sae
+        try:
+            for offset, plan in enumerate(job.plans):
+                row = Row(offset, ChoiceOutput(engine.tokenizer, plan.params.stop, engine.stop_ids), plan.params,
+                          plan.max_tokens)
+                slot = min(self.free)
+                self.free.remove(slot)
+                self.rows[slot] = BatchRow(job, row, slot, plan.prompt_ids[0])
+                job.slots.append(slot)
+                self.counts[slot].zero_()
+                engine.steering.bind_row(slot, job.override)
+            config = engine.monitor.config
+            if config.enabled and config.sae in engine.steering.attachments:
+                job.session = engine.monitor.session()
+                job.session.sae = engine.steering.attachments[config.sae].sae
+                job.monitored_sae = config.sae
+        except Exception as exc:  # this request's own setup failed: it ends, the others go on
+            self._finish(job, exc)
 
     def _readers(self, rows: list[BatchRow], first: int) -> dict[str, list[tuple[int, Any]]]:
         readers: dict[str, list[tuple[int, Any]]] = {}
@@ -277,7 +306,7 @@ class Scheduler:
         for r in sorted(self.rows.values(), key=lambda r: r.slot):
             if budget <= 0:
                 return
-            if r.filled >= len(r.prompt):
+            if r.filled >= len(r.prompt) or self.rows.get(r.slot) is not r:  # prefilled, or ended in this loop
                 continue
             chunk = r.prompt[r.filled:r.filled + budget]
             budget -= len(chunk)
@@ -313,25 +342,29 @@ class Scheduler:
             return
         for r in rows:
             r.next_token = None
-        self._sample(rows, logits[[r.slot for r in rows]])
+        self._sample(rows, logits[[r.slot for r in rows]])  # each row's failure is its own
         self._decoded.append((time.monotonic(), len(rows)))
         while self._decoded and time.monotonic() - self._decoded[0][0] > RATE_WINDOW:
             self._decoded.popleft()
 
     def _sample(self, rows: list[BatchRow], logits: torch.Tensor) -> None:
-        """Each row's own penalties, temperature and top_p; then its text, and its end when it ends."""
-        slots = [r.slot for r in rows]
-        params = [r.row.params for r in rows]
-        device = logits.device
-        counts = self.counts[slots]
-        logits = row_penalties(logits, counts, torch.tensor([p.frequency_penalty for p in params], device=device),
-                               torch.tensor([p.presence_penalty for p in params], device=device))
-        tokens = sample_rows(logits, torch.tensor([p.temperature for p in params], device=device),
-                             torch.tensor([p.top_p for p in params], device=device))
-        counts_now = self.counts[slots]
-        update_counts(counts_now, tokens)
-        self.counts[slots] = counts_now
-        for r, token in zip(rows, tokens.tolist()):
+        """Each row's own penalties, temperature and top_p; then its text, and its end when it ends.
+
+        Every failure is one row's: a row whose logits no token can be drawn from ends alone (before
+        anything is drawn), and when the shared draw fails anyway each row is drawn again on its own,
+        so only the row that breaks it ends.
+        """
+        try:
+            tokens, rows = self._draw(rows, logits)
+        except Exception as exc:
+            if len(rows) == 1:
+                self._finish(rows[0].job, exc)
+                return
+            for i, r in enumerate(rows):
+                if self.rows.get(r.slot) is r:
+                    self._sample([r], logits[i:i + 1])
+            return
+        for r, token in zip(rows, tokens):
             if self.rows.get(r.slot) is not r:  # its request already ended in this step
                 continue
             try:
@@ -342,6 +375,30 @@ class Scheduler:
                     self._retire(r)
             except Exception as exc:  # this row's own work failed: its request ends, the others go on
                 self._finish(r.job, exc)
+
+    def _draw(self, rows: list[BatchRow], logits: torch.Tensor) -> tuple[list[int], list[BatchRow]]:
+        """The next token of every row that can have one, and those rows; their counts are updated.
+        A row whose logits hold a NaN or +inf, or only -inf, ends here with non_finite_logits."""
+        params = [r.row.params for r in rows]
+        device = logits.device
+        logits = apply_penalties(logits, self.counts[[r.slot for r in rows]],
+                                 torch.tensor([p.frequency_penalty for p in params], device=device),
+                                 torch.tensor([p.presence_penalty for p in params], device=device))
+        for r, broken in zip(rows, unsampleable(logits).tolist()):
+            if broken:
+                self._finish(r.job, NonFiniteLogits("The model produced NaN or infinite logits for this request; "
+                                                    "no next token can be drawn."))
+        keep = [i for i, r in enumerate(rows) if self.rows.get(r.slot) is r]
+        rows, params = [rows[i] for i in keep], [params[i] for i in keep]
+        if not rows:
+            return [], []
+        tokens = sample_rows(logits[keep], torch.tensor([p.temperature for p in params], device=device),
+                             torch.tensor([p.top_p for p in params], device=device))
+        slots = [r.slot for r in rows]
+        counts = self.counts[slots]
+        update_counts(counts, tokens)
+        self.counts[slots] = counts
+        return tokens.tolist(), rows
 
     def _retire(self, r: BatchRow) -> None:
         """A row finished: free its slot; the request ends (with its Usage) when its last row does."""

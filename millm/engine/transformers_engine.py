@@ -59,7 +59,7 @@ class TransformersEngine:
                                   or tokenizer.model_max_length)
         self.stop_ids = self._end_token_ids()
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.stop_ids, default=0)
-        self._lock = threading.RLock()  # re-entered by a batch step run between a serial stream's steps
+        self._lock = threading.Lock()  # one forward-running call at a time (the scheduler's steps never take it)
         self._scheduler: Scheduler | None = None
         self.steering = Steering(model)
         self.monitor = Monitor()

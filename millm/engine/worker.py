@@ -141,8 +141,8 @@ class EngineWorker:
                 continue
             try:
                 future.set_result(fn(*args))
-            except BaseException as exc:  # handed to the caller, raised there
-                future.set_exception(exc)
+            except BaseException as exc:  # handed to the caller, raised there (out of memory: typed)
+                future.set_exception(typed(exc))
 
     async def command(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(*args)`` on the engine thread at the next step boundary (at once when idle).
@@ -253,11 +253,15 @@ class EngineWorker:
                     if self._scheduler is scheduler:
                         self._scheduler = None
 
-    def generate(self, engine: Engine, plans: list[Plan], make_events: Callable[[StepControl], Iterator[Event]],
-                 check: Callable[[], None] | None = None) -> AsyncIterator[Event]:
+    async def generate(self, engine: Engine, plans: list[Plan],
+                       make_events: Callable[[StepControl], Iterator[Event]],
+                       check: Callable[[], None] | None = None) -> AsyncIterator[Event]:
         """A generation's events: from the batch when batching is enabled and the request can join it,
         else ``make_events`` run serially (``stream``). Admitted now either way (QueueFull before any
-        response starts). ``check`` runs between batch steps, as ``make_events`` runs its own."""
+        response starts). ``check`` runs between batch steps, as ``make_events`` runs its own.
+
+        The engine's scheduler is made on the engine thread, as a command (it allocates the KV slots and
+        reserves the steering rows): out of memory there is insufficient_memory before any response."""
         if self.batching is None:
             return self.stream(make_events)
         make_scheduler: Callable[[BatchSettings], Scheduler] | None = getattr(engine, "batch_scheduler", None)
@@ -267,7 +271,7 @@ class EngineWorker:
             monitoring = target is not None and target.monitor.config.enabled
             found = fallback_reason(plans, self.batching, monitoring)
             if found is None:
-                return self._batched(make_scheduler(self.batching), plans, check)
+                return self._batched(await self.command(make_scheduler, self.batching), plans, check)
             reason = found
         events = self.stream(make_events)
         self.fallbacks[reason] += 1

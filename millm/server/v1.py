@@ -175,7 +175,7 @@ async def generate(built: Built, entry: ModelEntry, chat: bool) -> Any:
     def make_events(control: StepControl) -> Iterator[Event]:
         return run_each(engine.run, plans, control if check is None else control.checking(check))
 
-    events = metrics.observed(svc.worker.generate(engine, plans, make_events, check))
+    events = metrics.observed(await svc.worker.generate(engine, plans, make_events, check))
     shape = CompletionShape(chat=chat, model=built.model, fingerprint=engine.fingerprint)
     return await respond(shape, events, built, miLLM_headers(built, label, steer))
 

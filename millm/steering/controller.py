@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from millm.errors import InvalidParameter, SAENotAttached
+from millm.errors import InvalidFeatureIndex, InvalidParameter, SAENotAttached
 from millm.sae.model import SAE
 from millm.steering.values import check_values, clamp
 
@@ -90,6 +90,7 @@ class Steering:
         self._lock = threading.RLock()
         self._slots = 0  # row buffers reserved for batching (0: none)
         self._row_sources: dict[int, Override | None] = {}  # bound slot -> its override (None: the base)
+        self.row_errors: dict[int, Exception] = {}  # bound slot -> why its delta could not be rewritten
         self._view: RowView | None = None
 
     # attaching
@@ -153,35 +154,47 @@ class Steering:
         return self._attachment(str(ref))
 
     # operator changes (the base)
+    @contextmanager
+    def _changing(self) -> Iterator[None]:
+        """An operator change to the base: it stands with every buffer rewritten, or (when a delta cannot
+        be computed from it) the base is put back as it was and no buffer has changed."""
+        with self._lock:
+            values = {att.sae_id: att.values for att in self.attachments.values()}
+            profile, enabled = self.active_profile, self.enabled
+            try:
+                yield
+                self._refresh()
+            except BaseException:
+                for att in self.attachments.values():
+                    att.values = values.get(att.sae_id, att.values)
+                self.active_profile, self.enabled = profile, enabled
+                raise
+
     def set_values(self, sae_id: str, values: Any, *, merge: bool) -> None:
         """Replace (or merge into) one SAE's values; in a merge a strength of 0 removes the feature."""
-        with self._lock:
+        with self._changing():
             att = self._attachment(sae_id)
             checked = check_values(values, att.sae.d_sae)
             new = {**att.values, **checked} if merge else checked
             att.values = {f: s for f, s in new.items() if s != 0.0}
             self.active_profile = None
-            self._refresh()
 
     def clear(self) -> None:
-        with self._lock:
+        with self._changing():
             for att in self.attachments.values():
                 att.values = {}
             self.active_profile = None
-            self._refresh()
 
     def set_enabled(self, enabled: bool) -> None:
-        with self._lock:
+        with self._changing():
             self.enabled = enabled
-            self._refresh()
 
     def activate(self, name: str, values: dict[str, dict[int, float]]) -> None:
         """Make a profile's (already resolved) values the live base values."""
-        with self._lock:
+        with self._changing():
             for att in self.attachments.values():
                 att.values = dict(values.get(att.sae_id, {}))
             self.active_profile = name
-            self._refresh()
 
     # batched rows
     def _row_buffer(self, device: torch.device) -> torch.Tensor:
@@ -195,20 +208,28 @@ class Steering:
                 return
             self._slots = slots
             self._row_sources.clear()
+            self.row_errors.clear()
             for att in self.attachments.values():
                 att.rows = self._row_buffer(att.delta.device)
                 att.row_steering.clear()
 
     def bind_row(self, slot: int, override: Override | None) -> None:
-        """Slot ``slot`` now steers with ``override`` (None: the live base, following operator changes)."""
+        """Slot ``slot`` now steers with ``override`` (None: the live base, following operator changes).
+
+        Its deltas are computed first: an override that cannot steer (a feature index the SAE lacks)
+        raises with nothing recorded, so the slot stays unbound."""
         with self._lock:
+            deltas = [(att, self._delta(att, self._row_values(att, override)))
+                      for att in self.attachments.values() if att.rows is not None]
             self._row_sources[slot] = override
-            for att in self.attachments.values():
-                self._write_row(att, slot)
+            self.row_errors.pop(slot, None)
+            for att, delta in deltas:
+                self._write_row(att, slot, delta)
 
     def release_row(self, slot: int) -> None:
         with self._lock:
             self._row_sources.pop(slot, None)
+            self.row_errors.pop(slot, None)
             for att in self.attachments.values():
                 if att.rows is not None:
                     att.rows[slot].zero_()
@@ -275,25 +296,32 @@ class Steering:
         return self.active_profile or "live"
 
     # the buffers
-    def _delta_of(self, att: Attachment, values: dict[int, float], out: torch.Tensor) -> bool:
-        """Write ``sum_i clamp(strength_i) * W_dec[i]`` into ``out``; whether it steers at all."""
+    def _delta(self, att: Attachment, values: dict[int, float]) -> torch.Tensor | None:
+        """``sum_i clamp(strength_i) * W_dec[i]`` (None: nothing steers); raises for an index the SAE lacks."""
         if not values:
+            return None
+        index = torch.tensor(list(values), device=att.delta.device)
+        strengths = torch.tensor([clamp(s) for s in values.values()], device=att.delta.device, dtype=self.dtype)
+        return strengths @ att.sae.W_dec[index]
+
+    @staticmethod
+    def _write(out: torch.Tensor, delta: torch.Tensor | None) -> bool:
+        """Copy ``delta`` into the buffer ``out`` in place (zeros for None); whether it steers at all."""
+        if delta is None:
             out.zero_()
             return False
-        index = torch.tensor(list(values), device=out.device)
-        strengths = torch.tensor([clamp(s) for s in values.values()], device=out.device, dtype=self.dtype)
-        out.copy_(strengths @ att.sae.W_dec[index])
+        out.copy_(delta)
         return True
 
     def _base_values(self, att: Attachment) -> dict[int, float]:
         return att.values if self.enabled else {}
 
-    def _write_row(self, att: Attachment, slot: int) -> None:
-        if att.rows is None or slot not in self._row_sources:
-            return
-        override = self._row_sources[slot]
-        values = override.values.get(att.sae_id, {}) if override is not None else self._base_values(att)
-        if self._delta_of(att, values, att.rows[slot]):
+    def _row_values(self, att: Attachment, override: Override | None) -> dict[int, float]:
+        return override.values.get(att.sae_id, {}) if override is not None else self._base_values(att)
+
+    def _write_row(self, att: Attachment, slot: int, delta: torch.Tensor | None) -> None:
+        assert att.rows is not None
+        if self._write(att.rows[slot], delta):
             att.row_steering.add(slot)
         else:
             att.row_steering.discard(slot)
@@ -301,17 +329,39 @@ class Steering:
     def _refresh(self) -> None:
         """Rewrite every delta buffer in place from the override, or else the base.
 
+        Every delta is computed before any buffer is written, so a change whose own delta cannot be
+        computed raises with the buffers untouched. A bound row whose override no longer fits an
+        attachment (an SAE replaced under it) does not hold the change back: it steers nothing and its
+        error waits in ``row_errors`` for the scheduler to end that row alone.
+
         The buffer is the direction in the SAE's output space; for an SAE that normalises per position
         (SAELens constant_norm_rescale, layer_norm) the hook scales it by each position's factor.
         """
-        for att in self.attachments.values():
-            if self._override is not None:
-                values = self._override.values.get(att.sae_id, {})
-            else:
-                values = self._base_values(att)
-            att.steering = self._delta_of(att, values, att.delta)
-            for slot in self._row_sources:
-                self._write_row(att, slot)
+        attachments = list(self.attachments.values())
+        live = {att.sae_id: self._delta(att, self._base_values(att)) for att in attachments}
+        if self._override is None:
+            own = live
+        else:
+            own = {att.sae_id: self._delta(att, self._override.values.get(att.sae_id, {})) for att in attachments}
+        bound = [att for att in attachments if att.rows is not None]
+        rows: dict[int, list[tuple[Attachment, torch.Tensor | None]]] = {}
+        errors: dict[int, Exception] = {}
+        for slot, override in self._row_sources.items():
+            if override is None:
+                rows[slot] = [(att, live[att.sae_id]) for att in bound]
+                continue
+            try:
+                rows[slot] = [(att, self._delta(att, override.values.get(att.sae_id, {}))) for att in bound]
+            except Exception as exc:  # this row's own steering is broken: it alone stops
+                rows[slot] = [(att, None) for att in bound]
+                errors[slot] = InvalidFeatureIndex(f"This request's steering ('{override.name}') no longer fits the "
+                                                   f"attached SAEs ({exc}); the request stopped.")
+        for att in attachments:
+            att.steering = self._write(att.delta, own[att.sae_id])
+        for slot, deltas in rows.items():
+            for att, delta in deltas:
+                self._write_row(att, slot, delta)
+        self.row_errors.update(errors)
 
     def _hook(self, att: Attachment) -> Callable[..., Any]:
         def hook(module: Any, args: Any, output: Any) -> Any:

@@ -5,6 +5,8 @@ The scheduler is driven step by step here, on this thread, exactly as the worker
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections.abc import Iterator
 from dataclasses import replace
 
@@ -16,9 +18,10 @@ from millm.engine.events import Delta, Event, Finish, Usage
 from millm.engine.kv import attention_mask, span_for
 from millm.engine.params import ChatPrompt, GenerationRequest, SamplingParams, TextPrompt
 from millm.engine.plan import Plan
-from millm.engine.sampling import apply_penalties, row_penalties, sample_rows
+from millm.engine.sampling import apply_penalties, sample_rows, top_p_mask, unsampleable
 from millm.engine.scheduler import BatchSettings, Job, Scheduler, fallback_reason
-from millm.errors import InvalidFeatureIndex
+from millm.engine.worker import EngineWorker
+from millm.errors import InsufficientMemory, InvalidFeatureIndex, NonFiniteLogits
 from millm.steering.controller import Override
 from tests.saes import random_sae
 
@@ -194,11 +197,125 @@ def test_a_steering_error_fails_only_its_row(engine, scheduler):
         if broken:
             raise InvalidFeatureIndex("SAE sae_x was detached while the request was generating.")
 
+    b = submit(scheduler, plans[1], check=check)  # first: prefilled and sampled in the step that admits it
     a = submit(scheduler, plans[0])
-    b = submit(scheduler, plans[1], check=check)
     drain(scheduler)
-    assert isinstance(b.error, InvalidFeatureIndex) and not any(isinstance(e, Usage) for e in b.events)
+    assert isinstance(b.error, InvalidFeatureIndex) and b.events == []  # checked at admission: no text first
     assert (a.text, a.finishes) == alone(engine, plans[0]) and a.error is None
+
+
+def test_a_request_whose_steering_cannot_be_bound_fails_alone(engine, scheduler, sae):
+    keep = plan(engine, "Say hello.", chat=True, max_tokens=10)
+    a = submit(scheduler, keep)
+    scheduler.step()
+    b = submit(scheduler, plan(engine, "Hi", override=Override("bad", {sae: {999: 1.0}})))
+    scheduler.step()  # binding b's row fails inside the step; the step itself goes on
+    assert b.ended and b.error is not None and b.events == []
+    assert scheduler.active_rows == 1 and sorted(scheduler.free) == [1, 2, 3]
+    engine.steering.set_values(sae, {5: -60.0}, merge=False)  # no half-bound slot is left to break this
+    engine.steering.clear()
+    drain(scheduler)
+    assert (a.text, a.finishes) == alone(engine, keep) and a.error is None
+
+
+def test_an_sae_replaced_under_a_row_ends_that_row_and_the_change_stands(engine, scheduler, sae):
+    own = plan(engine, "My favourite hobby is", override=Override("own", {sae: {20: 40.0}}), max_tokens=12)
+    live = plan(engine, "My favourite hobby is", max_tokens=12)
+    a, b = submit(scheduler, own), submit(scheduler, live)
+    scheduler.step()
+    smaller = random_sae(engine.steering.d_model, 8, seed=4)
+    engine.steering.attach(sae, smaller, 10)  # feature 20 of a's override no longer exists
+    assert engine.steering.attachments[sae].sae.d_sae == 8
+    drain(scheduler)
+    assert isinstance(a.error, InvalidFeatureIndex) and not any(isinstance(e, Usage) for e in a.events)
+    assert (b.text, b.finishes) == alone(engine, live) and b.error is None
+
+
+def test_an_operator_change_that_cannot_apply_changes_nothing(engine, scheduler, sae):
+    steering = engine.steering
+    steering.set_values(sae, {1: 40.0}, merge=False)
+    try:
+        c = submit(scheduler, plan(engine, "Hi", max_tokens=30))
+        scheduler.step()
+        row = steering.attachments[sae].rows[0].clone()
+        assert row.abs().sum() > 0  # the live row carries the base values
+        with pytest.raises(IndexError):
+            steering.activate("broken", {sae: {999: 1.0}})
+        assert steering.active_profile is None and steering.attachments[sae].values == {1: 40.0}
+        assert torch.equal(steering.attachments[sae].rows[0], row)
+        steering.set_values(sae, {5: -60.0}, merge=False)  # later changes still apply
+        assert not torch.equal(steering.attachments[sae].rows[0], row)
+        c.control.cancel.set()
+        drain(scheduler)
+    finally:
+        steering.clear()
+
+
+def test_non_finite_logits_end_only_their_row(engine, scheduler, monkeypatch):
+    plans = [plan(engine, "The sky is", max_tokens=8), plan(engine, "Once upon a", temperature=1.0, max_tokens=8),
+             plan(engine, "Red, green,", max_tokens=8)]
+    broken, sampled, greedy = (submit(scheduler, p) for p in plans)
+    scheduler.step()
+    forward = scheduler._forward
+
+    def poisoned(ids, first, positions, rows, mask_positions=None):
+        logits = forward(ids, first, positions, rows, mask_positions)
+        if ids.shape[0] > 1:  # a decode step: slot 0's row gets NaN logits
+            logits[0] = float("nan")
+        return logits
+
+    monkeypatch.setattr(scheduler, "_forward", poisoned)
+    drain(scheduler)
+    assert isinstance(broken.error, NonFiniteLogits)
+    assert sampled.ended and sampled.error is None and isinstance(sampled.events[-1], Usage)
+    assert (greedy.text, greedy.finishes) == alone(engine, plans[2]) and greedy.error is None
+
+
+def test_a_cancelled_waiting_request_ends_without_waiting_for_a_slot(engine):
+    scheduler = Scheduler(engine, BatchSettings(max_rows=1, max_tokens=256, prefill_chunk=64))
+    busy = submit(scheduler, plan(engine, "Count:", max_tokens=40))
+    gone = submit(scheduler, plan(engine, "Hi"))
+    scheduler.step()
+    gone.control.cancel.set()
+    scheduler.step()
+    assert gone.ended and gone.events == [] and scheduler.queued == 0 and not busy.ended
+    busy.control.cancel.set()
+    drain(scheduler)
+
+
+def test_a_failed_prefill_runs_no_forward_for_its_other_rows(engine, scheduler, monkeypatch):
+    c = submit(scheduler, plan(engine, "Red, green,"), plan(engine, "Monday, Tuesday,"))
+    slots = []
+
+    def failing(ids, first, positions, rows, mask_positions=None):
+        slots.append(first)
+        raise RuntimeError("this row's forward broke")
+
+    monkeypatch.setattr(scheduler, "_forward", failing)
+    scheduler.step()
+    assert slots == [0] and isinstance(c.error, RuntimeError) and scheduler.active_rows == 0
+
+
+def test_the_scheduler_is_made_on_the_engine_thread_and_out_of_memory_is_typed(engine, monkeypatch):
+    made_on = []
+
+    def out_of_memory(settings: BatchSettings) -> Scheduler:
+        made_on.append(threading.current_thread().name)
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(engine, "batch_scheduler", out_of_memory)
+    worker = EngineWorker(4, BatchSettings(max_rows=2, max_tokens=2 * 128))
+    p = plan(engine, "Hi", max_tokens=4)
+
+    async def ask() -> None:
+        await worker.generate(engine, [p], lambda control: iter(()))
+
+    try:
+        with pytest.raises(InsufficientMemory):
+            asyncio.run(ask())
+    finally:
+        worker.shutdown()
+    assert len(made_on) == 1 and made_on[0].startswith("millm-engine") and worker.pending == 0
 
 
 def test_several_prompts_of_one_request_share_the_batch(engine, scheduler):
@@ -246,12 +363,22 @@ def test_fallback_reasons(engine):
 def test_row_sampling_matches_the_single_request_rules():
     logits = torch.tensor([[1.0, 3.0, 2.0], [0.5, 0.1, 0.9]])
     counts = torch.tensor([[0, 2, 0], [1, 0, 0]], dtype=torch.int32)
-    out = row_penalties(logits, counts, torch.tensor([1.5, 0.0]), torch.tensor([0.5, 0.0]))
+    out = apply_penalties(logits, counts, torch.tensor([1.5, 0.0]), torch.tensor([0.5, 0.0]))
     assert torch.equal(out[0], apply_penalties(logits[:1], counts[:1], 1.5, 0.5)[0]) and torch.equal(out[1], logits[1])
+    masked = top_p_mask(logits, torch.tensor([0.5, 1.0]))
+    assert torch.equal(masked[0], top_p_mask(logits[:1], 0.5)[0]) and torch.equal(masked[1], logits[1])
     greedy = sample_rows(logits, torch.tensor([0.0, 0.0]), torch.tensor([1.0, 1.0]))
     assert greedy.tolist() == [1, 2]
     tiny_p = sample_rows(logits, torch.tensor([0.0, 1.0]), torch.tensor([1.0, 1e-6]))
     assert tiny_p.tolist() == [1, 2]  # top_p that keeps one token keeps the most likely one
+
+
+def test_only_sampled_rows_are_drawn_and_unsampleable_rows_are_found():
+    logits = torch.tensor([[float("inf"), 0.0, 1.0], [0.5, 0.1, 0.9]])
+    assert sample_rows(logits, torch.tensor([0.0, 1.0]), torch.tensor([1.0, 1e-6])).tolist() == [0, 2]
+    inf = float("inf")
+    rows = torch.tensor([[0.0, float("nan")], [inf, 0.0], [-inf, -inf], [-inf, 1.0]])
+    assert unsampleable(rows).tolist() == [True, True, True, False]
 
 
 def test_kv_mask_and_span():
