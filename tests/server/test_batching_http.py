@@ -30,16 +30,17 @@ def alone(engine, content: str, max_tokens: int, stop: tuple[str, ...] = ()) -> 
     return "".join(e.text for e in engine.generate(request) if isinstance(e, Delta))
 
 
-def streamed(base: str, payload: dict) -> str:
-    text = []
+def streamed(base: str, payload: dict, pieces: list[str] | None = None) -> str:
+    """The streamed text; each content piece is appended to ``pieces`` as it arrives, when given."""
+    text = [] if pieces is None else pieces
     with httpx.stream("POST", base + "/v1/chat/completions", json={**payload, "stream": True}, timeout=300) as r:
         assert r.status_code == 200, r.read()
         for line in r.iter_lines():
             if line.startswith("data: {"):
                 chunk = json.loads(line[6:])
                 assert "error" not in chunk, chunk
-                if chunk["choices"]:
-                    text.append(chunk["choices"][0]["delta"].get("content") or "")
+                if chunk["choices"] and (content := chunk["choices"][0]["delta"].get("content")):
+                    text.append(content)
     return "".join(text)
 
 
@@ -134,7 +135,7 @@ def test_disconnect_retires_only_its_row(engine, batching):
 
     with ThreadPoolExecutor(2) as pool:
         gone = pool.submit(leave_early)
-        started.wait(120)
+        assert started.wait(120)
         kept = pool.submit(streamed, batching, keep)
         gone.result()
         assert kept.result() == expected
@@ -142,22 +143,29 @@ def test_disconnect_retires_only_its_row(engine, batching):
 
 
 def test_scoring_and_embeddings_between_steps_leave_batched_rows_steered(engine, batching):
+    prompt, tokens = "Describe your favourite hobby.", 64
     engine.steering.attach(SAE_ID, random_sae(engine.steering.d_model, 32, seed=3), 10)
     try:
         engine.steering.set_values(SAE_ID, {5: -60.0}, merge=False)
-        expected = alone(engine, "Describe your favourite hobby.", 24)
+        expected = alone(engine, prompt, tokens)
         engine.steering.set_enabled(False)
-        unsteered = alone(engine, "Describe your favourite hobby.", 24)
+        unsteered = alone(engine, prompt, tokens)
         engine.steering.set_enabled(True)
         assert expected != unsteered
-        with ThreadPoolExecutor(3) as pool:
-            gen = pool.submit(streamed, batching, body("Describe your favourite hobby.", max_tokens=24))
+        pieces: list[str] = []
+        with ThreadPoolExecutor(1) as pool:
+            gen = pool.submit(streamed, batching, body(prompt, max_tokens=tokens), pieces)
+            while not pieces:  # the steered row is decoding in the batch
+                assert not gen.done(), gen.result()
+                threading.Event().wait(0.01)
             for _ in range(2):
                 emb = httpx.post(batching + "/v1/embeddings", json={"model": MODEL, "input": "snow"}, timeout=120)
                 score = httpx.post(batching + "/v1/completions", timeout=120,
                                    json={"model": MODEL, "prompt": "The sky is", "max_tokens": 1, "logprobs": 1})
                 assert emb.status_code == score.status_code == 200
+            between = len(pieces)
             assert gen.result() == expected
+        assert len(pieces) > between  # the row went on decoding after both ran between its steps
     finally:
         engine.steering.detach(SAE_ID)
 
