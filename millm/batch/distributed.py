@@ -65,7 +65,7 @@ def run_rows(rows: list[tuple[int, str]], worker: type, worker_args: dict[str, A
     ray = require_ray()
     started = not ray.is_initialized()
     if started:
-        ray.init(address=address, log_to_driver=False, configure_logging=False,
+        ray.init(address=address, log_to_driver=False, configure_logging=False, include_dashboard=False,
                  runtime_env={"env_vars": {k: v for k, v in os.environ.items() if k.startswith("MILLM_")}})
     try:
         context = ray.data.DataContext.get_current()
