@@ -113,7 +113,8 @@ def main() -> None:
         return
     import ray
 
-    ray.init(log_to_driver=False, include_dashboard=False)  # one local instance for both jobs; its own start is not Ray's per-job cost
+    # one local instance for both jobs: its own start is not Ray's per-job cost
+    ray.init(log_to_driver=False, include_dashboard=False)
     wall = ray_batch(src, folder / "ray.jsonl", args.batch_size, args.workers)
     same = (folder / "ray.jsonl").read_bytes() == (folder / "local.jsonl").read_bytes()
     first = folder / "first.jsonl"
