@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from textual.pilot import Pilot
+from textual.widgets import Input
 
 from tests.tui.fakes import ScriptedClient
 from tests.tui.helpers import SIZE, settle, type_text
@@ -15,6 +16,17 @@ def app(seed: str = "") -> MillmApp:
     return MillmApp(client=ScriptedClient(), sampling={"temperature": "0", "max_tokens": "64", "seed": seed})
 
 
+def steady(run_before: Any) -> Any:
+    """``run_before``, then every input's cursor held still: a blinking cursor is drawn or not depending on
+    when the snapshot is taken."""
+    async def run(pilot: Pilot[Any]) -> None:
+        await run_before(pilot)
+        for field in pilot.app.query(Input):
+            field.cursor_blink = False
+        await pilot.pause()
+    return run
+
+
 async def answered(pilot: Pilot[Any]) -> None:
     await settle(pilot)
     await type_text(pilot, "What is the weather like?")
@@ -23,7 +35,7 @@ async def answered(pilot: Pilot[Any]) -> None:
 
 
 def test_main_screen_after_an_answer(snap_compare):
-    assert snap_compare(app(), terminal_size=SIZE, run_before=answered)
+    assert snap_compare(app(), terminal_size=SIZE, run_before=steady(answered))
 
 
 def test_main_screen_with_a_feature_on_the_dial(snap_compare):
@@ -35,7 +47,7 @@ def test_main_screen_with_a_feature_on_the_dial(snap_compare):
         await pilot.press("enter", "right", "right")
         await settle(pilot)
 
-    assert snap_compare(app(), terminal_size=SIZE, run_before=dialled)
+    assert snap_compare(app(), terminal_size=SIZE, run_before=steady(dialled))
 
 
 def test_compare_mode(snap_compare):
@@ -46,7 +58,7 @@ def test_compare_mode(snap_compare):
         await pilot.press("enter")
         await settle(pilot)
 
-    assert snap_compare(app(seed="7"), terminal_size=SIZE, run_before=compared)
+    assert snap_compare(app(seed="7"), terminal_size=SIZE, run_before=steady(compared))
 
 
 def test_help_screen(snap_compare):
@@ -55,7 +67,7 @@ def test_help_screen(snap_compare):
         await pilot.press("f1")
         await settle(pilot)
 
-    assert snap_compare(app(), terminal_size=SIZE, run_before=helped)
+    assert snap_compare(app(), terminal_size=SIZE, run_before=steady(helped))
 
 
 def test_profiles_screen(snap_compare):
@@ -64,4 +76,4 @@ def test_profiles_screen(snap_compare):
         await pilot.press("f2")
         await settle(pilot)
 
-    assert snap_compare(app(), terminal_size=SIZE, run_before=profiles)
+    assert snap_compare(app(), terminal_size=SIZE, run_before=steady(profiles))
