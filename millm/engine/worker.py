@@ -174,15 +174,8 @@ class EngineWorker:
         producer checks it between decode steps, and a job whose consumer left before it started
         does not start at all.
         """
-        loop = asyncio.get_running_loop()
-        items: asyncio.Queue[Any] = asyncio.Queue()
         control = StepControl(run_commands=self._between_steps)
-
-        def put(item: Any) -> None:
-            try:
-                loop.call_soon_threadsafe(items.put_nowait, item)
-            except RuntimeError:  # the loop is gone: nobody is listening any more
-                control.cancel.set()
+        items, put = self._channel(control)
 
         def work() -> None:
             try:
@@ -280,15 +273,8 @@ class EngineWorker:
     def _batched(self, scheduler: Scheduler, plans: list[Plan],
                  check: Callable[[], None] | None) -> AsyncIterator[Event]:
         self._admit()
-        loop = asyncio.get_running_loop()
-        items: asyncio.Queue[Any] = asyncio.Queue()
         control = StepControl(run_commands=self.run_commands)
-
-        def put(item: Any) -> None:
-            try:
-                loop.call_soon_threadsafe(items.put_nowait, item)
-            except RuntimeError:  # the loop is gone: nobody is listening any more
-                control.cancel.set()
+        items, put = self._channel(control)
 
         def end(error: BaseException | None) -> None:
             if error is not None:
@@ -311,6 +297,21 @@ class EngineWorker:
                 self._ticking = True
                 self._executor.submit(self._tick)
         return self._consume(items, control)
+
+    @staticmethod
+    def _channel(control: StepControl) -> tuple[asyncio.Queue[Any], Callable[[Any], None]]:
+        """The queue the event loop reads a job's items from, and the ``put`` the engine thread feeds it
+        with; a put once the loop is gone cancels ``control`` (nobody is listening any more)."""
+        loop = asyncio.get_running_loop()
+        items: asyncio.Queue[Any] = asyncio.Queue()
+
+        def put(item: Any) -> None:
+            try:
+                loop.call_soon_threadsafe(items.put_nowait, item)
+            except RuntimeError:
+                control.cancel.set()
+
+        return items, put
 
     @staticmethod
     async def _consume(items: asyncio.Queue[Any], control: StepControl) -> AsyncIterator[Any]:
