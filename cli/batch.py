@@ -19,6 +19,16 @@ from millm.errors import InvalidParameter
 RAY_HELP = ("Run on Ray: 'local' starts a local instance, 'auto' joins the cluster of this node, or give the "
             "address of its head (HEAD_IP:6379).")
 LOCAL = "local"
+RayOption = Annotated[str | None, typer.Option("--ray", metavar="ADDRESS", help=RAY_HELP)]
+WorkersOption = Annotated[int, typer.Option(help="Ray actors, one engine each (with --ray).")]
+
+
+def check_counts(batch_size: int, workers: int) -> None:
+    """``--batch-size`` and ``--workers`` are counts: at least 1, refused before anything loads."""
+    if batch_size < 1:
+        raise InvalidParameter("--batch-size must be at least 1.", param="batch_size")
+    if workers < 1:
+        raise InvalidParameter("--workers must be at least 1.", param="workers")
 
 
 def ray_address(value: str) -> str | None:
@@ -54,17 +64,14 @@ def batch(
                                                                 "in input order; lines already there are kept.")],
     batch_size: Annotated[int, typer.Option("--batch-size", help="Lines answered together; their generation "
                                                                  "lines decode as one batch.")] = 16,
-    ray: Annotated[str | None, typer.Option("--ray", metavar="ADDRESS", help=RAY_HELP)] = None,
-    workers: Annotated[int, typer.Option(help="Ray actors, one engine each (with --ray).")] = 1,
+    ray: RayOption = None,
+    workers: WorkersOption = 1,
 ) -> None:
     """Answer every line of an OpenAI batch file as `millm serve` would; rerun to resume after a stop."""
     from millm.batch.answer import Answerer
     from millm.batch.run import open_job, write_answers
 
-    if batch_size < 1:
-        raise InvalidParameter("--batch-size must be at least 1.", param="batch_size")
-    if workers < 1:
-        raise InvalidParameter("--workers must be at least 1.", param="workers")
+    check_counts(batch_size, workers)
     job = open_job(input, output)
     if ray is not None:
         from millm.batch.distributed import answer_on_ray

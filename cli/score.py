@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from cli.batch import RAY_HELP, progress_bar, ray_address
+from cli.batch import RayOption, WorkersOption, check_counts, progress_bar, ray_address
 from cli.common import engine_for, engine_of, err, reports_errors
 from millm.config import get_settings
 from millm.errors import InvalidParameter, MillmError
@@ -102,14 +102,11 @@ def score(
     logprobs: Annotated[int, typer.Option(help="Alternatives to report, 0-20.")] = 5,
     temperature: Annotated[float, typer.Option(help="Divides the logits; 0 = no scaling.")] = 1.0,
     batch_size: Annotated[int, typer.Option("--batch-size", help="Prompts per forward pass.")] = 32,
-    ray: Annotated[str | None, typer.Option("--ray", metavar="ADDRESS", help=RAY_HELP)] = None,
-    workers: Annotated[int, typer.Option(help="Ray actors, one engine each (with --ray).")] = 1,
+    ray: RayOption = None,
+    workers: WorkersOption = 1,
 ) -> None:
     """Score the next token of every line (never steered); rows already in OUTPUT are skipped."""
-    if batch_size < 1:
-        raise InvalidParameter("--batch-size must be at least 1.", param="batch_size")
-    if workers < 1:
-        raise InvalidParameter("--workers must be at least 1.", param="workers")
+    check_counts(batch_size, workers)
     defaults = {"allowed_tokens": [int(a) if a.lstrip("-").isdigit() else a for a in allowed or []],
                 "logprobs": logprobs, "temperature": temperature}
     score_row_of(None, {"prompt": "-"}, defaults)  # the options obey the server's rules, checked before loading
