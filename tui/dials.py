@@ -20,6 +20,22 @@ LAMBDA_STEP = 0.1
 LAMBDA_LARGE_STEP = 0.5
 
 
+def edit_typed(typed: str, key: str, character: str | None,
+               allowed: frozenset[str]) -> tuple[str, str | None] | None:
+    """A value typed into a dial, after one key: (what is typed now, the text Enter entered or None), or None
+    when the key is not the typing's. A character from ``allowed`` extends it; while something is typed,
+    Backspace edits it, Esc drops it and Enter enters it."""
+    if character is not None and character in allowed:
+        return typed + character, None
+    if typed and key == "backspace":
+        return typed[:-1], None
+    if typed and key == "escape":
+        return "", None
+    if typed and key == "enter":
+        return "", typed
+    return None
+
+
 def step_strength(strength: float, delta: float) -> float:
     """One arrow press on a strength: moved by ``delta`` and clamped as the engine clamps."""
     return clamp(round(strength + delta, 6))

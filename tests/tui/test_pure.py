@@ -16,6 +16,7 @@ from tui.dials import (
     LAMBDA_STEP,
     STRENGTH_STEP,
     dial_fraction,
+    edit_typed,
     parse_lambda,
     parse_strength,
     show_dial,
@@ -24,6 +25,19 @@ from tui.dials import (
     wire_dial,
 )
 from tui.session import Conversation, Steer, chat_body, compare_bodies, parse_field, sampling_fields
+
+
+def test_typing_into_a_dial():
+    digits = frozenset("0123456789.")
+    assert edit_typed("", "4", "4", digits) == ("4", None)
+    assert edit_typed("4", "full_stop", ".", digits) == ("4.", None)
+    assert edit_typed("4.5", "backspace", None, digits) == ("4.", None)
+    assert edit_typed("4.5", "escape", None, digits) == ("", None)
+    assert edit_typed("4.5", "enter", None, digits) == ("", "4.5")
+    assert edit_typed("", "enter", None, digits) is None  # nothing typed: Enter is the screen's
+    assert edit_typed("", "backspace", None, digits) is None
+    assert edit_typed("4", "x", "x", digits) is None  # not a character the dial takes
+    assert edit_typed("4", "right", None, digits) is None
 
 
 def test_strength_steps_clamp_at_the_engine_limit():

@@ -17,10 +17,18 @@ from textual.widget import Widget
 
 from millm.errors import InvalidParameter
 from millm.steering.intensity import ENVELOPE, Dial, Symbol
-from tui.dials import LAMBDA_LARGE_STEP, LAMBDA_STEP, dial_fraction, parse_lambda, show_dial, step_lambda
+from tui.dials import (
+    LAMBDA_LARGE_STEP,
+    LAMBDA_STEP,
+    dial_fraction,
+    edit_typed,
+    parse_lambda,
+    show_dial,
+    step_lambda,
+)
 from tui.widgets.gauge import gauge
 
-TYPED = set("0123456789.")
+TYPED = frozenset("0123456789.")
 
 
 class IntensityDial(Widget, can_focus=True):
@@ -82,20 +90,15 @@ class IntensityDial(Widget, can_focus=True):
 
     def on_key(self, event: events.Key) -> None:
         """Digits type a λ; Enter sets it, Backspace edits it, Esc drops it."""
-        if event.character is not None and event.character in TYPED:
-            self.typed += event.character
-        elif self.typed and event.key == "backspace":
-            self.typed = self.typed[:-1]
-        elif self.typed and event.key == "escape":
-            self.typed = ""
-        elif self.typed and event.key == "enter":
-            text, self.typed = self.typed, ""
+        edited = edit_typed(self.typed, event.key, event.character, TYPED)
+        if edited is None:
+            return
+        self.typed, entered = edited
+        if entered is not None:
             try:
-                self._change(parse_lambda(text))
+                self._change(parse_lambda(entered))
             except InvalidParameter as exc:
                 self.post_message(self.Refused(exc.message))
-        else:
-            return
         event.stop()
         event.prevent_default()
 

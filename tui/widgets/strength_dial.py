@@ -16,10 +16,10 @@ from textual.widget import Widget
 from millm.errors import InvalidParameter
 from millm.steering.values import STRENGTH_LIMIT
 from tui.client import Feature
-from tui.dials import STRENGTH_LARGE_STEP, STRENGTH_STEP, parse_strength, step_strength
+from tui.dials import STRENGTH_LARGE_STEP, STRENGTH_STEP, edit_typed, parse_strength, step_strength
 from tui.widgets.gauge import gauge
 
-TYPED = set("0123456789.-+")
+TYPED = frozenset("0123456789.-+")
 
 
 class StrengthDial(Widget, can_focus=True):
@@ -75,20 +75,15 @@ class StrengthDial(Widget, can_focus=True):
         """Digits start (and extend) a typed value; Enter sets it, Backspace edits it, Esc drops it."""
         if self.feature is None:
             return
-        if event.character is not None and event.character in TYPED:
-            self.typed += event.character
-        elif self.typed and event.key == "backspace":
-            self.typed = self.typed[:-1]
-        elif self.typed and event.key == "escape":
-            self.typed = ""
-        elif self.typed and event.key == "enter":
-            text, self.typed = self.typed, ""
+        edited = edit_typed(self.typed, event.key, event.character, TYPED)
+        if edited is None:
+            return
+        self.typed, entered = edited
+        if entered is not None:
             try:
-                self._set(parse_strength(text))
+                self._set(parse_strength(entered))
             except InvalidParameter as exc:
                 self.post_message(self.Refused(exc.message))
-        else:
-            return
         event.stop()
         event.prevent_default()
 
