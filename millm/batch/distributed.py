@@ -45,6 +45,17 @@ def actor_resources() -> dict[str, float]:
     return {"num_gpus": 1.0} if torch.cuda.is_available() else {"num_cpus": 1.0}
 
 
+def actor_env() -> dict[str, Any]:
+    """The actors' runtime environment: the driver's MILLM_* settings, and the driver's niceness. Ray starts
+    every worker process at niceness 15 so that its own daemons win the CPU; an actor that computes the
+    job's answers then loses its core to anything else on the node (the driver's Ray Data executor, Ray's
+    own helper actors, any other process), and a one-worker job runs well below the local rate.
+    ``RAY_worker_niceness`` is the increment Ray's worker applies to itself at start, so raising the actor
+    to the driver's niceness needs no privilege."""
+    env = {k: v for k, v in os.environ.items() if k.startswith("MILLM_")}
+    return {"env_vars": {**env, "RAY_worker_niceness": str(os.getpriority(os.PRIO_PROCESS, 0))}}
+
+
 def read_on_this_node(ray: Any) -> dict[str, Any]:
     """The read runs where the driver wrote its file, and takes no CPU an actor is waiting for (with every
     CPU given to actors, a read that needs one never starts)."""
@@ -59,14 +70,17 @@ def run_rows(rows: list[tuple[int, str]], worker: type, worker_args: dict[str, A
     """``worker(**worker_args)`` answers batches ``{"index", "line"}`` with ``{"out", "tokens"}``; every
     ``out`` (a finished output line) is passed to ``write`` in input order. Each argument travels through
     Ray's object store once, as ``[ref]``; a worker reads it with ``shipped(arg)``, and is also given
-    ``threads`` for ``match_threads``."""
+    ``threads`` for ``match_threads``.
+
+    The rows are read as blocks of one batch each: a block is one task on one actor, so with fewer blocks
+    than batches some actors idle (one block fed a whole job to one actor), and a batch's lines reach
+    ``write`` (what a resumed job keeps) only when its whole block is done."""
     if not rows:
         return
     ray = require_ray()
     started = not ray.is_initialized()
     if started:
-        ray.init(address=address, log_to_driver=False, configure_logging=False, include_dashboard=False,
-                 runtime_env={"env_vars": {k: v for k, v in os.environ.items() if k.startswith("MILLM_")}})
+        ray.init(address=address, log_to_driver=False, configure_logging=False, include_dashboard=False)
     try:
         context = ray.data.DataContext.get_current()
         context.execution_options.preserve_order = True
@@ -75,10 +89,11 @@ def run_rows(rows: list[tuple[int, str]], worker: type, worker_args: dict[str, A
             source = Path(folder) / "rows.jsonl"
             source.write_text("".join(json.dumps({"index": i, "line": text}) + "\n" for i, text in rows))
             shipped = {name: [ray.put(value)] for name, value in {**worker_args, "threads": driver_threads()}.items()}
-            dataset = ray.data.read_json(str(source), override_num_blocks=1, ray_remote_args=read_on_this_node(ray))
+            dataset = ray.data.read_json(str(source), override_num_blocks=-(-len(rows) // batch_size),
+                                         ray_remote_args=read_on_this_node(ray))
             dataset = dataset.map_batches(worker, fn_constructor_kwargs=shipped, batch_size=batch_size,
                                           compute=ray.data.ActorPoolStrategy(size=workers), batch_format="numpy",
-                                          **actor_resources())
+                                          runtime_env=actor_env(), **actor_resources())
             for row in dataset.iter_rows():
                 write(str(row["out"]))
                 if advance is not None:
