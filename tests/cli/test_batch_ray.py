@@ -89,3 +89,34 @@ def test_ray_without_ray_says_how_to_install(monkeypatch, tmp_path):
     with pytest.raises(InvalidParameter, match=r"pip install -e \.\[ray\]"):
         require_ray()
     assert "pip install -e .[ray]" in INSTALL_HINT
+
+
+class ProbeWorker:
+    """A stand-in for BatchWorker: each row's ``out`` names the actor's process and its niceness."""
+
+    def __init__(self, threads: list) -> None:
+        import os
+
+        self.tag = f"{os.getpid()} {os.getpriority(os.PRIO_PROCESS, 0)}"
+
+    def __call__(self, batch: dict) -> dict:
+        import time
+
+        import numpy as np
+
+        time.sleep(0.2)  # a batch takes time, as a model's does: an actor that answers at once could take them all
+
+        return {"out": np.array([f"{i} {self.tag}" for i in batch["index"]], dtype=object),
+                "tokens": np.zeros(len(batch["index"]), dtype=np.int64)}
+
+
+def test_actors_share_the_rows_at_the_drivers_niceness(local_ray):
+    import os
+
+    from millm.batch.distributed import run_rows
+
+    written: list[str] = []
+    run_rows([(i, f"row {i}") for i in range(16)], ProbeWorker, {}, None, 2, 1, written.append)
+    assert [int(line.split()[0]) for line in written] == list(range(16))
+    assert len({line.split()[1] for line in written}) == 2  # both actors answered rows (one block per batch)
+    assert {line.split()[2] for line in written} == {str(os.getpriority(os.PRIO_PROCESS, 0))}  # not Ray's 15
