@@ -66,6 +66,12 @@ class SlotCache:
         self._flat = torch.zeros(0, dtype=torch.long)
         self._span = 0
 
+    @property
+    def aside(self) -> int:
+        """The position no fed token ever takes (a row's prompt and fed tokens end before a slot's last
+        position): filler and padding queries write their keys there, and nothing reads them."""
+        return self.slot_len - 1
+
     def bind(self, first: int, positions: torch.Tensor, reads: torch.Tensor | None = None) -> torch.Tensor:
         """Prepare one forward over slots ``[first, first + len(positions))`` writing at ``positions``
         (``[rows, q]``); returns the attention mask for it, each query seeing keys up to its position in

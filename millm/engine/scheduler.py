@@ -3,14 +3,15 @@
 One thread (the engine worker's) calls ``step``. Each step runs the operator's queued commands,
 retires rows whose consumer left or whose steering an operator change made invalid, drops waiting
 requests whose consumer left, admits waiting requests into free KV slots (each one's steering
-checked first), prefills admitted prompts in chunks (so a long prompt does not stall the streams in
-flight), then decodes one token for every decoding row in one forward over the slots, streams each
+checked first), prefills the admitted prompts' chunks of several rows together in one forward
+(``millm.engine.prefill``; at most ``prefill_chunk`` tokens a step, so a long prompt does not stall
+the streams in flight), then decodes one token for every decoding row in one forward over the slots, streams each
 row's text and retires finished rows, freeing their slot at once. Nothing is ever re-prefilled: a
 row's keys and values stay in its slot (``millm.engine.kv``) until it leaves.
 
-A failure in one request's own work (binding its steering, its prefill, its logits, its text) ends
-that request alone, with the spec's in-stream error; only a failure of the shared decode forward
-ends every row in it.
+A failure in one request's own work (binding its steering, its logits, its text) ends that request
+alone, with the spec's in-stream error; only a failure of a shared forward (a merged prefill, the
+decode) ends every row in it.
 
 Each row carries its own sampling parameters and its own steering (a delta row in the steering
 controller's row buffer), so requests with different temperatures, penalties, stops, budgets and
@@ -38,6 +39,7 @@ from millm.engine.events import Event, Usage
 from millm.engine.kv import KVShape, SlotCache
 from millm.engine.output import ChoiceOutput
 from millm.engine.plan import Plan
+from millm.engine.prefill import choose, inputs
 from millm.engine.rows import Row, emit
 from millm.engine.sampling import apply_penalties, sample_rows, unsampleable, update_counts
 from millm.errors import NonFiniteLogits
@@ -282,43 +284,51 @@ class Scheduler:
         except Exception as exc:  # this request's own setup failed: it ends, the others go on
             self._finish(job, exc)
 
-    def _readers(self, rows: list[BatchRow], first: int) -> dict[str, list[tuple[int, Any]]]:
+    def _readers(self, rows: list[BatchRow], first: int, writes: torch.Tensor) -> dict[str, list[tuple[int, Any]]]:
+        """Each monitored row's reader, per SAE, reading only its row's real positions: a merged prefill's
+        padding (the leading queries that write at the cache's aside position) is left out."""
         readers: dict[str, list[tuple[int, Any]]] = {}
         for r in rows:
             if r.job.session is not None and r.job.monitored_sae is not None:
-                readers.setdefault(r.job.monitored_sae, []).append((r.slot - first, r.job.session))
+                offset = r.slot - first
+                pad = int((writes[offset] == self.cache.aside).sum())
+                read = r.job.session if pad == 0 else _trimmed(r.job.session, pad)
+                readers.setdefault(r.job.monitored_sae, []).append((offset, read))
         return readers
 
     def _forward(self, ids: torch.Tensor, first: int, positions: torch.Tensor, rows: list[BatchRow],
                  mask_positions: torch.Tensor | None = None) -> torch.Tensor:
         """Last-position logits (fp32) of one forward over slots ``[first, first + len(ids))``."""
         mask = self.cache.bind(first, positions, mask_positions)
-        view = RowView(first, ids.shape[0], self._readers(rows, first))
+        view = RowView(first, ids.shape[0], self._readers(rows, first, positions))
         with self.engine.steering.rows(view):
             out = self.engine.model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=self.cache,
                                     use_cache=True, logits_to_keep=1)
         return out.logits[:, -1, :].float()
 
     def _prefill(self) -> None:
-        """Feed waiting prompt tokens, at most ``prefill_chunk`` per step; a finished prompt samples its
-        first token."""
-        budget = self.settings.prefill_chunk
-        for r in sorted(self.rows.values(), key=lambda r: r.slot):
-            if budget <= 0:
-                return
-            if r.filled >= len(r.prompt) or self.rows.get(r.slot) is not r:  # prefilled, or ended in this loop
-                continue
-            chunk = r.prompt[r.filled:r.filled + budget]
-            budget -= len(chunk)
-            try:
-                ids = torch.tensor([chunk], device=self.engine.device)
-                positions = torch.arange(r.filled, r.filled + len(chunk), device=self.engine.device).unsqueeze(0)
-                logits = self._forward(ids, r.slot, positions, [r])
-                r.filled += len(chunk)
-                if r.filled == len(r.prompt):
-                    self._sample([r], logits)
-            except Exception as exc:  # this row's forward failed: it ends, the others go on
-                self._finish(r.job, exc)
+        """Feed waiting prompt chunks of several rows in one forward, at most ``prefill_chunk`` tokens
+        (padding included, ``millm.engine.prefill``); a finished prompt samples its first token, a prompt
+        that did not fit continues next step. If the forward fails, every row in it ends with the error."""
+        pending = sorted((r for r in self.rows.values() if r.filled < len(r.prompt)), key=lambda r: r.slot)
+        merged = choose([(r.slot, len(r.prompt) - r.filled) for r in pending], self.settings.prefill_chunk)
+        if merged is None:
+            return
+        rows = [self.rows[slot] for slot in merged.takes]
+        feeds = {r.slot: (r.filled, r.prompt[r.filled:r.filled + merged.takes[r.slot]]) for r in rows}
+        ids, writes, reads = inputs(merged, feeds, self.engine.pad_id, self.cache.aside)
+        device = self.engine.device
+        try:
+            logits = self._forward(ids.to(device), merged.first, writes.to(device), rows, reads.to(device))
+        except Exception as exc:  # the shared forward failed: every row in it ends with the error
+            for job in dict.fromkeys(r.job for r in rows):
+                self._finish(job, exc)
+            return
+        for r in rows:
+            r.filled += merged.takes[r.slot]
+        done = [r for r in rows if r.filled == len(r.prompt)]
+        if done:
+            self._sample(done, logits[[r.slot - merged.first for r in done]])
 
     def _decode(self) -> None:
         rows = [r for r in self.rows.values() if r.next_token is not None]
@@ -327,7 +337,7 @@ class Scheduler:
         high = max(r.slot for r in rows) + 1
         ids = torch.full((high, 1), self.engine.pad_id, dtype=torch.long)
         # a slot not decoding now writes at its last position (never a fed token's) and reads key 0
-        writes = torch.full((high, 1), self.cache.slot_len - 1, dtype=torch.long)
+        writes = torch.full((high, 1), self.cache.aside, dtype=torch.long)
         reads = torch.zeros((high, 1), dtype=torch.long)
         for r in rows:
             assert r.next_token is not None
@@ -440,3 +450,8 @@ class Scheduler:
             waiting, self.waiting = list(self.waiting), deque()
         for job in waiting:
             job.end(error)
+
+
+def _trimmed(read: Callable[[torch.Tensor], None], pad: int) -> Callable[[torch.Tensor], None]:
+    """``read`` of a row's residual without its ``pad`` leading padding positions."""
+    return lambda hidden: read(hidden[:, pad:])
