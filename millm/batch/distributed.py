@@ -50,10 +50,10 @@ def actor_env() -> dict[str, Any]:
     every worker process at niceness 15 so that its own daemons win the CPU; an actor that computes the
     job's answers then loses its core to anything else on the node (the driver's Ray Data executor, Ray's
     own helper actors, any other process), and a one-worker job runs well below the local rate.
-    ``RAY_worker_niceness`` is the increment Ray's worker applies to itself at start, so raising the actor
-    to the driver's niceness needs no privilege."""
+    ``RAY_worker_niceness`` is the increment Ray's worker applies to itself at start (from the raylet's
+    niceness, normally 0), so it is never negative: a priority above the raylet's would need privilege."""
     env = {k: v for k, v in os.environ.items() if k.startswith("MILLM_")}
-    return {"env_vars": {**env, "RAY_worker_niceness": str(os.getpriority(os.PRIO_PROCESS, 0))}}
+    return {"env_vars": {**env, "RAY_worker_niceness": str(max(0, os.getpriority(os.PRIO_PROCESS, 0)))}}
 
 
 def read_on_this_node(ray: Any) -> dict[str, Any]:
