@@ -55,8 +55,9 @@ RATE_WINDOW = 5.0  # seconds of decoded tokens the batch's tokens/s is measured 
 
 @dataclass(frozen=True)
 class BatchSettings:
-    """How big the batch may grow: rows, the KV token budget (split into equal slots), the prompt
-    tokens prefilled per step, and whether monitored requests are batched or served serially."""
+    """How big the batch may grow: rows, the KV token budget (split into equal slots), the tokens a
+    step's merged prefill forward may hold (padding included), and whether monitored requests are
+    batched or served serially."""
 
     max_rows: int = 16
     max_tokens: int = 32768
