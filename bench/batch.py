@@ -134,6 +134,9 @@ def main() -> None:
     after = n / timed_chunks(lines, src, folder / "local-after.jsonl", args.batch_size, None)[1]
     local = (before + after) / 2
     print(f"  millm batch again, after the Ray jobs: {after:6.2f} rows/s; mean of the two passes {local:6.2f} rows/s")
+    if abs(before - after) > 0.15 * local:
+        print("  !! the two local passes differ by more than 15%: other work came or went during the run, so the "
+              "Ray figures below are not comparable; run again on a quiet machine")
     print(f"  millm batch --ray ({args.workers} worker{'s' if args.workers > 1 else ''}): {wall:7.1f} s wall "
           f"(actor start and model load included), output equal to local: {same}")
     per_worker = (n - args.batch_size) / max(wall - one_batch, 1e-9) / args.workers
