@@ -1,9 +1,13 @@
 """Quality of the bundled SAEs, measured on held-out text, printed figure by figure.
 
     python bench/sae_quality.py [--sae smollm2-135m-res-L10 ...] [--ce-windows 24] [--skip-steering]
+    python bench/sae_quality.py --sae smollm2-135m-res-L10 --skip-reconstruction --concept rain=60 --prompts 10
 
-For each SAE, on the held-out tenth of the default corpus (documents never trained on; the same seeded
-split ``millm sae train`` makes):
+``--concept NAME=S`` (repeatable) measures those features instead of the documented list (to choose
+concepts and strengths); ``--prompts N`` uses the first N neutral prompts (the figures need all 20).
+
+For each SAE, on the held-out tenth of the corpus its train.json names (documents never trained on; the
+same seeded split ``millm sae train`` made):
 - FVU: fraction of variance unexplained at k=32 (target <= 0.15), every position but each window's first;
 - CE: the model's next-token loss clean, with the SAE's reconstruction spliced in at its layer, and with
   that layer's output zeroed (same positions); the SAE's share of the zero-ablation gap (target <= 10%);
@@ -48,18 +52,20 @@ NEUTRAL_PROMPTS = (
     "Tell me about a memory.", "What is something you like?", "Write about something that makes you smile.",
     "Plan a simple day for me.", "Say something nice.",
 )
-# per SAE: (label name, resolved on its labels as --steer NAME=S is, and the documented strength)
+# per SAE: (label name, resolved on its labels as --steer NAME=S is, or an index where the name is ambiguous:
+# 1604 'weather, forecast, hurricane', 436 'dreams, dream, dreamed'; and the documented strength)
 CONCEPTS: dict[str, list[tuple[str, float]]] = {
-    "smollm2-135m-res-L10": [("music", 40.0), ("ocean", 40.0), ("cats", 40.0), ("pizza", 40.0), ("moon", 40.0)],
-    "smollm2-135m-res-L20": [("music", 60.0), ("ocean", 60.0), ("game", 60.0), ("trees", 60.0), ("moon", 60.0)],
+    "smollm2-135m-res-L10": [("music", 40.0), ("ocean", 60.0), ("1604", 60.0), ("trees", 50.0), ("waves", 50.0)],
+    "smollm2-135m-res-L20": [("ship", 60.0), ("ocean", 80.0), ("planet", 80.0), ("436", 60.0), ("fire", 80.0)],
 }
 FLUENCY_BOUND = 1.5  # nats/token the steered answers may lose against the unsteered answers' own log-prob
 SEED = 0
 MAX_NEW_TOKENS = 48
 
 
-def held_out(model: Any, tokenizer: Any, settings: Any, context: int) -> torch.Tensor:
-    spec = recipe.RunSpec(model_id=BUNDLED_ID, layer=0, output=Path("."), context=context)
+def held_out(model: Any, tokenizer: Any, settings: Any, context: int, generated_documents: int) -> torch.Tensor:
+    spec = recipe.RunSpec(model_id=BUNDLED_ID, layer=0, output=Path("."), context=context,
+                          generated_documents=generated_documents)
     _, held = recipe.documents(spec, model, tokenizer, settings.cache_dir)
     return corpus.token_windows(tokenizer, held, context)
 
@@ -133,14 +139,14 @@ def mean_logprob(model: Any, tokenizer: Any, prompts: tuple[str, ...], answers: 
     return total / max(1, count)
 
 
-def steering(model: Any, tokenizer: Any, sae_id: str, sae: SAE, layer: int, folder: Path) -> None:
+def steering(model: Any, tokenizer: Any, sae_id: str, sae: SAE, layer: int, folder: Path,
+             concepts: list[tuple[str, float]], prompts: tuple[str, ...]) -> None:
     index = LabelIndex.load(folder, sae_id)
-    concepts = CONCEPTS.get(sae_id, [])
     if not concepts:
         print("  steering: no concept features listed for this SAE")
         return
-    plain = corpus.sample_answers(model, tokenizer, list(NEUTRAL_PROMPTS), SEED, MAX_NEW_TOKENS)
-    plain_lp = mean_logprob(model, tokenizer, NEUTRAL_PROMPTS, plain)
+    plain = corpus.sample_answers(model, tokenizer, list(prompts), SEED, MAX_NEW_TOKENS)
+    plain_lp = mean_logprob(model, tokenizer, prompts, plain)
     print(f"  unsteered answers: mean log-prob {plain_lp:.3f} nats/token")
     control = Steering(model)
     control.attach(sae_id, sae, layer)
@@ -149,9 +155,9 @@ def steering(model: Any, tokenizer: Any, sae_id: str, sae: SAE, layer: int, fold
             feature = index.resolve(name)
             words = concept_words(folder, feature)
             control.set_values(sae_id, {feature: strength}, merge=False)
-            steered = corpus.sample_answers(model, tokenizer, list(NEUTRAL_PROMPTS), SEED, MAX_NEW_TOKENS)
+            steered = corpus.sample_answers(model, tokenizer, list(prompts), SEED, MAX_NEW_TOKENS)
             control.clear()
-            lp = mean_logprob(model, tokenizer, NEUTRAL_PROMPTS, steered)
+            lp = mean_logprob(model, tokenizer, prompts, steered)
             hit = sum(mentions(t, words) for t in steered) / len(steered)
             base = sum(mentions(t, words) for t in plain) / len(plain)
             print(f"  steer {name}={strength:g} (feature {feature}: {index.labels[feature]}; words "
@@ -186,19 +192,27 @@ def main() -> None:
     parser.add_argument("--sae", action="append", help="bundled SAE id (default: all)")
     parser.add_argument("--ce-windows", type=int, default=24, help="held-out windows for the CE figures")
     parser.add_argument("--skip-steering", action="store_true")
+    parser.add_argument("--skip-reconstruction", action="store_true", help="only the steering figures")
+    parser.add_argument("--concept", action="append", default=[], metavar="NAME=S",
+                        help="measure this feature (label or index) at strength S instead of the documented list")
+    parser.add_argument("--prompts", type=int, default=len(NEUTRAL_PROMPTS), help="first N neutral prompts")
     args = parser.parse_args()
+    override = [(name, float(value)) for name, _, value in (c.rpartition("=") for c in args.concept)]
+    prompts = NEUTRAL_PROMPTS[:args.prompts]
     settings = get_settings()
     model, tokenizer, _, _ = load(resolve(BUNDLED_ID, settings), settings)
     chosen = [b for b in bundled_saes() if not args.sae or b.id in args.sae]
     for b in chosen:
         loaded = load_sae(b.path)
         cfg = json.loads((b.path / "cfg.json").read_text())
-        windows = held_out(model, tokenizer, settings, cfg["metadata"]["context_size"])
+        documents = json.loads((b.path / "train.json").read_text())["spec"]["generated_documents"]
         print(f"{b.id} (layer {b.layer}, d_sae {loaded.sae.d_sae}, k {loaded.sae.k}):")
-        reconstruction(model, loaded.sae, b.layer, windows, args.ce_windows)
+        if not args.skip_reconstruction:
+            windows = held_out(model, tokenizer, settings, cfg["metadata"]["context_size"], documents)
+            reconstruction(model, loaded.sae, b.layer, windows, args.ce_windows)
+            throughput(loaded.sae, activations.collect(model, windows[:16], b.layer), b.path / "train.json")
         if not args.skip_steering:
-            steering(model, tokenizer, b.id, loaded.sae, b.layer, b.path)
-        throughput(loaded.sae, activations.collect(model, windows[:16], b.layer), b.path / "train.json")
+            steering(model, tokenizer, b.id, loaded.sae, b.layer, b.path, override or CONCEPTS.get(b.id, []), prompts)
 
 
 if __name__ == "__main__":

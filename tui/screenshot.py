@@ -16,8 +16,8 @@ import tempfile
 from pathlib import Path
 
 SAE = "smollm2-135m-res-L10"
-FEATURE = 367
-STRENGTH = "40"
+FEATURE = 906
+STRENGTH = "60"
 PROMPT = "What should I do this weekend?"
 SIZE = (150, 46)
 

@@ -71,7 +71,7 @@ def weather_profile(engine) -> Iterator[str]:
     target = engine.steering_target()
     svc.attach(target, SAE, 10)
     svc.save_profile({"name": PROFILE, "model": MODEL, "entries": [
-        {"sae": SAE, "feature": 120, "strength": 60.0}, {"sae": SAE, "feature": 1832, "strength": 60.0}]},
+        {"sae": SAE, "feature": 1604, "strength": 60.0}, {"sae": SAE, "feature": 1118, "strength": 60.0}]},
         overwrite=True)
     try:
         yield PROFILE

@@ -21,7 +21,7 @@ from millm.store import Store
 PROFILES = Path(__file__).parents[2] / "profiles"
 CLUSTER = json.loads((PROFILES / "weather-cluster.json").read_text())
 CIRCUIT = json.loads((PROFILES / "weather-circuit.json").read_text())
-WIDTH = 2048  # the bundled smollm2-135m-res-L10 and -L20
+WIDTH = 4096  # the bundled smollm2-135m-res-L10 and -L20
 BOTH = Registered({"sae_l10": WIDTH, "sae_l20": WIDTH}, {10: "sae_l10", 20: "sae_l20"})
 
 
@@ -46,7 +46,7 @@ def test_they_refuse_sae_they_do_not_fit():
         parse_cluster(CLUSTER, Registered({"sae_l10": 1024}, {10: "sae_l10"}))
     assert exc.value.param == "/sae/d_sae"
     with pytest.raises(InvalidFeatureIndex) as exc:
-        parse_circuit(CIRCUIT, Registered({"sae_l10": WIDTH, "sae_l20": 1100}, {10: "sae_l10", 20: "sae_l20"}))
+        parse_circuit(CIRCUIT, Registered({"sae_l10": WIDTH, "sae_l20": 2000}, {10: "sae_l10", 20: "sae_l20"}))
     assert exc.value.param == "/members/3/feature"
 
 
@@ -66,11 +66,11 @@ def test_they_import_and_steer_with_the_bundled_saes_attached(engine, tmp_path):
         native = bases.request("weather-circuit", 1.2)
         assert native.rung == 0 and native.echo == "1.2"
         assert native.override is not None
-        assert native.override.values == {"sae_l10": {120: 30.0, 1832: 30.0}, "sae_l20": {1070: 30.0, 1161: 18.0}}
+        assert native.override.values == {"sae_l10": {1604: 30.0, 1118: 30.0}, "sae_l20": {1806: 18.0, 3497: 30.0}}
         assert bases.request("weather-cluster", Symbol.MIN).echo == "0.25"
         steering.detach("sae_l20")
         fallback = bases.request("weather-circuit", 1.2)
         assert fallback.rung is None and fallback.override is not None
-        assert fallback.override.values == {"sae_l10": {120: 36.0, 1832: 36.0, 986: 24.0}}
+        assert fallback.override.values == {"sae_l10": {1604: 36.0, 1118: 36.0, 1890: 24.0}}
     finally:
         steering.detach_all()

@@ -25,7 +25,7 @@ def test_example_resolves_against_an_attached_sae(path, engine):
     layers = {e.sae for e in doc.entries}
     try:
         for layer in layers:
-            steering.attach(f"sae_l{layer}", random_sae(576, 2048, seed=layer), layer)  # the bundled SAEs' width
+            steering.attach(f"sae_l{layer}", random_sae(576, 4096, seed=layer), layer)  # the bundled SAEs' width
         values = resolve_entries(doc, steering, engine.model_id)
         assert sum(len(v) for v in values.values()) == len(doc.entries)
         steering.detach_all()

@@ -312,7 +312,7 @@ def test_the_bundled_sae_found_by_label_steers_the_answer(engine):
         await settle(pilot)
         await pilot.press("enter", "4", "0", "enter")
         await settle(pilot)
-        assert target.steering.attachments[bundled.id].values == {367: 40.0}
+        assert target.steering.attachments[bundled.id].values == {906: 40.0}
         await ask(app, pilot, "What should I do this weekend?")
         return answers(app)[-1]
 
