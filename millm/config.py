@@ -32,7 +32,7 @@ class Settings(BaseSettings):
     batching: bool = False  # MILLM_BATCHING / serve --batching: continuous batching of generations
     batch_max_rows: int = Field(default=16, ge=1)  # rows decoded together
     batch_max_tokens: int = Field(default=32768, ge=1)  # KV token budget, split into one slot per row
-    batch_prefill_chunk: int = Field(default=256, ge=1)  # prompt tokens prefilled per batch step
+    batch_prefill_chunk: int = Field(default=256, ge=1)  # tokens in one merged prefill forward (rows x width)
     batching_monitoring: Literal["batch", "serial"] = "batch"  # serial: monitored requests skip the batch
     graceful_unload_timeout: float = Field(default=30.0, ge=0)  # seconds running requests get before an unload
     api_key: str | None = None
