@@ -76,4 +76,3 @@ def inputs(merged: Merged, feeds: dict[int, tuple[int, list[int]]], pad_id: int,
         writes[row, pad:] = reads[row, pad:] = torch.arange(start, start + size)
         reads[row, :pad] = start + size - 1
     return ids, writes, reads
-

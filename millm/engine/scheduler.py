@@ -255,8 +255,7 @@ class Scheduler:
             with self._lock:
                 job = self.waiting.popleft()
             try:
-                if job.check is not None:
-                    job.check()
+                self._check(job)
             except Exception as exc:  # invalid before its first token: it ends, nothing was sent
                 job.end(exc)
                 continue
