@@ -2,7 +2,7 @@
 
 Each line goes through the server's request builder, its steering resolution (``profile`` and
 ``steering_intensity`` against the SAEs attached as MILLM_HOME persists them), the engine's own calls, and
-the server's renderers (``millm.server.v1``'s body functions and headers). Only two things differ, both
+the server's renderers (``millm.render``). Only two things differ, both
 written down: generation rows share the engine's batch (``millm.batch.generate``), and ids and
 ``created`` are fixed by the job (``millm.batch.lines``) rather than drawn per request.
 """
@@ -22,9 +22,11 @@ from millm.engine.base import Engine
 from millm.engine.scheduler import BatchSettings
 from millm.errors import InvalidParameter, MillmError
 from millm.registry import ModelEntry, resolve
-from millm.server import scoring
-from millm.server.shapes import CompletionShape
-from millm.server.v1 import embeddings_body, miLLM_headers, refuse_unsteerable, score_body, whole_body
+from millm.render import scoring
+from millm.render.bodies import embeddings_body, score_body, whole_body
+from millm.render.headers import miLLM_headers
+from millm.render.shapes import CompletionShape
+from millm.server.v1 import refuse_unsteerable
 from millm.steering.bases import RequestSteering
 from millm.steering.service import SteeringService
 

@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import base64
-import logging
-import struct
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -14,23 +11,23 @@ from quart import Blueprint, Response, request
 
 from millm.builder import STRICT_HEADER, Built, build_chat, build_completion, build_embedding, refuse_under_batching
 from millm.engine.base import Engine, StepControl
-from millm.engine.events import Activations, Delta, Event, Finish, Usage
+from millm.engine.events import Event
 from millm.engine.plan import run_each
-from millm.engine.scoring import ScoreResult
-from millm.errors import FieldNotHonoured, MillmError, ModelNotFound
+from millm.errors import FieldNotHonoured, ModelNotFound
 from millm.limits import Limits, check_prompt_tokens, prompt_tokens
 from millm.registry import ModelEntry
-from millm.server import metrics, scoring, sse
+from millm.render import scoring
+from millm.render.bodies import embeddings_body, score_body, whole_body
+from millm.render.headers import miLLM_headers
+from millm.render.shapes import CompletionShape
+from millm.render.stream import sse_events
+from millm.server import metrics
 from millm.server.auth import require_api_key
 from millm.server.bodies import read_json
-from millm.server.headers import ignored_fields, seed_header, strict_mode
-from millm.server.shapes import CompletionShape
+from millm.server.headers import strict_mode
 from millm.server.state import services
 from millm.steering.bases import RequestSteering
-from millm.steering.names import steering_header
-from millm.steering.rung import CIRCUIT_RUNG_HEADER, rung_header
 
-log = logging.getLogger(__name__)
 bp = Blueprint("v1", __name__, url_prefix="/v1")
 
 
@@ -58,71 +55,8 @@ async def begin(build: Callable[..., Built]) -> tuple[Built, ModelEntry]:
     return await asyncio.to_thread(build, body, engine_of, strict, limits), found[-1]  # off the event loop
 
 
-INTENSITY_HEADER = "X-miLLM-Steering-Intensity"
-
-
-def miLLM_headers(built: Built, steering: str = "none", steer: RequestSteering | None = None) -> dict[str, str]:
-    headers = {"X-miLLM-Ignored-Fields": ignored_fields(built.ignored),
-               "X-miLLM-Seed": seed_header(built.seed, built.seed_scope), "X-miLLM-Steering": steering_header(steering)}
-    if steer is not None:
-        headers[INTENSITY_HEADER] = steer.echo
-        headers[CIRCUIT_RUNG_HEADER] = rung_header(steer.rung) if steer.rung is not None else None
-    if built.constraint is not None:
-        headers["X-miLLM-Constrained"] = built.constraint.header()
-    return {k: v for k, v in headers.items() if v is not None}
-
-
-async def sse_events(shape: CompletionShape, events: AsyncIterator[Event], choices: int,
-                     include_usage: bool = True) -> AsyncIterator[str]:
-    """Stream frames: role openers (chat), deltas, finishes (the last one with usage unless
-    ``stream_options.include_usage`` is false), then [DONE]."""
-    try:
-        if shape.chat:
-            for i in range(choices):
-                yield sse.data(shape.chunk(i, role=True))
-        held: Finish | None = None
-        readout: Activations | None = None
-        async for event in events:
-            if isinstance(event, Delta):
-                yield sse.data(shape.chunk(event.index, event.text))
-            elif isinstance(event, Finish):
-                if held is not None:
-                    yield sse.data(shape.chunk(held.index, finish=held.reason))
-                held = event
-            elif isinstance(event, Activations):
-                readout = event
-            elif isinstance(event, Usage) and held is not None:
-                yield sse.data(shape.chunk(held.index, finish=held.reason, usage=event if include_usage else None))
-        if readout is not None:
-            yield sse.data(shape.extension({"sae_activations": readout.body}))
-    except MillmError as exc:
-        yield sse.error(exc.body())
-    except Exception as exc:  # the status is already 200: report in-stream, never drop the stream silently
-        log.exception("generation failed mid-stream")
-        yield sse.error(MillmError(f"Generation failed: {exc}").body())
-    yield sse.DONE
-
-
 async def collect(shape: CompletionShape, events: AsyncIterator[Event]) -> dict[str, Any]:
     return whole_body(shape, [event async for event in events])
-
-
-def whole_body(shape: CompletionShape, events: Iterable[Event]) -> dict[str, Any]:
-    """The non-streamed body of a generation's events (``millm batch`` renders its rows here too)."""
-    texts: dict[int, str] = {}
-    finishes: dict[int, str] = {}
-    extension: dict[str, Any] = {}
-    for event in events:
-        if isinstance(event, Delta):
-            texts[event.index] = texts.get(event.index, "") + event.text
-        elif isinstance(event, Finish):
-            finishes[event.index] = event.reason
-        elif isinstance(event, Activations):
-            extension["sae_activations"] = event.body
-        elif isinstance(event, Usage):
-            whole = shape.whole(texts, finishes, event)
-            return {**whole, "millm": extension} if extension else whole
-    raise MillmError("Generation ended without a result.")
 
 
 async def respond(shape: CompletionShape, events: AsyncIterator[Event], built: Built,
@@ -190,18 +124,6 @@ async def score(built: Built, entry: ModelEntry, chat: bool) -> Any:
     return score_body(shape, engine, built, results, readout), 200, miLLM_headers(built)
 
 
-def score_body(shape: CompletionShape, engine: Engine, built: Built, results: list[ScoreResult],
-               readout: dict[str, Any] | None) -> dict[str, Any]:
-    """A scoring response's body (``millm batch`` renders its rows here too)."""
-    assert built.score is not None
-    params = [row.params for row in built.score.rows]
-    body = (scoring.chat_body(shape, engine, results, params) if shape.chat
-            else scoring.completion_body(shape, engine, built.prompt_texts, results, params))
-    if readout is not None:
-        body["millm"] = {"sae_activations": readout}
-    return body
-
-
 @bp.post("/chat/completions")
 async def chat_completions() -> Any:
     """Chat completion, streaming or not; extra_messages answers further conversations as further choices."""
@@ -224,18 +146,6 @@ async def embeddings() -> Any:
     engine = await svc.manager.engine_for(entry)
     vectors, tokens = await svc.worker.call(engine.embed, built.embed_inputs)
     return embeddings_body(built, vectors, tokens), 200, miLLM_headers(built)  # X-miLLM-Steering: none, always
-
-
-def embeddings_body(built: Built, vectors: list[list[float]], tokens: int) -> dict[str, Any]:
-    """An embeddings response's body (``millm batch`` renders its rows here too)."""
-    data = []
-    for i, vector in enumerate(vectors):
-        value: Any = vector
-        if built.encoding == "base64":
-            value = base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
-        data.append({"object": "embedding", "index": i, "embedding": value})
-    return {"object": "list", "data": data, "model": built.model,
-            "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
 
 
 def model_card(entry: ModelEntry) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from typing import Any
 from millm.engine.base import Engine
 from millm.engine.scoring import ScoreRequest, ScoreResult, ScoringParams, TokenScore
 from millm.errors import InvalidParameter
-from millm.server.shapes import CompletionShape
+from millm.render.shapes import CompletionShape
 from millm.steering.readout import FIELD, ReadoutRecorder, parse_readout
 
 UNSTEERED = "unsteered"

@@ -1,0 +1,50 @@
+"""miLLM's response headers, rendered as RFC 8941 structured fields."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from millm.sfv import sf_string
+from millm.steering.names import steering_header
+from millm.steering.rung import CIRCUIT_RUNG_HEADER, rung_header
+
+if TYPE_CHECKING:
+    from millm.builder import Built
+    from millm.steering.bases import RequestSteering
+
+INTENSITY_HEADER = "X-miLLM-Steering-Intensity"
+IGNORED_FIELDS_HEADER_MAX_BYTES = 1024
+
+
+def ignored_fields(locations: list[str], limit: int = IGNORED_FIELDS_HEADER_MAX_BYTES) -> str | None:
+    """The X-miLLM-Ignored-Fields value: an sf-list of locations, ending in "+N more" past ``limit`` bytes."""
+    if not locations:
+        return None
+    items = [sf_string(loc) for loc in locations]
+    full = ", ".join(items)
+    if len(full) <= limit:
+        return full
+    kept: list[str] = []
+    for i, item in enumerate(items):
+        left_after = len(items) - i - 1
+        if len(", ".join([*kept, item, sf_string(f"+{left_after} more")])) > limit:
+            break
+        kept.append(item)
+    return ", ".join([*kept, sf_string(f"+{len(items) - len(kept)} more")])
+
+
+def seed_header(seed: int | None, scope: str) -> str | None:
+    """X-miLLM-Seed: the seed and the scope of the reproducibility promise; absent without a seed."""
+    return None if seed is None else f'{seed};scope="{scope}"'
+
+
+def miLLM_headers(built: Built, steering: str = "none", steer: RequestSteering | None = None) -> dict[str, str]:
+    """Every miLLM header a response carries: ignored fields, seed, steering, intensity, rung, constraint."""
+    headers = {"X-miLLM-Ignored-Fields": ignored_fields(built.ignored),
+               "X-miLLM-Seed": seed_header(built.seed, built.seed_scope), "X-miLLM-Steering": steering_header(steering)}
+    if steer is not None:
+        headers[INTENSITY_HEADER] = steer.echo
+        headers[CIRCUIT_RUNG_HEADER] = rung_header(steer.rung) if steer.rung is not None else None
+    if built.constraint is not None:
+        headers["X-miLLM-Constrained"] = built.constraint.header()
+    return {k: v for k, v in headers.items() if v is not None}
