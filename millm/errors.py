@@ -208,3 +208,10 @@ class ModelLocked(MillmError):
     """The server is locked to one model for steering and the request names another."""
 
     status, type, code = 409, "invalid_request_error", "model_locked"
+
+
+class InvalidModelFiles(MillmError):
+    """A registered model's files are malformed (config.json, a safetensors or GGUF header): no retry can
+    load it, so the request naming it is refused before the loaded model is unloaded."""
+
+    status, type, code = 422, "invalid_request_error", "invalid_model_files"

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from millm.config import Settings
+from millm.engine.dtypes import load_device, load_dtype
 from millm.errors import InsufficientMemory, ModelLoadFailed
 from millm.registry import ModelEntry
 
@@ -23,16 +24,13 @@ CACHE_FORMAT = 1
 
 def pick_device(setting: str) -> torch.device:
     """``auto`` picks CUDA where present, else the CPU."""
-    if setting == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(setting)
+    return torch.device(load_device(setting))
 
 
 def pick_dtype(setting: str, device: torch.device) -> torch.dtype:
-    """``auto`` picks bf16 on CUDA and fp32 on the CPU (where bf16 matmuls are slow)."""
-    if setting == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    dtype = getattr(torch, setting, None)
+    """The dtype ``load_dtype`` names (``auto``: bf16 on CUDA, fp32 on the CPU), the rule the memory check
+    prices weights by."""
+    dtype = getattr(torch, load_dtype(setting, device.type), None)
     if not isinstance(dtype, torch.dtype):
         raise ValueError(f"MILLM_DTYPE={setting!r} is not a torch dtype")
     return dtype

@@ -6,12 +6,13 @@ import asyncio
 import gc
 import logging
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from millm.config import Settings
 from millm.engine import Engine, load_engine, preflight
+from millm.engine.dtypes import dtype_bytes, load_device, load_dtype
 from millm.engine.worker import EngineWorker
-from millm.errors import MillmError, ModelBusy, ModelLoadFailed, ModelLocked, ModelNotLoaded
+from millm.errors import MillmError, ModelBusy, ModelLoadFailed, ModelLocked, ModelNotFound, ModelNotLoaded
 from millm.registry import ModelEntry, list_models, resolve
 
 Loader = Callable[[ModelEntry, Settings], Engine]
@@ -39,7 +40,8 @@ class ModelManager:
         self.on_load = on_load
         self.loader = loader
         self.resolve: Registry = registry or (lambda model: resolve(model, settings))
-        self.preflight: Preflight = preflight or (lambda entry, current: default_preflight(entry, current, settings))
+        self.preflight: Preflight = preflight or (
+            lambda entry, current: default_preflight(entry, current, settings, self.resident()))
         self.worker = worker
         self.engine = engine
         self.state: str | None = None  # "LOADING" or "UNLOADING" while a swap runs
@@ -47,17 +49,35 @@ class ModelManager:
         self.errors: dict[str, str] = {}  # model id -> why its last load failed (state ERROR)
         self._load_on_request = False  # after a failed swap (not after an operator's unload), a request loads
         self._target: str | None = None
+        self._held: tuple[str, dict[str, int]] | None = None  # (model id, per-device bytes its load took)
+
+    def named(self, model: str) -> ModelEntry:
+        """The entry a model name means, by the one rule every route (/v1, /api/models, the lock) follows:
+        the loaded model's id, else the registry's rule (an id, or a bare GGUF repo name while only one
+        quantization of it exists), else the loaded GGUF model's bare repo name (404 when none)."""
+        loaded = self.engine.entry if self.engine is not None else None
+        if loaded is not None and model == loaded.id:
+            return loaded
+        try:
+            return self.resolve(model)
+        except ModelNotFound:
+            if loaded is not None and loaded.engine == "llama.cpp" and loaded.repo == model:
+                return loaded
+            raise
+
+    def check_lock(self, entry: ModelEntry) -> None:
+        """model_locked (409) when another model than ``entry`` is locked."""
+        if self.locked is not None and entry.id != self.locked:
+            raise ModelLocked(f"The server is locked to '{self.locked}' for steering; '{entry.id}' is not served "
+                              "until it is unlocked (POST /api/models/{id}/unlock).", param="model")
 
     def entry(self, model: str) -> ModelEntry:
         """The registry entry a request names (404 model_not_found if none; model_busy during a swap;
         model_locked while another model is locked)."""
         self.check_not_busy()
-        if self.locked is not None and model != self.locked:
-            raise ModelLocked(f"The server is locked to '{self.locked}' for steering; '{model}' is not served "
-                              "until it is unlocked (POST /api/models/{id}/unlock).", param="model")
-        if self.engine is not None and model == self.engine.model_id:
-            return self.engine.entry
-        return self.resolve(model)
+        found = self.named(model)
+        self.check_lock(found)
+        return found
 
     def entries(self) -> list[ModelEntry]:
         """Every model on disk, the loaded one included."""
@@ -105,6 +125,7 @@ class ModelManager:
         self.check_not_busy()
         if self._target is not None:
             raise ModelBusy(f"The model '{self._target}' is being loaded; retry once it finishes.")
+        self.check_lock(entry)  # the management API's load too: a locked server serves only its model
         self._target = entry.id
         try:
             current = self.engine.entry if self.engine is not None else None
@@ -132,11 +153,31 @@ class ModelManager:
             self._target = None
 
     def _load(self, entry: ModelEntry) -> Engine:
-        """On the engine thread: load, then re-apply what was persisted for the model (its hooks)."""
+        """On the engine thread: load, then re-apply what was persisted for the model (its hooks).
+
+        On CUDA the free memory of each card is read before and after, so a later swap knows what
+        unloading this model gives back on each card."""
+        cards = self.settings.device != "cpu" and _cuda_ready()
+        before = preflight.free_memory("cuda") if cards else {}
         engine = self.loader(entry, self.settings)
+        if cards:
+            self._held = (entry.id, preflight.used_between(before, preflight.free_memory("cuda")))
         if self.on_load is not None:
             self.on_load(engine)
         return engine
+
+    def resident(self) -> dict[str, int] | None:
+        """What unloading the loaded model frees on each device: a torch model's own tensors, else what its
+        load was measured to take; None when neither is known ({} when nothing is loaded)."""
+        engine = self.engine
+        if engine is None:
+            return {}
+        model = getattr(engine, "model", None)
+        if model is not None and callable(getattr(model, "parameters", None)):
+            return preflight.resident_bytes(model)
+        if self._held is not None and self._held[0] == engine.model_id:
+            return dict(self._held[1])
+        return None
 
     async def unload(self) -> None:
         """Unload the loaded model (the management API's unload)."""
@@ -174,10 +215,35 @@ def _give_memory_back() -> None:
         torch.cuda.empty_cache()
 
 
-def default_preflight(entry: ModelEntry, current: ModelEntry | None, settings: Settings) -> None:
-    """Files, quantization and memory, with what unloading ``current`` would free counted as free."""
-    device = "cpu" if settings.device == "cpu" else settings.device
-    dtype_bytes = 2 if settings.dtype in ("bfloat16", "float16") else 4
-    need = preflight.footprint(entry, dtype_bytes)
-    freed = preflight.footprint(current, dtype_bytes).weights if current is not None else 0
-    preflight.check_memory(entry, need, preflight.free_memory(device), freed)
+def _cuda_ready() -> bool:
+    """Whether torch is loaded here and sees a CUDA card (nothing imports torch just to ask)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and bool(torch.cuda.is_available())
+
+
+def priced(entry: ModelEntry, settings: Settings) -> tuple[str, int]:
+    """The device a load of ``entry`` uses and the bytes a parameter takes there, by the loader's own rule
+    (a GGUF file on llama.cpp is its own weights: no dtype decides anything, nor is torch asked)."""
+    if entry.engine == "llama.cpp":
+        return settings.device, 2
+    device = load_device(settings.device)
+    return device, dtype_bytes(load_dtype(settings.dtype, device))
+
+
+def default_preflight(entry: ModelEntry, current: ModelEntry | None, settings: Settings,
+                      freed: Mapping[str, int] | None = None) -> None:
+    """Files, quantization and memory, with what unloading ``current`` frees counted as free on the devices
+    it occupies (``freed``, per device). Weights are priced in the dtype the loader will use.
+
+    Without ``freed`` the current model's weights are estimated: on a single device they are counted there;
+    across several cards, whose shares are unknown, only toward a split.
+    """
+    device, size = priced(entry, settings)
+    need = preflight.footprint(entry, size)
+    free = preflight.free_memory(device)
+    unplaced = 0
+    if freed is None:
+        estimate = preflight.weights_on_disk(current, priced(current, settings)[1]) if current is not None else 0
+        freed = {next(iter(free)): estimate} if len(free) == 1 else {}
+        unplaced = estimate if len(free) > 1 else 0
+    preflight.check_memory(entry, need, free, freed, unplaced)

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from millm.errors import InsufficientMemory, ModelLoadFailed, UnsupportedQuantization
+from millm.errors import InsufficientMemory, InvalidModelFiles, ModelLoadFailed, UnsupportedQuantization
 from millm.registry import ModelEntry
 
 GIB = 2**30
@@ -20,6 +21,8 @@ GIB = 2**30
 CHECKPOINT_METHODS = {"bitsandbytes": "bitsandbytes", "gptq": "gptqmodel", "awq": "awq", "fp8": None}
 MIN_CHECKPOINT_BITS = 4
 KV_RESERVE_TOKENS = 4096  # the KV cache a load must leave room for, beside the weights
+SAFETENSORS_HEADER_MAX = 100 * 2**20  # the safetensors format's own limit on its JSON header
+LLAMA_KV_BYTES = 2  # llama.cpp keeps its KV cache in f16
 ENGINES_TAKE = ("transformers takes unquantised checkpoints (F32/F16/BF16), checkpoints quantised to 4 bits or "
                 "more with an installed method, and GGUF files (dequantised once); llama.cpp takes GGUF files of "
                 "any type llama.cpp reads")
@@ -41,47 +44,104 @@ def _gib(n: float) -> str:
     return f"{n / GIB:.2f} GiB"
 
 
-def _gguf_shape(path: Path) -> tuple[int, dict[str, Any]]:
-    """Parameter count and the architecture fields of a GGUF file, from its header."""
+def _gguf_shape(entry: ModelEntry) -> tuple[int, dict[str, Any]]:
+    """Parameter count and the architecture fields of a GGUF file, from its header (422 when malformed)."""
     import gguf
 
+    path = entry.path
     try:
         reader = gguf.GGUFReader(path)
+        arch = str(reader.fields["general.architecture"].contents()) if "general.architecture" in reader.fields else ""
+        fields = {}
+        for key in ("block_count", "embedding_length", "attention.head_count", "attention.head_count_kv",
+                    "context_length"):
+            field = reader.fields.get(f"{arch}.{key}")
+            if field is not None:
+                fields[key] = int(field.contents())
+        return sum(int(t.n_elements) for t in reader.tensors), fields
     except Exception as exc:  # a truncated or foreign file
-        raise ModelLoadFailed(f"{path} is not a readable GGUF file: {exc}") from None
-    arch = str(reader.fields["general.architecture"].contents()) if "general.architecture" in reader.fields else ""
-    fields = {}
-    for key in ("block_count", "embedding_length", "attention.head_count", "attention.head_count_kv",
-                "context_length"):
-        field = reader.fields.get(f"{arch}.{key}")
-        if field is not None:
-            fields[key] = int(field.contents())
-    return sum(int(t.n_elements) for t in reader.tensors), fields
+        raise InvalidModelFiles(f"'{entry.id}': {path} is not a readable GGUF file: {exc}") from None
 
 
-def _checkpoint_shape(path: Path) -> tuple[int, dict[str, Any]]:
-    """Parameter count (from safetensors headers, else file sizes) and config fields of a checkpoint."""
+def _read_config(entry: ModelEntry) -> dict[str, Any]:
+    """A checkpoint's config.json as an object (422 when it is not one)."""
+    file = entry.path / "config.json"
     try:
-        config = json.loads((path / "config.json").read_text())
-    except (OSError, ValueError) as exc:
-        raise ModelLoadFailed(f"{path / 'config.json'} cannot be read: {exc}") from None
-    params = 0
-    for file in path.glob("*.safetensors"):
+        text = file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ModelLoadFailed(f"'{entry.id}': {file} cannot be read: {exc.strerror}.") from None
+    except UnicodeDecodeError:
+        raise InvalidModelFiles(f"'{entry.id}': {file} is not UTF-8 text.") from None
+    try:
+        config = json.loads(text)
+    except ValueError as exc:
+        raise InvalidModelFiles(f"'{entry.id}': {file} is not valid JSON ({exc}).") from None
+    if not isinstance(config, dict):
+        raise InvalidModelFiles(f"'{entry.id}': {file} must hold a JSON object, not {type(config).__name__}.")
+    return config
+
+
+def _count(entry: ModelEntry, config: dict[str, Any], key: str) -> int | None:
+    """A positive integer field of config.json, or None when absent (422 when it is something else)."""
+    value = config.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidModelFiles(f"'{entry.id}': config.json '{key}' must be a positive integer, got {value!r}.")
+    return value
+
+
+def _safetensors_params(entry: ModelEntry, file: Path) -> int:
+    """Parameters described by one safetensors file's header (422 for a header that is not the format's)."""
+    def bad(problem: str) -> InvalidModelFiles:
+        return InvalidModelFiles(f"'{entry.id}': {file.name} has a malformed safetensors header: {problem}.")
+
+    try:
         with file.open("rb") as f:
-            header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
-        for name, info in header.items():
-            if name != "__metadata__":
-                n = 1
-                for dim in info["shape"]:
-                    n *= dim
-                params += n
+            size = int.from_bytes(f.read(8), "little")
+            if not 0 < size <= min(SAFETENSORS_HEADER_MAX, file.stat().st_size - 8):
+                raise bad(f"it declares {size} header bytes in a {file.stat().st_size}-byte file")
+            raw = f.read(size)
+    except OSError as exc:
+        raise ModelLoadFailed(f"'{entry.id}': {file} cannot be read: {exc.strerror}.") from None
+    try:
+        header = json.loads(raw)
+    except ValueError as exc:
+        raise bad(f"not JSON ({exc})") from None
+    if not isinstance(header, dict):
+        raise bad("not a JSON object")
+    params = 0
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        shape = info.get("shape") if isinstance(info, dict) else None
+        if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
+                                                  for d in shape):
+            raise bad(f"tensor {name!r} has no shape of non-negative integers")
+        n = 1
+        for dim in shape:
+            n *= dim
+        params += n
+    return params
+
+
+def _checkpoint_shape(entry: ModelEntry) -> tuple[int, dict[str, Any]]:
+    """Parameter count (from safetensors headers, else file sizes) and config fields of a checkpoint."""
+    path = entry.path
+    config = _read_config(entry)
+    params = sum(_safetensors_params(entry, file) for file in sorted(path.glob("*.safetensors")))
     if params == 0:  # .bin checkpoints: assume 2 bytes a parameter on disk
         params = sum(f.stat().st_size for f in path.glob("*.bin")) // 2
-    heads = config.get("num_attention_heads") or 1
-    fields = {"block_count": config.get("num_hidden_layers"), "embedding_length": config.get("hidden_size"),
-              "attention.head_count": heads, "attention.head_count_kv": config.get("num_key_value_heads") or heads,
-              "context_length": config.get("max_position_embeddings"),
-              "quantization": config.get("quantization_config")}
+    quantization = config.get("quantization_config")
+    if quantization is not None and not isinstance(quantization, dict):
+        raise InvalidModelFiles(f"'{entry.id}': config.json 'quantization_config' must be an object.")
+    heads = _count(entry, config, "num_attention_heads") or 1
+    fields = {"block_count": _count(entry, config, "num_hidden_layers"),
+              "embedding_length": _count(entry, config, "hidden_size"),
+              "attention.head_count": heads,
+              "attention.head_count_kv": _count(entry, config, "num_key_value_heads") or heads,
+              "context_length": _count(entry, config, "max_position_embeddings"),
+              "quantization": quantization}
     return params, fields
 
 
@@ -112,20 +172,44 @@ def _installed(package: str) -> bool:
 
 
 def footprint(entry: ModelEntry, dtype_bytes: int) -> Footprint:
-    """Weights at ``dtype_bytes`` a parameter (GGUF on llama.cpp: the file as it is) plus a KV reserve."""
+    """Weights at ``dtype_bytes`` a parameter (GGUF on llama.cpp: the file as it is) plus a KV reserve.
+
+    Reads each file's header once; a malformed one is a 422 naming the file, before anything is unloaded.
+    """
     if not os.access(entry.path, os.R_OK):
         raise ModelLoadFailed(f"'{entry.id}': {entry.path} cannot be read.")
-    params, fields = _gguf_shape(entry.path) if entry.is_gguf else _checkpoint_shape(entry.path)
-    if entry.engine != "llama.cpp":
-        check_quantization(entry, fields.get("quantization"))
-    else:
-        check_quantization(entry, None)
-    weights = entry.path.stat().st_size if entry.engine == "llama.cpp" else params * dtype_bytes
+    params, fields = _gguf_shape(entry) if entry.is_gguf else _checkpoint_shape(entry)
+    check_quantization(entry, None if entry.engine == "llama.cpp" else fields.get("quantization"))
+    llama = entry.engine == "llama.cpp"
+    weights = entry.path.stat().st_size if llama else params * dtype_bytes
     layers, width = fields.get("block_count") or 0, fields.get("embedding_length") or 0
     heads, kv_heads = fields.get("attention.head_count") or 1, fields.get("attention.head_count_kv") or 1
     tokens = min(fields.get("context_length") or KV_RESERVE_TOKENS, KV_RESERVE_TOKENS)
-    kv = 2 * layers * tokens * (width // heads) * kv_heads * dtype_bytes
+    kv = 2 * layers * tokens * (width // heads) * kv_heads * (LLAMA_KV_BYTES if llama else dtype_bytes)
     return Footprint(weights, kv)
+
+
+def weights_on_disk(entry: ModelEntry, dtype_bytes: int) -> int:
+    """The weights of a loaded model, for what unloading it frees; a GGUF file on llama.cpp is its size
+    (no header parse: a swap reads only the target's header)."""
+    if entry.engine == "llama.cpp" and entry.path.is_file():
+        return entry.path.stat().st_size
+    return footprint(entry, dtype_bytes).weights
+
+
+def resident_bytes(model: Any) -> dict[str, int]:
+    """Bytes a torch module's parameters and buffers occupy on each device (``cuda:0``, ``cpu``)."""
+    held: dict[str, int] = {}
+    tensors = [*model.parameters(), *model.buffers()]
+    for tensor in tensors:
+        device = str(tensor.device)
+        held[device] = held.get(device, 0) + tensor.numel() * tensor.element_size()
+    return held
+
+
+def used_between(before: Mapping[str, int], after: Mapping[str, int]) -> dict[str, int]:
+    """Per device, the free memory a load took (free before minus free after, never negative)."""
+    return {name: max(0, size - after.get(name, size)) for name, size in before.items()}
 
 
 def free_memory(device: str) -> dict[str, int]:
@@ -149,13 +233,17 @@ def available_ram() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def check_memory(entry: ModelEntry, need: Footprint, free: dict[str, int], freed: int = 0) -> None:
+def check_memory(entry: ModelEntry, need: Footprint, free: Mapping[str, int],
+                 freed: Mapping[str, int] | None = None, unplaced: int = 0) -> None:
     """insufficient_memory (503) when no device, nor all of them together, holds the model.
 
-    ``freed`` is what unloading the current model gives back (on the devices it occupies).
+    ``freed`` is what unloading the current model gives back on each device it occupies, counted on that
+    device only: a card the current model does not use gains nothing from its unload. ``unplaced`` is
+    freed memory whose devices are not known; it counts toward the split across all devices only.
     """
-    room = {name: size + freed for name, size in free.items()}
-    if max(room.values()) >= need.total or (len(room) > 1 and sum(room.values()) >= need.total):
+    freed = freed or {}
+    room = {name: size + freed.get(name, 0) for name, size in free.items()}
+    if max(room.values()) >= need.total or (len(room) > 1 and sum(room.values()) + unplaced >= need.total):
         return
     figures = ", ".join(f"{name}: {_gib(size)} free" for name, size in room.items())
     raise InsufficientMemory(f"'{entry.id}' needs {_gib(need.total)} ({_gib(need.weights)} of weights and a "

@@ -30,11 +30,8 @@ def describe(entry: ModelEntry) -> dict[str, Any]:
 
 
 def find(model_id: str) -> ModelEntry:
-    """The model an /api route names: the loaded one, or one the registry knows (404 otherwise)."""
-    manager = services().manager
-    if manager.engine is not None and manager.engine.model_id == model_id:
-        return manager.engine.entry
-    return manager.resolve(model_id)
+    """The model an /api route names, by the rule /v1 uses (``ModelManager.named``; 404 otherwise)."""
+    return services().manager.named(model_id)
 
 
 @bp.get("")

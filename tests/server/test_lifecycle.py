@@ -274,7 +274,7 @@ def test_quantization_and_memory_checks(tmp_path):
     with pytest.raises(InsufficientMemory) as info:
         preflight.check_memory(q2, need, {"cuda:0": 2 * preflight.GIB, "cuda:1": preflight.GIB})
     assert "cuda:0: 2.00 GiB free" in info.value.message and "4.00 GiB" in info.value.message
-    preflight.check_memory(q2, need, {"cpu": 3 * preflight.GIB}, freed=preflight.GIB)  # unloading frees enough
+    preflight.check_memory(q2, need, {"cpu": 3 * preflight.GIB}, freed={"cpu": preflight.GIB})  # unloading frees enough
     preflight.check_memory(q2, need, {"cuda:0": 2 * preflight.GIB, "cuda:1": 2 * preflight.GIB})  # split fits
 
 
