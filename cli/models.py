@@ -18,6 +18,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 from cli.common import err, out, reports_errors
 from millm.config import get_settings
 from millm.errors import InvalidParameter, MillmError, ModelNotFound
+from millm.paths import user_path
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 UrlOption = Annotated[str, typer.Option(help="The running `millm serve`; the key comes from MILLM_ADMIN_KEY, else "
@@ -43,7 +44,7 @@ def models_add(
     """Register a model by path, so a server on this machine loads it by id (nothing is copied)."""
     from millm.registry import register_path
 
-    path = path.expanduser()
+    path = user_path(path)
     if not path.exists():
         raise InvalidParameter(f"{path} does not exist.", param="path")
     try:

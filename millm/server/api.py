@@ -12,6 +12,7 @@ from quart.blueprints import BlueprintSetupState
 from werkzeug.routing import BaseConverter, ValidationError
 
 from millm.errors import InvalidParameter, InvalidSAE, ModelNotLoaded
+from millm.paths import user_path
 from millm.sae.labels import LabelIndex
 from millm.server import api_bodies
 from millm.server.auth import guard_management
@@ -117,7 +118,7 @@ async def add_sae() -> Any:
 
 def sae_folder(path: Path) -> Path:
     """The folder an SAE at ``path`` lives in (``path`` itself, or a params.npz file's folder)."""
-    resolved = path.expanduser().resolve()
+    resolved = user_path(path).resolve()
     return resolved if resolved.is_dir() else resolved.parent
 
 
@@ -128,7 +129,7 @@ def labels_within(folder: Path, labels: Any) -> Path | None:
         return None
     if not isinstance(labels, str) or not labels or "\0" in labels:
         raise InvalidParameter("'labels' must name a JSON file inside the SAE's folder.", param="labels")
-    file = (folder / Path(labels).expanduser()).resolve()
+    file = (folder / user_path(labels)).resolve()
     if not file.is_relative_to(folder) or file == folder:
         raise InvalidParameter("'labels' must name a JSON file inside the SAE's own folder; labels are read "
                                "from nowhere else.", param="labels")

@@ -29,6 +29,10 @@ TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 COUNTED = "_millm_tokens_counted"  # g flag: the request's tokens were counted from its events
 STARTED = "_millm_started"  # g: monotonic time the request began
 E = TypeVar("E")
+# the method label's values: any other method (a client may send any token) is counted as OTHER, so no
+# request, with a key or without, can add a series
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "CONNECT", "TRACE"})
+OTHER_METHOD = "OTHER"
 
 
 class Live(Collector):
@@ -96,6 +100,11 @@ def route() -> str:
     return rule.rule if rule is not None else "unmatched"
 
 
+def method_label(method: str) -> str:
+    """The request's method as a label value: one of METHODS, else OTHER (bounded label values)."""
+    return method if method in METHODS else OTHER_METHOD
+
+
 def observed(events: AsyncIterator[E]) -> AsyncIterator[E]:
     """A generation's events, passed through while counting time to first text and the tokens used.
 
@@ -141,7 +150,7 @@ async def after(response: Response) -> Response:
     """Count the request; a streamed body is timed to its end, a JSON /v1 answer's usage is counted unless
     its events already were."""
     metrics = of(current_app)
-    name, method, started = route(), request.method, g.get(STARTED, time.monotonic())
+    name, method, started = route(), method_label(request.method), g.get(STARTED, time.monotonic())
     metrics.requests.labels(name, method, str(response.status_code)).inc()
     steering = response.headers.get("X-miLLM-Steering")
     if steering is not None and steering != "none" and response.status_code == 200:
