@@ -124,7 +124,7 @@ class Bases:
                 return Base(BaseKind.PLAIN, {})
             row = self.store.document("circuit", name)
             assert row is not None
-            circuit = parse_shape("circuit", row["document"])
+            circuit = parse_shape("circuit", row["document"], stored=True)
             if serving.mode is ServingMode.SLICE_FALLBACK:
                 return self._cluster(circuit.fallback_cluster, BaseKind.SLICE_FALLBACK)
             return Base(BaseKind.CIRCUIT, self._entries(name), circuit.declared)

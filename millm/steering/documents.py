@@ -12,22 +12,13 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from millm.errors import InvalidFeatureIndex, InvalidParameter, MillmError
 from millm.steering.intensity import ENVELOPE
-from millm.steering.names import name_problem
+from millm.steering.names import STORED, Name
 from millm.steering.rung import RUNGS, rung_language
 
-
-def _named(value: str) -> str:
-    problem = name_problem(value)
-    if problem is not None:
-        raise ValueError(problem)
-    return value
-
-
-Name = Annotated[str, AfterValidator(_named)]
 Lambda = Annotated[float, Field(ge=ENVELOPE[0], le=ENVELOPE[1])]
 
 
@@ -132,10 +123,12 @@ def _refuse(kind: str, where: str, problem: str, error: type[MillmError] = Inval
 MODELS: dict[str, type[ClusterDoc] | type[CircuitDoc]] = {"cluster": ClusterDoc, "circuit": CircuitDoc}
 
 
-def parse_shape(kind: Literal["cluster", "circuit"], doc: Any) -> Any:
+def parse_shape(kind: Literal["cluster", "circuit"], doc: Any, *, stored: bool = False) -> Any:
     """The document's shape only (types, ranges, names), not checked against what is registered.
 
-    Enough for a document read back from the store, which was checked when it was imported.
+    Enough for a document read back from the store (``stored``), which was checked when it was imported;
+    its names are not held to the name rule again, so one stored before the rule stays usable, as a
+    profile's does.
     """
     model = MODELS[kind]
     if not isinstance(doc, dict):
@@ -143,7 +136,7 @@ def parse_shape(kind: Literal["cluster", "circuit"], doc: Any) -> Any:
     if doc.get("kind") != kind:
         raise _refuse(kind, "/kind", f"must be \"{kind}\", got {doc.get('kind')!r}")
     try:
-        return model.model_validate(doc)
+        return model.model_validate(doc, context=STORED if stored else None)
     except ValidationError as exc:
         first = exc.errors()[0]
         msg = str(first["msg"]).removeprefix("Value error, ")
@@ -289,7 +282,7 @@ def serving_mode(circuit: CircuitDoc, registered: Registered, clusters: Collecti
 def stored_serving_mode(stored: Any, registered: Registered, clusters: Collection[str]) -> Serving:
     """``serving_mode`` for a stored definition; one that no longer parses serves none, saying why."""
     try:
-        circuit: CircuitDoc = parse_shape("circuit", stored)
+        circuit: CircuitDoc = parse_shape("circuit", stored, stored=True)
     except InvalidParameter as exc:
         return Serving(ServingMode.NONE, f"the stored definition does not parse: {exc.message}")
     return serving_mode(circuit, registered, clusters)

@@ -29,6 +29,12 @@ def import_document(store: Store, kind: Literal["cluster", "circuit"], raw: Any,
     profile, cluster or circuit is a 409 unless ``overwrite``.
     """
     doc: Document = parse_cluster(raw, registered) if kind == "cluster" else parse_circuit(raw, registered)
+    if overwrite and kind != "cluster" and store.backing(doc.name) == "cluster":
+        users = fallback_users(store, doc.name)
+        if users:  # overwriting would delete a cluster these circuits serve through
+            raise ProfileConflict(f"'{doc.name}' is a cluster that circuit(s) {', '.join(repr(u) for u in users)} "
+                                  "use as fallback_cluster; importing a circuit over it would delete it. Import "
+                                  "under another name, or change or delete those circuits first.", param="name")
     if not store.import_document(kind, stored_form(doc), profile_for(doc), overwrite=overwrite):
         raise ProfileConflict(f"'{doc.name}' is already a profile, cluster or circuit; import with overwrite "
                               "to replace it.", param="name")
@@ -40,4 +46,10 @@ def stored_cluster(store: Store, name: str) -> tuple[ClusterDoc, float] | None:
     row = store.document("cluster", name)
     if row is None:
         return None
-    return parse_shape("cluster", row["document"]), float(row["intensity"])
+    return parse_shape("cluster", row["document"], stored=True), float(row["intensity"])
+
+
+def fallback_users(store: Store, cluster: str) -> list[str]:
+    """The imported circuits whose stored document names ``cluster`` as its fallback_cluster."""
+    return sorted(row["name"] for row in store.documents("circuit")
+                  if isinstance(row["document"], dict) and row["document"].get("fallback_cluster") == cluster)

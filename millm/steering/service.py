@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from millm.config import get_settings
 from millm.errors import InvalidParameter, MillmError, ProfileConflict, ProfileNotFound, SAENotFound
+from millm.paths import user_path
 from millm.sae.bundled import register_bundled
 from millm.sae.formats import load_sae
 from millm.steering.bases import Bases, RequestSteering, circuit_serving, profile_row, registered, stored_profile
@@ -66,7 +67,7 @@ class SteeringService:
     def register_sae(self, path: str | Path, name: str | None = None,
                      labels: str | Path | None = None) -> dict[str, Any]:
         """Read the SAE (so a malformed one is refused now) and record it; returns the SAE object."""
-        path = Path(path).expanduser().resolve()
+        path = user_path(path).resolve()
         loaded = load_sae(path)
         label_file = Path(labels) if labels else (path if path.is_dir() else path.parent) / "labels.json"
         try:
@@ -93,14 +94,27 @@ class SteeringService:
         return {**out, "attached_layer": att.layer if att is not None else None}
 
     def attach(self, engine: SteeringTarget, sae_id: str, layer: int | None = None) -> dict[str, Any]:
+        """Attach (or re-attach) a registered SAE, all or nothing: the SAE is read and checked before the
+        hook changes, and should re-deriving the active profile or persisting fail, the previous
+        attachment (or none) is put back."""
         record = self.sae(sae_id)
         if layer is None:
             layer = record["layer_hint"]
         if isinstance(layer, bool) or not isinstance(layer, int):
             raise InvalidParameter(f"SAE {sae_id} has no layer hint; give 'layer'.", param="layer")
-        engine.steering.attach(sae_id, load_sae(record["path"]).sae, layer)
-        self.follow_active(engine)
-        self.persist(engine)
+        sae = load_sae(record["path"]).sae
+        steering = engine.steering
+        previous = steering.attachments.get(sae_id)
+        steering.attach(sae_id, sae, layer)
+        try:
+            self.follow_active(engine)
+            self.persist(engine)
+        except BaseException:
+            if previous is None:
+                steering.detach(sae_id)
+            else:
+                steering.attach(sae_id, previous.sae, previous.layer)
+            raise
         return self.view(record, engine)
 
     def detach(self, engine: SteeringTarget, sae_id: str) -> dict[str, Any]:
