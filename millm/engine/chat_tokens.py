@@ -20,6 +20,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from millm.errors import InvalidParameter
+
 Render = Callable[[list[dict[str, Any]], dict[str, Any]], str]  # (messages, template kwargs) -> prompt text
 Encode = Callable[[str], list[int]]  # plain text -> ids, control-token text split into ordinary tokens
 
@@ -105,11 +107,46 @@ def chat_ids(render: Render, messages: list[dict[str, Any]], template_kwargs: di
     """Token ids of a conversation: control tokens from the template only, never from what a client sent."""
     marks: dict[str, str] = {}
     nonce = secrets.token_hex(8)
-    rendered = render(neutralise(messages, control, marks, nonce), neutralise(template_kwargs, control, marks, nonce))
+    try:
+        rendered = render(neutralise(messages, control, marks, nonce),
+                          neutralise(template_kwargs, control, marks, nonce))
+    except Exception as exc:
+        refusal = template_refusal(exc)
+        if refusal is None:
+            raise
+        raise InvalidParameter(f"The model's chat template refused these messages: {restore(refusal, marks)}",
+                               param="messages") from None
     ids: list[int] = []
     for piece in pieces(rendered, control, marks):
         ids += [piece.id] if isinstance(piece, ControlToken) else encode(piece)
     return ids
+
+
+def template_refusal(exc: Exception) -> str | None:
+    """The message of a chat template that refused a conversation with its ``raise_exception`` (Gemma-2's
+    "System role not supported", "roles must alternate"), else None: the client's input, never a server error.
+
+    HuggingFace's ``raise_exception`` raises jinja2's bare ``TemplateError``; llama-cpp-python's raises a
+    ``ValueError`` from its own ``raise_exception``, called by the template's code.
+    """
+    from jinja2.exceptions import TemplateError
+
+    if type(exc) is TemplateError:
+        return str(exc.message or exc)
+    if type(exc) is ValueError and _raised_in_template(exc):
+        return str(exc)
+    return None
+
+
+def _raised_in_template(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised by a function named ``raise_exception`` that a template's code called."""
+    codes = []
+    tb = exc.__traceback__
+    while tb is not None:
+        codes.append(tb.tb_frame.f_code)
+        tb = tb.tb_next
+    return bool(codes) and codes[-1].co_name == "raise_exception" and any(c.co_filename == "<template>"
+                                                                          for c in codes[:-1])
 
 
 def hf_control_tokens(tokenizer: Any) -> ControlTokens:
