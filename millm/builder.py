@@ -208,7 +208,8 @@ def refuse_under_batching(built: Built) -> None:
 
 # arguments miLLM passes to the template renderer itself; a client's value would clash with them (a 500)
 TEMPLATE_ARGUMENTS = ("tokenize", "add_generation_prompt", "return_dict", "continue_final_message", "conversation",
-                      "messages", "return_tensors", "padding", "truncation", "max_length", "tokenizer_kwargs")
+                      "messages", "return_tensors", "padding", "truncation", "max_length", "tokenizer_kwargs",
+                      "return_assistant_tokens_mask", "sanitize_control_tokens")
 
 
 def check_template_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -220,6 +221,10 @@ def check_template_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
     if "chat_template" in kwargs:
         raise InvalidParameter("'chat_template_kwargs.chat_template' would render a client's own template on the "
                                "server; the model's template is used.", param="chat_template_kwargs.chat_template")
+    documents = kwargs.get("documents")
+    if documents is not None and (not isinstance(documents, list) or not all(isinstance(d, dict) for d in documents)):
+        raise InvalidParameter("'chat_template_kwargs.documents' must be a list of objects (the template's "
+                               "documents).", param="chat_template_kwargs.documents")
     return kwargs
 
 

@@ -44,7 +44,7 @@ TABLE: dict[str, tuple[str, str, str, str, str, str, str]] = {
     "logprobs":                   (_R, _U, _R, _R, _U, _R, _R),
     "allowed_token_ids":          (_R, _U, _R, _R, _U, _R, _R),
     "return_tokens_as_token_ids": (_X, _U, _R, _X, _U, _R, _R),
-    "add_special_tokens":         (_X, _X, _X, _U, _U, _R, _X),
+    "add_special_tokens":         (_X, _X, _X, _U, _U, _U, _X),  # llama.cpp: add_bos
     "top_logprobs":               (_R, _U, _R, _R, _R, _R, _R),
     "response_format":            (_U, _R, _R, _R, _R, _R, _R),
     "profile":                    (_U, _R, _R, _R, _R, _R, _R),

@@ -102,6 +102,45 @@ def _walk(node: Any, path: list[str], defs: dict[str, Any], problems: list[str],
                 problems.append(f"'$ref' {value!r} at '{_pointer(here)}' (only local refs into $defs)")
 
 
+def _direct_refs(node: Any) -> list[str]:
+    """The $defs a schema stands for without matching any value itself: its own $ref and those of its
+    anyOf / oneOf branches (a ref inside properties or items is reached only through a value)."""
+    if not isinstance(node, dict):
+        return []
+    ref = node.get("$ref")
+    found = [ref[len("#/$defs/"):]] if isinstance(ref, str) and ref.startswith("#/$defs/") else []
+    for key in ("anyOf", "oneOf"):
+        if isinstance(node.get(key), list):
+            for branch in node[key]:
+                found += _direct_refs(branch)
+    return found
+
+
+def _ref_cycles(defs: dict[str, Any]) -> list[str]:
+    """$defs that stand for themselves through $ref and anyOf / oneOf alone (``a`` -> ``b`` -> ``a``): no
+    value ever decides them, and validating the closed document against them recurses without end (a
+    500 after generating). Recursion through properties or items (a tree, a linked list) is fine."""
+    edges = {name: [t for t in _direct_refs(node) if t in defs] for name, node in defs.items()}
+    problems: list[str] = []
+    done: set[str] = set()
+
+    def visit(name: str, trail: list[str]) -> None:
+        if name in trail:
+            cycle = trail[trail.index(name):] + [name]
+            problems.append(f"'$ref' cycle {' -> '.join(cycle)} at '{_pointer(['$defs', cycle[0]])}' (a definition "
+                            "that refers to itself without a value between)")
+            return
+        if name in done:
+            return
+        for target in edges[name]:
+            visit(target, [*trail, name])
+        done.add(name)
+
+    for name in edges:
+        visit(name, [])
+    return problems
+
+
 def check_response_format(value: Any) -> JsonConstraint | None:
     """The constraint a response_format asks for (None for text), or a 400 naming every problem."""
     if value is None:
@@ -130,6 +169,7 @@ def check_response_format(value: Any) -> JsonConstraint | None:
     problems: list[str] = []
     defs = schema.get("$defs") if isinstance(schema.get("$defs"), dict) else {}
     _walk(schema, [], defs, problems, 0)
+    problems += _ref_cycles(defs)
     if problems:
         raise ResponseFormatUnsupported("The schema uses what miLLM cannot enforce while generating: "
                                         + "; ".join(problems) + ".", param=PARAM)

@@ -101,10 +101,29 @@ def test_gguf_refusals_before_any_load(server, field, value):
 
 
 def test_gguf_completion_refusals(server):
-    for field, value in (("logprobs", 2), ("allowed_token_ids", [1]), ("add_special_tokens", False)):
+    for field, value in (("logprobs", 2), ("allowed_token_ids", [1])):
         r = httpx.post(server + "/v1/completions", timeout=60,
                        json={"model": GGUF, "prompt": "x", "max_tokens": 1, field: value})
         assert r.status_code == 400 and r.json()["error"]["param"] == field
+
+
+def test_gguf_completions_honour_add_special_tokens(gguf_server, gguf_engine):
+    """llama.cpp adds the BOS its file asks for unless add_special_tokens is false; true is the default."""
+    from millm.engine.params import TextPrompt
+
+    for value in (True, False):
+        r = httpx.post(gguf_server + "/v1/completions", timeout=60, json={
+            "model": GGUF, "prompt": "Hello world", "max_tokens": 1, "temperature": 0, "add_special_tokens": value})
+        assert r.status_code == 200, r.text
+        assert "X-miLLM-Ignored-Fields" not in r.headers
+        assert r.json()["usage"]["prompt_tokens"] == len(gguf_engine.tokenize(TextPrompt("Hello world", value)))
+
+
+def test_add_special_tokens_is_used_on_every_completions_column():
+    from millm.fields import USE, policy
+
+    for engine, scoring in (("transformers", False), ("transformers", True), ("llama.cpp", False)):
+        assert policy("add_special_tokens", "completions", engine, scoring) == USE
 
 
 def test_chat_template_kwargs_reported_not_refused(gguf_server):
