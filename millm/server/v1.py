@@ -161,8 +161,10 @@ async def models() -> Any:
 
 @bp.get("/models/<path:model_id>")
 async def model(model_id: str) -> Any:
-    """One model's card."""
-    for entry in services().manager.served():
-        if entry.id == model_id:
+    """One model's card: the name resolves as on every other route (a bare GGUF repo name too)."""
+    manager = services().manager
+    named = manager.named(model_id)
+    for entry in manager.served():
+        if entry.id == named.id:
             return model_card(entry)
     raise ModelNotFound(model_id)

@@ -95,7 +95,12 @@ class Steering:
 
     # attaching
     def attach(self, sae_id: str, sae: SAE, layer: int) -> Attachment:
-        """Hook ``sae`` onto ``layer``; one SAE per layer, d_in must match the model."""
+        """Hook ``sae`` onto ``layer``; one SAE per layer, d_in must match the model.
+
+        All or nothing: re-attaching an id keeps its values, and a value the new SAE cannot hold (an index
+        past a smaller SAE's width) is refused before anything changes; should rewriting the buffers fail
+        after the hook is swapped, the previous attachment and its hook are put back.
+        """
         if not 0 <= layer < len(self.layers):
             raise InvalidParameter(f"'layer' must be between 0 and {len(self.layers) - 1}, got {layer}.", param="layer")
         if sae.d_in != self.d_model:
@@ -106,19 +111,37 @@ class Steering:
                 if other.layer == layer and other.sae_id != sae_id:
                     raise InvalidParameter(f"Layer {layer} already has SAE {other.sae_id} attached; detach it first.",
                                            param="layer")
-            values = self.detach(sae_id).values if sae_id in self.attachments else {}
+            old = self.attachments.get(sae_id)
+            values = dict(old.values) if old is not None else {}
+            past = sorted(f for f in values if not 0 <= f < sae.d_sae)
+            if past:
+                raise InvalidFeatureIndex(f"SAE {sae_id} is steering feature(s) {', '.join(map(str, past))}, outside "
+                                          f"the new SAE's 0-{sae.d_sae - 1}; clear them before re-attaching it.",
+                                          param="sae")
             # an ordinary tensor even when attached by a command between decode steps (inside inference
             # mode): the buffer is rewritten in place later, also outside inference mode
             device = self._layer_device(layer)  # a model split across cards: the card holding this layer
             with torch.inference_mode(False):
                 delta = torch.zeros(self.d_model, device=device, dtype=self.dtype)
-            att = Attachment(sae_id, sae.to(device, self.dtype), layer, delta)
+            att = Attachment(sae_id, sae.to(device, self.dtype), layer, delta, values=values)
             if self._slots:
                 att.rows = self._row_buffer(device)
-            att.handle = self.layers[layer].register_forward_hook(self._hook(att))
-            self.attachments[sae_id] = att
-            att.values = values
-            self._refresh()
+
+            def swap(new: Attachment | None, gone: Attachment | None) -> None:
+                if gone is not None:
+                    gone.handle.remove()
+                    del self.attachments[gone.sae_id]
+                if new is not None:
+                    new.handle = self.layers[new.layer].register_forward_hook(self._hook(new))
+                    self.attachments[new.sae_id] = new
+
+            swap(att, old)
+            try:
+                self._refresh()
+            except BaseException:
+                swap(old, att)
+                self._refresh()
+                raise
             return att
 
     def _layer_device(self, layer: int) -> torch.device:
