@@ -243,7 +243,17 @@ def default_preflight(entry: ModelEntry, current: ModelEntry | None, settings: S
     free = preflight.free_memory(device)
     unplaced = 0
     if freed is None:
-        estimate = preflight.weights_on_disk(current, priced(current, settings)[1]) if current is not None else 0
+        estimate = _estimated_weights(current, settings) if current is not None else 0
         freed = {next(iter(free)): estimate} if len(free) == 1 else {}
         unplaced = estimate if len(free) > 1 else 0
     preflight.check_memory(entry, need, free, freed, unplaced)
+
+
+def _estimated_weights(current: ModelEntry, settings: Settings) -> int:
+    """The loaded model's weights from its files; 0 (nothing counted as freed) when they can no longer be
+    read, so a swap is judged on what is surely free rather than refused for the old model's files."""
+    try:
+        return preflight.weights_on_disk(current, priced(current, settings)[1])
+    except MillmError as exc:
+        log.info("cannot estimate what unloading %s frees: %s", current.id, exc.message)
+        return 0

@@ -153,3 +153,34 @@ def test_unknown_http_methods_share_one_metrics_series(tmp_path):
     methods = {line.split('method="')[1].split('"')[0] for line in text.splitlines()
                if line.startswith("millm_requests_total{")}
     assert "BREW0" not in text and methods <= {"GET", "OTHER"} and "OTHER" in methods
+
+
+def test_a_registered_model_with_malformed_files_is_refused_before_the_unload(tmp_path):
+    """The real pre-load check: a 422 naming the file, and the loaded model keeps serving."""
+    settings = Settings(home=tmp_path)
+    broken = (("badconfig", "{oops", None), ("badheader", "{}", b"\x10\0\0\0\0\0\0\0{not a header}"))
+    for name, config, header in broken:
+        folder = settings.models_dir / name
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text(config)
+        if header is not None:
+            (folder / "model.safetensors").write_bytes(header)
+    old = FakeEngine()
+    app = create_app(settings, old)
+
+    async def scenario(client):
+        refused = [await answer(await client.post("/v1/completions", json=completion(name)))
+                   for name in ("badconfig", "badheader")]
+        admin = await answer(await client.post("/api/models/badconfig/load"))
+        still = await answer(await client.post("/v1/completions", json=completion("fake")))
+        return refused, admin, still
+
+    async def main():
+        async with app.test_app():
+            return await scenario(app.test_client())
+
+    refused, admin, still = asyncio.run(main())
+    for (status, body), file in zip([*refused, admin], ("config.json", "model.safetensors", "config.json")):
+        assert status == 422 and body["error"]["code"] == "invalid_model_files", body
+        assert file in body["error"]["message"] and "Traceback" not in body["error"]["message"]
+    assert still[0] == 200 and not old.closed
