@@ -35,7 +35,7 @@ from rich.progress import Progress, TaskID
 
 from millm.config import Settings
 from millm.errors import InvalidParameter, MillmError
-from millm.registry import ModelEntry, entry_for_path, gguf_entry, list_models
+from millm.registry import ModelEntry, check_model_id, entry_for_path, gguf_entry, list_models
 
 CHECKPOINT_FILES = ("*.json", "*.safetensors", "*.model", "*.tiktoken", "*.txt", "*.jinja")
 """Top-level files a transformers checkpoint needs: config, weights, tokenizer, chat template."""
@@ -123,7 +123,7 @@ def _plain_name(name: str) -> str:
     if Path(name).name != name or name in (".", "..") or name.startswith(".") or ":" in name:
         raise InvalidParameter(f"'{name}' cannot name a model here: use letters, digits, '.', '-' and '_'.",
                                param="id")
-    return name
+    return check_model_id(name)  # the rule every model id follows (no CR/LF, NUL, route words, ...)
 
 
 def _check_free(entry: ModelEntry, settings: Settings) -> None:

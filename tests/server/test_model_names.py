@@ -184,3 +184,13 @@ def test_a_registered_model_with_malformed_files_is_refused_before_the_unload(tm
         assert status == 422 and body["error"]["code"] == "invalid_model_files", body
         assert file in body["error"]["message"] and "Traceback" not in body["error"]["message"]
     assert still[0] == 200 and not old.closed
+
+
+@pytest.mark.parametrize("model_id", ["a\r\nb", "nul\0", "x" * 200, "unlock"])
+def test_a_pulled_models_id_follows_the_same_rule(model_id):
+    from millm.errors import InvalidParameter
+    from millm.hub import _plain_name
+
+    with pytest.raises(InvalidParameter) as info:
+        _plain_name(model_id)
+    assert info.value.param == "id"
