@@ -23,12 +23,14 @@ from millm.engine.scoring import (
     check_temperature,
     check_top_n,
 )
-from millm.errors import InvalidParameter, ResponseFormatUnsupported, UnusedFieldsRefused
-from millm.fields import NESTED_KEYS, check_fields, is_no_change, template_messages
+from millm.engine.templates import TOOLS_KWARG
+from millm.errors import FieldNotHonoured, InvalidParameter, ResponseFormatUnsupported, UnusedFieldsRefused
+from millm.fields import NESTED_KEYS, TOOLS_REFUSED, check_fields, is_no_change, template_messages
 from millm.limits import Limits, check_embedding_inputs, check_prompt_tokens, check_prompts, check_rows
 from millm.steering.intensity import Dial, parse_intensity
 from millm.steering.readout import check_readout_rows
 from millm.structured.schema import JsonConstraint, check_response_format
+from millm.structured.tools import Constraint, ToolConstraint, check_tool_history, tool_constraint
 from millm.validation import check_messages, check_number, check_prompt_text, max_tokens_of, sampling_params
 from millm.wire import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, parse
 
@@ -63,16 +65,19 @@ class Built:
         return sum(len(g.prompts) * g.params.n for g in self.generations)
 
     @property
-    def constraint(self) -> JsonConstraint | None:
+    def constraint(self) -> Constraint | None:
         return self.generations[0].constraint if self.generations else None
 
 
 EngineOf = Callable[[str], str]  # model name -> the engine that runs it ("transformers", "llama.cpp")
 
 
-def decide_fields(route: str, engine: str, body: Mapping[str, Any], strict: bool, scoring: bool) -> list[str]:
-    """Refuse what cannot be honoured; in strict mode refuse what is unused too; else log and return it."""
-    locations = check_fields(route, engine, body, scoring)
+def decide_fields(route: str, engine: str, body: Mapping[str, Any], strict: bool, scoring: bool,
+                  limits: Limits | None = None) -> list[str]:
+    """Refuse what cannot be honoured (tools too, under MILLM_TOOLS=refuse); in strict mode refuse what is unused
+    too; else log and return it."""
+    overrides = TOOLS_REFUSED if limits is not None and limits.tools == "refuse" else None
+    locations = check_fields(route, engine, body, scoring, overrides)
     if locations and strict:
         raise UnusedFieldsRefused(f"{STRICT_HEADER} is set and these fields are not used: {', '.join(locations)}.",
                                   param=locations[0])
@@ -185,31 +190,36 @@ def include_usage(body: Mapping[str, Any]) -> bool:
     return value
 
 
-def constraint_for(body: Mapping[str, Any], params: SamplingParams) -> JsonConstraint | None:
-    """response_format, with the combinations it cannot live with."""
-    constraint = response_format_constraint(body.get("response_format"))
-    if constraint is not None:
-        if body.get("stream"):
-            raise ResponseFormatUnsupported("'response_format' cannot be streamed: a partial document would be "
-                                            "reported before it validates.", param="response_format")
-        if params.stop:
-            raise ResponseFormatUnsupported("'response_format' cannot be combined with 'stop': a stop string "
-                                            "could cut a document and report it complete.", param="response_format")
+def constraint_for(body: Mapping[str, Any], params: SamplingParams) -> Constraint | None:
+    """response_format and tools (one constraint: text or calls, the text satisfying response_format), with the
+    combination they cannot live with. Streamed, every prefix the constraint lets out extends to a valid
+    document, and a stream cut by max_tokens ends with finish_reason "length", as a whole response does."""
+    text = response_format_constraint(body.get("response_format"))
+    constraint: Constraint | None = text
+    if body.get("tools") is not None or body.get("tool_choice") is not None:
+        constraint = tool_constraint(body.get("tools"), body.get("tool_choice"), body.get("parallel_tool_calls"),
+                                     text) or text
+    if constraint is not None and params.stop:
+        name = constraint.param
+        error = ResponseFormatUnsupported if name == "response_format" else InvalidParameter
+        raise error(f"'{name}' cannot be combined with 'stop': a stop string could cut a "
+                    f"{'document' if name == 'response_format' else 'tool call'} and report it complete.", param=name)
     return constraint
 
 
 def refuse_under_batching(built: Built) -> None:
     """response_format on a server with continuous batching enabled: refused before loading (spec)."""
     if built.constraint is not None:
-        raise ResponseFormatUnsupported("'response_format' cannot be honoured while continuous batching is enabled "
-                                        "on this server (MILLM_BATCHING); it was refused rather than ignored.",
-                                        param="response_format")
+        name = built.constraint.param
+        error = ResponseFormatUnsupported if name == "response_format" else FieldNotHonoured
+        raise error(f"'{name}' cannot be honoured while continuous batching is enabled on this server "
+                    "(MILLM_BATCHING); it was refused rather than ignored.", param=name)
 
 
 # arguments miLLM passes to the template renderer itself; a client's value would clash with them (a 500)
 TEMPLATE_ARGUMENTS = ("tokenize", "add_generation_prompt", "return_dict", "continue_final_message", "conversation",
                       "messages", "return_tensors", "padding", "truncation", "max_length", "tokenizer_kwargs",
-                      "return_assistant_tokens_mask", "sanitize_control_tokens")
+                      "return_assistant_tokens_mask", "sanitize_control_tokens", TOOLS_KWARG)
 
 
 def check_template_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -241,9 +251,10 @@ def build_chat(body: Any, engine_of: EngineOf, strict: bool = False, limits: Lim
     check_prompts("extra_messages", 1 + len(wire.extra_messages or []), limits)
     engine = engine_of(wire.model)
     scoring = engine == "transformers" and is_chat_scoring(body)
-    ignored = decide_fields("chat", engine, body, strict, scoring)
-    conversations = [template_messages(check_messages(wire.messages))]
-    conversations += [template_messages(check_messages(c, f"extra_messages[{k}]"))
+    ignored = decide_fields("chat", engine, body, strict, scoring, limits)
+    conversations = [template_messages(check_tool_history(check_messages(wire.messages)), engine)]
+    conversations += [template_messages(check_tool_history(check_messages(c, f"extra_messages[{k}]"),
+                                                           f"extra_messages[{k}]"), engine)
                       for k, c in enumerate(wire.extra_messages or [])]
     kwargs = check_template_kwargs(wire.chat_template_kwargs or {})
     readout = readout_ask(wire.return_sae_activations)
@@ -263,6 +274,8 @@ def build_chat(body: Any, engine_of: EngineOf, strict: bool = False, limits: Lim
     check_rows("extra_messages", len(conversations), params.n, limits)
     if readout is not None:
         check_readout_rows(len(conversations) * params.n)
+    if isinstance(constraint, ToolConstraint):  # the model is told of the tools it may call
+        kwargs = {**kwargs, TOOLS_KWARG: constraint.prompt_tools()}
     generation = GenerationRequest([ChatPrompt(m, kwargs) for m in conversations], params,
                                    readout=readout, constraint=constraint)
     return Built("chat", wire.model, ignored, stream, [generation], profile=wire.profile, intensity=intensity,

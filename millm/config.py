@@ -43,6 +43,9 @@ class Settings(BaseSettings):
     intensity_max: float = Field(default=2.0, gt=ENVELOPE[0], le=ENVELOPE[1])
     cluster_intensity_min: float = Field(default=0.5, ge=ENVELOPE[0], le=ENVELOPE[1])
     circuit_intensity_min: float = Field(default=0.0, ge=ENVELOPE[0], le=ENVELOPE[1])
+    # MILLM_TOOLS: "honour" calls tools by constrained decoding (transformers); "refuse" answers tools and
+    # tool_choice with 400 field_not_honoured, the spec's table (README: Structured output and tools)
+    tools: Literal["honour", "refuse"] = "honour"
 
     @model_validator(mode="after")
     def _dial_floors_below_max(self) -> Settings:

@@ -12,8 +12,10 @@ from typing import Any
 
 from millm.errors import FieldNotHonoured
 from millm.steering.readout import KEYS as READOUT_KEYS
+from millm.structured.tools import tool_locations
 
 USE, REFUSE, PENDING, REPORT = "use", "refuse", "pending", "report"
+SETTING = "setting"  # refused by a server setting (MILLM_TOOLS=refuse), whatever the table says
 
 # column order of every row: each route, split by engine, with scoring requests as routes of their own
 COLUMNS = (("chat", "transformers"), ("chat-scoring", "transformers"), ("chat", "llama.cpp"),
@@ -52,8 +54,9 @@ TABLE: dict[str, tuple[str, str, str, str, str, str, str]] = {
     "return_sae_activations":     (_U, _U, _R, _U, _U, _R, _R),
     "steering":                   (_R, _R, _R, _R, _R, _R, _R),
     "dimensions":                 (_R, _R, _R, _R, _R, _R, _R),
-    "tools":                      (_R, _R, _R, _R, _R, _R, _R),
-    "tool_choice":                (_R, _R, _R, _R, _R, _R, _R),
+    "tools":                      (_U, _R, _R, _R, _R, _R, _R),  # chat: refused under MILLM_TOOLS=refuse
+    "tool_choice":                (_U, _R, _R, _R, _R, _R, _R),
+    "parallel_tool_calls":        (_U, _X, _X, _X, _X, _X, _X),
     "functions":                  (_R, _R, _R, _R, _R, _R, _R),
     "function_call":              (_R, _R, _R, _R, _R, _R, _R),
     "logit_bias":                 (_R, _R, _R, _R, _R, _R, _R),
@@ -66,10 +69,13 @@ TABLE: dict[str, tuple[str, str, str, str, str, str, str]] = {
 NO_CHANGE: dict[str, list[Any]] = {
     "n": [1], "logprobs": [False], "response_format": [{"type": "text"}], "tools": [[]], "logit_bias": [{}],
     "echo": [False], "best_of": [1], "stream": [False],
-    "tool_choice": ["none"],  # with no tools (LlamaIndex sends it): no tool can be called either way
+    "tool_choice": ["none", "auto"],  # "none" with no tools (LlamaIndex sends it); "auto" is the default
+    "parallel_tool_calls": [True],
 }
 
 MESSAGE_KEYS = ("role", "content")  # what a chat template receives of each message; any other key is reported
+# and on the transformers engine, by role: the calls and results of tool calling (rendered by millm.engine.templates)
+TOOL_MESSAGE_KEYS = {"assistant": ("tool_calls",), "tool": ("tool_call_id", "name"), "function": ("name",)}
 PART_KEYS = {"type", "text"}
 # fields read only on a streamed request: reported on any other
 STREAM_ONLY = {"stream_options"}
@@ -110,6 +116,9 @@ def _refusal(field: str, route: str, engine: str, kind: str, scoring: bool) -> F
     if scoring:
         return FieldNotHonoured(f"'{field}' cannot apply to a scoring request on {where}: scoring is never "
                                 "steered or constrained; it was refused rather than ignored.", param=field)
+    if kind == SETTING:
+        return FieldNotHonoured(f"'{field}' is refused on this server; it was refused rather than ignored.",
+                                param=field)
     if kind == PENDING:
         return FieldNotHonoured(f"'{field}' is not implemented yet on {where}; it was refused rather than ignored.",
                                 param=field)
@@ -118,6 +127,8 @@ def _refusal(field: str, route: str, engine: str, kind: str, scoring: bool) -> F
 
 
 TOOL_FIELDS = ("tools", "tool_choice", "functions", "function_call")
+# MILLM_TOOLS=refuse: the spec's table for tool calling (parallel_tool_calls then changes nothing: reported)
+TOOLS_REFUSED = {"tools": SETTING, "tool_choice": SETTING, "parallel_tool_calls": REPORT}
 
 
 def _refusals(refused: list[tuple[str, str]], route: str, engine: str, scoring: bool) -> FieldNotHonoured:
@@ -129,14 +140,24 @@ def _refusals(refused: list[tuple[str, str]], route: str, engine: str, scoring: 
         where = ROUTE_NAMES[route] + ("" if route == "embeddings" else f" with the {engine} engine")
         error = FieldNotHonoured(f"{', '.join(repr(n) for n in names)} cannot be honoured on {where}; they were "
                                  "refused rather than ignored.", param=names[0])
-    if any(name in TOOL_FIELDS for name, _ in refused):
-        error.message += (" miLLM does not call tools; for structured output send response_format "
-                          '{"type": "json_schema", ...}.')
-        error.args = (error.message,)
+    if any(kind == SETTING for _, kind in refused):
+        error.message += " This server refuses tool calling (MILLM_TOOLS=refuse)."
+    elif any(name in TOOL_FIELDS for name, _ in refused) and column(route, engine, scoring) == ("chat", "transformers"):
+        error.message += " Send 'tools' and 'tool_choice' (OpenAI's current names for functions), which are honoured."
+    elif any(name in TOOL_FIELDS for name, _ in refused):
+        error.message += (" Tools are called on /v1/chat/completions with the transformers engine (llama.cpp's "
+                          "grammar path is not measured here); scoring requests never generate.")
+    error.args = (error.message,)
     return error
 
 
-def _message_locations(messages: Any, prefix: str) -> list[str]:
+def message_keys(role: Any, engine: str) -> tuple[str, ...]:
+    """The keys of a message with ``role`` that the ``engine``'s rendering reads."""
+    extra = TOOL_MESSAGE_KEYS.get(role, ()) if engine == "transformers" and isinstance(role, str) else ()
+    return MESSAGE_KEYS + extra
+
+
+def _message_locations(messages: Any, prefix: str, engine: str = "transformers") -> list[str]:
     """Keys of chat messages (and their content parts) that no template reads."""
     found: list[str] = []
     if not isinstance(messages, list):
@@ -144,7 +165,8 @@ def _message_locations(messages: Any, prefix: str) -> list[str]:
     for i, msg in enumerate(messages):
         if not isinstance(msg, dict):
             continue
-        found += [f"{prefix}[{i}].{k}" for k, v in msg.items() if k not in MESSAGE_KEYS and v is not None]
+        keys = message_keys(msg.get("role"), engine)
+        found += [f"{prefix}[{i}].{k}" for k, v in msg.items() if k not in keys and v is not None]
         if isinstance(msg.get("content"), list):
             for j, part in enumerate(msg["content"]):
                 if isinstance(part, dict):
@@ -153,9 +175,10 @@ def _message_locations(messages: Any, prefix: str) -> list[str]:
     return found
 
 
-def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def template_messages(messages: list[dict[str, Any]], engine: str = "transformers") -> list[dict[str, Any]]:
     """What the chat template receives of each message: exactly the keys not reported as ignored."""
-    return [{k: m[k] for k in MESSAGE_KEYS if k in m} for m in messages]
+    return [{k: m[k] for k in message_keys(m.get("role"), engine)
+             if k in m and (k in MESSAGE_KEYS or m[k] not in (None, []))} for m in messages]
 
 
 def _unread(value: Any, known: set[str], where: str) -> list[str]:
@@ -177,6 +200,7 @@ def nested_locations(body: Mapping[str, Any]) -> list[str]:
         found += _unread(response_format, RESPONSE_FORMAT_KEYS[kind], "response_format")
         if kind == "json_schema":
             found += _unread(response_format.get("json_schema"), JSON_SCHEMA_KEYS, "response_format.json_schema")
+    found += tool_locations(body.get("tools"))
     return found
 
 
@@ -185,17 +209,21 @@ def is_no_change(field: str, value: Any) -> bool:
     return value is None or any(type(value) is type(v) and value == v for v in NO_CHANGE.get(field, []))
 
 
-def check_fields(route: str, engine: str, body: Mapping[str, Any], scoring: bool = False) -> list[str]:
-    """Refuse what cannot be honoured; return the locations of fields this request path does not use."""
+def check_fields(route: str, engine: str, body: Mapping[str, Any], scoring: bool = False,
+                 overrides: Mapping[str, str] | None = None) -> list[str]:
+    """Refuse what cannot be honoured (``overrides``: what a server setting makes of fields the table uses);
+    return the locations of fields this request path does not use."""
     ignored: list[str] = []
     refused: list[tuple[str, str]] = []
     for field, value in body.items():
         if is_no_change(field, value):
             continue
         kind = policy(field, route, engine, scoring)
+        if overrides and field in overrides and kind == USE:
+            kind = overrides[field]
         if kind == USE and field in STREAM_ONLY and body.get("stream") is not True:
             kind = REPORT
-        if kind in (REFUSE, PENDING):
+        if kind in (REFUSE, PENDING, SETTING):
             refused.append((field, kind))
         if kind == REPORT:
             ignored.append(field)
@@ -203,9 +231,9 @@ def check_fields(route: str, engine: str, body: Mapping[str, Any], scoring: bool
         raise _refusals(refused, route, engine, scoring)
     ignored += nested_locations({k: v for k, v in body.items() if k not in ignored})
     if policy("messages", route, engine, scoring) == USE:
-        ignored += _message_locations(body.get("messages"), "messages")
+        ignored += _message_locations(body.get("messages"), "messages", engine)
         extra = body.get("extra_messages")
         if isinstance(extra, list):
             for k, convo in enumerate(extra):
-                ignored += _message_locations(convo, f"extra_messages[{k}]")
+                ignored += _message_locations(convo, f"extra_messages[{k}]", engine)
     return ignored

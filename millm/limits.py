@@ -24,12 +24,13 @@ class Limits:
     max_prompts: int  # MILLM_MAX_PROMPTS: conversations (messages + extra_messages) or prompts per request
     max_embedding_inputs: int  # MILLM_MAX_EMBEDDING_INPUTS: inputs per embeddings request (OpenAI's cap)
     max_prompt_tokens: int  # MILLM_MAX_PROMPT_TOKENS: prompt tokens over every row of a request
+    tools: str = "honour"  # MILLM_TOOLS: whether a request may ask for tool calls ("refuse": 400, the spec's table)
 
     @classmethod
     def of(cls, settings: Settings | None = None) -> Limits:
         """The limits ``settings`` set (the process settings by default)."""
         s = settings or get_settings()
-        return cls(s.max_rows, s.max_prompts, s.max_embedding_inputs, s.max_prompt_tokens)
+        return cls(s.max_rows, s.max_prompts, s.max_embedding_inputs, s.max_prompt_tokens, s.tools)
 
 
 def _refuse(field: str, what: str, count: int, limit: int, setting: str) -> InvalidParameter:

@@ -48,6 +48,11 @@ class ChatCompletionRequest(_Readout):
     extra_messages: list[list[dict[str, Any]]] | None = Field(
         None, description="miLLM: further conversations answered in the same request, each its own choice")
     chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = Field(
+        None, description="Functions the model may call; arguments are enforced against each one's parameters")
+    tool_choice: str | dict[str, Any] | None = Field(
+        None, description='"auto", "none", "required" or {"type": "function", "function": {"name": ...}}')
+    parallel_tool_calls: bool | None = None
 
 
 class CompletionRequest(_Readout):

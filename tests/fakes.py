@@ -22,7 +22,7 @@ from millm.engine.scoring import ScoreRequest, ScoreResult, TokenScore, check_in
 from millm.errors import InvalidScoringRequest
 from millm.registry import ModelEntry
 
-VOCAB = ["<eos>"] + [chr(c) for c in range(32, 127)]
+VOCAB = ["<eos>"] + [chr(c) for c in range(32, 127)] + ["\n"]  # newline last: earlier ids unchanged
 SCRIPT = "Hello from the fake engine. It says the same thing every time, one character per step."
 FULL = Capabilities(steerable=False, scorable=True, seedable=True, constrainable=True, multiple_choices=True)
 GGUF = Capabilities(steerable=False, scorable=False, seedable=False, constrainable=False, multiple_choices=False)

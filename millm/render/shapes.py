@@ -8,6 +8,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from millm.engine.events import Usage
+from millm.structured.tools import ToolConstraint, split
+
+
+def call_finish(reason: str) -> str:
+    """A row that ended itself ("stop") after calling tools finishes with "tool_calls"; "length" stays."""
+    return "tool_calls" if reason == "stop" else reason
 
 
 def usage_body(usage: Usage) -> dict[str, int]:
@@ -24,6 +30,12 @@ class CompletionShape:
     fingerprint: str
     id: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
+    constraint: Any = None  # the request's constraint: a ToolConstraint's text is rendered as content and tool_calls
+
+    @property
+    def tools(self) -> ToolConstraint | None:
+        """The tool-call constraint whose text this response renders as calls (chat only)."""
+        return self.constraint if self.chat and isinstance(self.constraint, ToolConstraint) else None
 
     def __post_init__(self) -> None:
         self.id = ("chatcmpl-" if self.chat else "cmpl-") + uuid.uuid4().hex
@@ -36,21 +48,30 @@ class CompletionShape:
         choices = []
         for i in sorted(finishes):
             choice: dict[str, Any] = {"index": i}
-            if self.chat:
+            finish = finishes[i]
+            if self.tools is not None:
+                content, calls = split(self.tools, texts.get(i, ""))
+                choice["message"] = {"role": "assistant", "content": content or (None if calls else "")}
+                if calls:
+                    choice["message"]["tool_calls"] = [c.openai() for c in calls]
+                    finish = call_finish(finish)
+            elif self.chat:
                 choice["message"] = {"role": "assistant", "content": texts.get(i, "")}
             else:
                 choice["text"] = texts.get(i, "")
-            choices.append({**choice, "logprobs": None, "finish_reason": finishes[i]})
+            choices.append({**choice, "logprobs": None, "finish_reason": finish})
         body = self._envelope("chat.completion" if self.chat else "text_completion", choices)
         return {**body, "system_fingerprint": self.fingerprint, "usage": usage_body(usage)}
 
     def chunk(self, index: int, text: str | None = None, finish: str | None = None, *, role: bool = False,
-              usage: Usage | None = None) -> dict[str, Any]:
-        """One streamed chunk for choice ``index``: a role opener, a text delta or a finish."""
+              usage: Usage | None = None, tool_call: dict[str, Any] | None = None) -> dict[str, Any]:
+        """One streamed chunk for choice ``index``: a role opener, a text delta, a tool-call delta or a finish."""
         if self.chat:
             delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
             if text is not None:
                 delta["content"] = text
+            if tool_call is not None:
+                delta["tool_calls"] = [tool_call]
             choice: dict[str, Any] = {"index": index, "delta": delta}
         else:
             choice = {"index": index, "text": text or ""}

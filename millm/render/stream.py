@@ -8,7 +8,8 @@ from collections.abc import AsyncIterator
 from millm.engine.events import Activations, Delta, Event, Finish, Usage
 from millm.errors import MillmError
 from millm.render import sse
-from millm.render.shapes import CompletionShape
+from millm.render.shapes import CompletionShape, call_finish
+from millm.structured.tools import Piece, ToolCallParser
 
 log = logging.getLogger(__name__)
 
@@ -21,12 +22,29 @@ async def sse_events(shape: CompletionShape, events: AsyncIterator[Event], choic
         if shape.chat:
             for i in range(choices):
                 yield sse.data(shape.chunk(i, role=True))
+        tools = shape.tools
+        parsers: dict[int, ToolCallParser] = {}
+
+        def parser(index: int) -> ToolCallParser:
+            assert tools is not None
+            return parsers.setdefault(index, ToolCallParser(lead=tools.text is None))
+
         held: Finish | None = None
         readout: Activations | None = None
         async for event in events:
             if isinstance(event, Delta):
-                yield sse.data(shape.chunk(event.index, event.text))
+                if tools is None:
+                    yield sse.data(shape.chunk(event.index, event.text))
+                else:
+                    for piece in parser(event.index).feed(event.text):
+                        yield sse.data(piece_chunk(shape, event.index, piece, parser(event.index)))
             elif isinstance(event, Finish):
+                if tools is not None:
+                    rows = parser(event.index)
+                    for piece in rows.close():
+                        yield sse.data(piece_chunk(shape, event.index, piece, rows))
+                    if rows.calls:
+                        event = Finish(event.index, call_finish(event.reason), event.completion_tokens)
                 if held is not None:
                     yield sse.data(shape.chunk(held.index, finish=held.reason))
                 held = event
@@ -42,3 +60,15 @@ async def sse_events(shape: CompletionShape, events: AsyncIterator[Event], choic
         log.exception("generation failed mid-stream")
         yield sse.error(MillmError(f"Generation failed: {exc}").body())
     yield sse.DONE
+
+
+def piece_chunk(shape: CompletionShape, index: int, piece: Piece, parser: ToolCallParser) -> dict[str, object]:
+    """The chunk of one piece of a tools-constrained row: content, a call's opening (index, id, type and name;
+    empty arguments) or a run of its arguments."""
+    if piece.kind == "content":
+        return shape.chunk(index, piece.text)
+    if piece.kind == "call":
+        call = parser.calls[piece.call]
+        return shape.chunk(index, tool_call={"index": piece.call, "id": call.id, "type": "function",
+                                             "function": {"name": call.name, "arguments": ""}})
+    return shape.chunk(index, tool_call={"index": piece.call, "function": {"arguments": piece.text}})

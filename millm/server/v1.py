@@ -61,6 +61,7 @@ async def collect(shape: CompletionShape, events: AsyncIterator[Event]) -> dict[
 
 async def respond(shape: CompletionShape, events: AsyncIterator[Event], built: Built,
                   headers: dict[str, str]) -> Response | tuple[dict[str, Any], int, dict[str, str]]:
+    shape.constraint = built.constraint  # a tool-call constraint's text renders as content and tool_calls
     if built.stream:
         response = Response(sse_events(shape, events, built.choices, built.include_usage), mimetype="text/event-stream",
                             headers={**headers, "Cache-Control": "no-cache"})

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from millm.errors import ConstrainedOutputInvalid, ResponseFormatUnsupported
-from millm.structured.schema import PARAM, JsonConstraint, grammar_of
+from millm.structured.tools import Constraint, ToolConstraint, split
 
 
 class ConstraintCompiler:
@@ -35,18 +35,19 @@ class ConstraintCompiler:
             self._lltokenizer = llguidance.hf.from_tokenizer(self.tokenizer)
         return self._lltokenizer
 
-    def matcher(self, constraint: JsonConstraint) -> Any:
+    def matcher(self, constraint: Constraint) -> Any:
         """A fresh matcher for ``constraint`` (a copy of the cached compiled one)."""
         import llguidance
 
+        key = f"{type(constraint).__name__}:{constraint.key}"
         with self._lock:
-            template = self._compiled.get(constraint.key)
+            template = self._compiled.get(key)
             if template is None:
-                template = llguidance.LLMatcher(self._llg_tokenizer(), grammar_of(constraint.key))
+                template = llguidance.LLMatcher(self._llg_tokenizer(), constraint.grammar())
                 if template.is_error():
-                    raise ResponseFormatUnsupported(f"The schema cannot be compiled: {template.get_error()}",
-                                                    param=PARAM)
-                self._compiled[constraint.key] = template
+                    raise ResponseFormatUnsupported(f"The constraint cannot be compiled: {template.get_error()}",
+                                                    param=constraint.param)
+                self._compiled[key] = template
                 self.compiles += 1
             return template.deep_copy()
 
@@ -77,12 +78,29 @@ class RowGuides:
         return matcher.is_stopped()
 
 
-def validate(constraint: JsonConstraint, text: str) -> None:
-    """A closed document must parse and validate; otherwise 500 constrained_output_invalid."""
+def validate(constraint: Constraint, text: str) -> None:
+    """A closed document must parse and validate (a tool call's arguments against its tool's parameters);
+    otherwise 500 constrained_output_invalid."""
+    if isinstance(constraint, ToolConstraint):
+        content, calls = split(constraint, text)
+        for call in calls:
+            schema = constraint.schema_of(call.name)
+            if schema is None:
+                raise ConstrainedOutputInvalid(f"The model called {call.name!r}, which is not among the tools.")
+            _validate_json(call.arguments, schema, f"the arguments of {call.name!r}")
+        if not calls and constraint.choice != "auto":
+            raise ConstrainedOutputInvalid("The model answered without the tool call tool_choice requires.")
+        if not calls and constraint.text is not None:
+            _validate_json(content, constraint.text.schema, "the answer")
+        return
+    _validate_json(text, constraint.schema, "the document")
+
+
+def _validate_json(text: str, schema: dict[str, Any], what: str) -> None:
     import jsonschema
 
     try:
-        jsonschema.validate(json.loads(text), constraint.schema)
+        jsonschema.validate(json.loads(text), schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
     except (json.JSONDecodeError, jsonschema.ValidationError) as exc:
         message = exc.msg if isinstance(exc, json.JSONDecodeError) else exc.message
-        raise ConstrainedOutputInvalid(f"The model closed a document that does not validate: {message}") from None
+        raise ConstrainedOutputInvalid(f"The model closed {what}, which does not validate: {message}") from None

@@ -145,8 +145,8 @@ def test_the_template_receives_exactly_the_keys_not_reported():
     sent = [p.messages for p in built.generations[0].prompts]
     assert sent == [[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"},
                      {"role": "assistant", "content": "ok"}], [{"role": "user", "content": "x"}]]
-    assert built.ignored == ["messages[0].name", "messages[1].name", "messages[1].weight", "messages[2].tool_calls",
-                             "extra_messages[0][0].name"]
+    assert built.ignored == ["messages[0].name", "messages[1].name", "messages[1].weight",
+                             "extra_messages[0][0].name"]  # tool_calls is read (tool calling); [] holds no call
     scoring = build_chat({"model": "m", "messages": messages, "logprobs": True, "max_tokens": 1}, TF)
     assert scoring.score is not None
     assert scoring.score.rows[0].prompt.messages == sent[0]  # type: ignore[union-attr]

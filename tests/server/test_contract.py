@@ -123,14 +123,14 @@ def test_field_table_refusals_and_no_change_values(tmp_path):
     app, _ = make(tmp_path)
 
     async def scenario(client):
-        refused = await client.post("/v1/chat/completions", json=chat(tools=[{"type": "function"}]))
+        refused = await client.post("/v1/chat/completions", json=chat(functions=[{"name": "f"}]))
         accepted = await client.post("/v1/chat/completions", json=chat(n=1, tools=[], logit_bias={}, max_tokens=2,
                                                                          response_format={"type": "text"}))
         streamed_n = await client.post("/v1/chat/completions", json=chat(n=2, stream=True))
         return [(r.status_code, await r.get_json()) for r in (refused, accepted, streamed_n)]
 
     (s1, b1), (s2, b2), (s3, b3) = run(app, scenario)
-    assert s1 == 400 and b1["error"]["code"] == "field_not_honoured" and b1["error"]["param"] == "tools"
+    assert s1 == 400 and b1["error"]["code"] == "field_not_honoured" and b1["error"]["param"] == "functions"
     assert s2 == 200 and b2["choices"][0]["message"]["content"] == SCRIPT[:2]
     assert s3 == 400 and b3["error"]["param"] == "n"
 

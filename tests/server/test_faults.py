@@ -118,7 +118,7 @@ def test_exception_inside_a_constraint(served, monkeypatch):
     url, sid, home = served
     monkeypatch.setattr(RowGuides, "advance", fails_on_call(3, RowGuides.advance))
     schema = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}
-    stream_fails_cleanly(url, chat(stream=False, response_format={  # a constraint is never streamed (spec)
+    stream_fails_cleanly(url, chat(stream=False, response_format={  # the whole-body path (streams: test_tools_model)
         "type": "json_schema", "json_schema": {"name": "thing", "schema": schema}}))
     monkeypatch.undo()
     assert_recovered(url, sid, home)

@@ -64,7 +64,7 @@ def test_swap_waits_for_in_flight_and_refuses_during_it(tiny_checkpoint, engine,
 def test_refusals_come_before_any_load(tiny_checkpoint, engine, settings):
     with live_server(create_app(settings, engine)) as base:
         r = httpx.post(base + "/v1/chat/completions", timeout=30,
-                       json={"model": TINY, "messages": [{"role": "user", "content": "hi"}], "tools": [{}]})
+                       json={"model": TINY, "messages": [{"role": "user", "content": "hi"}], "functions": [{}]})
         state = httpx.get(base + "/api/health/inference", timeout=5).json()
     assert r.status_code == 400 and r.json()["error"]["code"] == "field_not_honoured"
     assert state["model"] == MODEL

@@ -78,14 +78,16 @@ def test_seeded_gguf_requests_repeat_across_cache_states(gguf_server):
     assert ask(seed=8).json()["choices"][0]["message"]["content"] != first.json()["choices"][0]["message"]["content"]
 
 
-def test_tool_choice_none_changes_nothing_and_tools_refusals_point_to_structured_output(server):
+def test_tool_choice_none_changes_nothing_and_legacy_functions_point_to_tools(server):
     chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "temperature": 0}
     assert post(server, "chat/completions", **chat, tool_choice="none").status_code == 200
-    refused = post(server, "chat/completions", **chat, tools=[{"type": "function", "function": {"name": "f"}}],
-                   tool_choice="auto")
+    honoured = post(server, "chat/completions", **chat, tools=[{"type": "function", "function": {"name": "f"}}],
+                    tool_choice="auto")
+    assert honoured.status_code == 200 and honoured.headers["X-miLLM-Constrained"] == 'tools;choice="auto"'
+    refused = post(server, "chat/completions", **chat, functions=[{"name": "f"}], function_call="auto")
     message = refused.json()["error"]["message"]
-    assert refused.status_code == 400 and "'tools'" in message and "'tool_choice'" in message
-    assert "response_format" in message and "json_schema" in message
+    assert refused.status_code == 400 and "'functions'" in message and "'function_call'" in message
+    assert "'tools' and 'tool_choice'" in message
 
 
 @pytest.mark.parametrize("path", ["/v1/responses", "/v1/audio/speech"])

@@ -23,10 +23,10 @@ def rf(schema, name="s"):
     ({"not": {"type": "string"}}, "'not' at '/not'"),
     ({"type": "array", "uniqueItems": True}, "'uniqueItems' at '/uniqueItems'"),
     ({"allOf": [{"type": "string"}]}, "'allOf' at '/allOf'"),
-    ({"oneOf": [{"type": "string"}]}, "'oneOf'"),
+    ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, "'oneOf' is enforced only where its branches cannot"),
     ({"if": {}, "then": {}, "else": {}}, "'if' at '/if'"),
-    ({"type": "object", "properties": {"d": {"type": "string", "format": "date"}}},
-     "'format' at '/properties/d/format'"),
+    ({"type": "object", "properties": {"d": {"type": "string", "format": "colour"}}},
+     "'format' 'colour' at '/properties/d/format'"),
     ({"type": "object", "patternProperties": {"^a": {}}}, "'patternProperties'"),
     ({"type": "object", "dependentRequired": {"a": ["b"]}}, "'dependentRequired'"),
     ({"$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object"}, "'$schema' at '/$schema'"),
@@ -42,7 +42,7 @@ def test_refused_keywords_name_pointer(schema, pointer):
 def test_every_refused_keyword_is_listed():
     with pytest.raises(ResponseFormatUnsupported) as exc:
         check_response_format(rf({"type": "object", "properties": {"a": {"type": "integer", "multipleOf": 2},
-                                                                    "b": {"type": "string", "format": "email"}}}))
+                                                                    "b": {"type": "string", "format": "phone"}}}))
     assert "/properties/a/multipleOf" in exc.value.message and "/properties/b/format" in exc.value.message
 
 
@@ -145,7 +145,6 @@ def test_strict_false_still_enforced(server):
 
 
 @pytest.mark.parametrize("route,body,code", [
-    ("chat/completions", {"stream": True}, "response_format_unsupported"),
     ("chat/completions", {"stop": ["}"]}, "response_format_unsupported"),
     ("chat/completions", {"logprobs": True, "max_tokens": 1}, "field_not_honoured"),
     ("completions", {"prompt": "x"}, "field_not_honoured"),

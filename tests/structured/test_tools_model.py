@@ -1,0 +1,116 @@
+"""Tool calling and streamed structured output on the bundled model (SmolLM2-135M-Instruct, whose template has
+no tool support: the generic tool prompt is used), through the live server."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import jsonschema
+
+MODEL = "SmolLM2-135M-Instruct"
+WEATHER_PARAMS = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30},
+                                                   "unit": {"enum": ["celsius", "fahrenheit"]}},
+                  "required": ["city", "unit"], "additionalProperties": False}
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The current weather in a city",
+                                            "parameters": WEATHER_PARAMS}}
+TIME = {"type": "function", "function": {"name": "get_time", "description": "The time in a time zone",
+                                         "parameters": {"type": "object", "properties": {"zone": {"type": "string"}}}}}
+ASK = [{"role": "user", "content": "What is the weather like in Paris today?"}]
+
+
+def post(server: str, **body):
+    return httpx.post(server + "/v1/chat/completions", json={"model": MODEL, "max_tokens": 60, "temperature": 0}
+                      | body, timeout=300)
+
+
+def sse(server: str, **body) -> list[dict]:
+    with httpx.stream("POST", server + "/v1/chat/completions", timeout=300,
+                      json={"model": MODEL, "max_tokens": 60, "temperature": 0, "stream": True} | body) as r:
+        assert r.status_code == 200, r.read()
+        frames = [line.removeprefix("data: ") for line in r.iter_lines() if line.startswith("data: ")]
+    assert frames[-1] == "[DONE]"
+    return [json.loads(f) for f in frames[:-1]]
+
+
+def test_a_named_tool_choice_is_called_with_valid_arguments(server):
+    r = post(server, messages=ASK, tools=[WEATHER, TIME],
+             tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    assert r.status_code == 200, r.text
+    assert r.headers["X-miLLM-Constrained"] == 'tools;choice="function";name="get_weather"'
+    choice = r.json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+    [call] = choice["message"]["tool_calls"]
+    assert call["function"]["name"] == "get_weather" and call["id"].startswith("call_")
+    jsonschema.validate(json.loads(call["function"]["arguments"]), WEATHER_PARAMS)
+
+
+def test_required_calls_validate_for_every_seed(server):
+    for seed in range(3):
+        r = post(server, messages=ASK, tools=[WEATHER, TIME], tool_choice="required", temperature=1.0, seed=seed,
+                 max_tokens=120)
+        assert r.status_code == 200, r.text
+        choice = r.json()["choices"][0]
+        calls = choice["message"]["tool_calls"]
+        assert calls and choice["finish_reason"] in ("tool_calls", "length")
+        schemas = {"get_weather": WEATHER_PARAMS, "get_time": TIME["function"]["parameters"]}
+        for call in calls if choice["finish_reason"] == "tool_calls" else calls[:-1]:
+            jsonschema.validate(json.loads(call["function"]["arguments"]), schemas[call["function"]["name"]])
+
+
+def test_auto_may_answer_in_text_and_none_always_does(server):
+    auto = post(server, messages=[{"role": "user", "content": "Say hello."}], tools=[WEATHER])
+    assert auto.status_code == 200, auto.text
+    choice = auto.json()["choices"][0]
+    if choice["message"].get("tool_calls"):
+        assert choice["finish_reason"] in ("tool_calls", "length")
+    else:
+        assert choice["message"]["content"] and "<tool_call>" not in choice["message"]["content"]
+    none = post(server, messages=ASK, tools=[WEATHER], tool_choice="none")
+    assert none.status_code == 200 and "tool_calls" not in none.json()["choices"][0]["message"]
+    assert "X-miLLM-Constrained" not in none.headers
+
+
+def test_a_tool_result_turn_continues_the_conversation(server):
+    first = post(server, messages=ASK, tools=[WEATHER], tool_choice="required", parallel_tool_calls=False).json()
+    message = first["choices"][0]["message"]
+    call = message["tool_calls"][0]
+    result = {"role": "tool", "tool_call_id": call["id"], "content": "18 degrees and sunny"}
+    r = post(server, messages=[*ASK, message, result], tools=[WEATHER], max_tokens=40)
+    assert r.status_code == 200, r.text
+    assert "X-miLLM-Ignored-Fields" not in r.headers  # tool_calls and tool_call_id are read, not dropped
+    answer = r.json()["choices"][0]["message"]
+    assert answer["content"] or answer["tool_calls"]
+    without = post(server, messages=[*ASK, message], tools=[WEATHER], max_tokens=1).json()
+    assert r.json()["usage"]["prompt_tokens"] > without["usage"]["prompt_tokens"]  # the result reached the prompt
+    plain = post(server, messages=[*ASK, message, result], max_tokens=20)  # no tools offered: history still renders
+    assert plain.status_code == 200 and plain.json()["choices"][0]["message"]["content"]
+
+
+def test_streamed_tool_call_deltas_add_up_to_the_call(server):
+    chunks = sse(server, messages=ASK, tools=[WEATHER], tool_choice={"type": "function",
+                                                                     "function": {"name": "get_weather"}})
+    calls = [d for c in chunks if c["choices"] for d in c["choices"][0]["delta"].get("tool_calls", [])]
+    assert calls[0]["id"].startswith("call_") and calls[0]["function"] == {"name": "get_weather", "arguments": ""}
+    arguments = "".join(d["function"]["arguments"] for d in calls)
+    jsonschema.validate(json.loads(arguments), WEATHER_PARAMS)
+    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "tool_calls"
+
+
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
+                                           "born": {"type": "string", "format": "date"}},
+          "required": ["name", "born"], "additionalProperties": False}
+FORMAT = {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA}}
+
+
+def test_streamed_response_format_yields_a_valid_document_and_a_cut_stream_ends_with_length(server):
+    chunks = sse(server, messages=[{"role": "user", "content": "Name a famous scientist and their birth date."}],
+                 response_format=FORMAT, max_tokens=80)
+    pieces = [c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]]
+    text = "".join(pieces)
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    jsonschema.validate(json.loads(text), SCHEMA, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
+    cut = sse(server, messages=[{"role": "user", "content": "Name a scientist."}], response_format=FORMAT,
+              max_tokens=4)
+    assert [c["choices"][0]["finish_reason"] for c in cut if c["choices"]][-1] == "length"
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in cut if c["choices"]).startswith("{")
