@@ -194,3 +194,10 @@ def test_a_pulled_models_id_follows_the_same_rule(model_id):
     with pytest.raises(InvalidParameter) as info:
         _plain_name(model_id)
     assert info.value.param == "id"
+
+
+def test_user_paths_expand_as_a_shell_does():
+    from millm.paths import user_path
+
+    assert user_path("~nosuchuser-millm-test/x") == Path("~nosuchuser-millm-test/x")  # left as given
+    assert user_path("~/x") == Path.home() / "x" and user_path("/abs") == Path("/abs")

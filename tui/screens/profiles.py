@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from pathlib import Path
 
 from rich.text import Text
 from textual import work
@@ -19,6 +18,7 @@ from textual.screen import ModalScreen
 from textual.widgets import DataTable, Label
 
 from millm.errors import MillmError
+from millm.paths import user_path
 from tui.client import Client, ProfileInfo
 from tui.screens.prompt import TextPrompt
 
@@ -135,7 +135,7 @@ class ProfilesScreen(ModalScreen[ProfilesOutcome]):
     async def export(self, name: str, path: str) -> None:
         try:
             doc = await self.client.export(name)
-            target = Path(path).expanduser()
+            target = user_path(path)
             target.write_text(json.dumps(doc, indent=2) + "\n")
         except MillmError as exc:
             self.notify(exc.message, severity="error", title="not exported")
