@@ -24,7 +24,7 @@ from millm.engine.scoring import (
     check_top_n,
 )
 from millm.engine.templates import TOOLS_KWARG
-from millm.errors import FieldNotHonoured, InvalidParameter, ResponseFormatUnsupported, UnusedFieldsRefused
+from millm.errors import InvalidParameter, ResponseFormatUnsupported, UnusedFieldsRefused
 from millm.fields import NESTED_KEYS, TOOLS_REFUSED, check_fields, is_no_change, template_messages
 from millm.limits import Limits, check_embedding_inputs, check_prompt_tokens, check_prompts, check_rows
 from millm.steering.intensity import Dial, parse_intensity
@@ -208,12 +208,16 @@ def constraint_for(body: Mapping[str, Any], params: SamplingParams) -> Constrain
 
 
 def refuse_under_batching(built: Built) -> None:
-    """response_format on a server with continuous batching enabled: refused before loading (spec)."""
-    if built.constraint is not None:
-        name = built.constraint.param
-        error = ResponseFormatUnsupported if name == "response_format" else FieldNotHonoured
-        raise error(f"'{name}' cannot be honoured while continuous batching is enabled on this server "
-                    "(MILLM_BATCHING); it was refused rather than ignored.", param=name)
+    """response_format on a server with continuous batching enabled: refused before loading (spec). Tool calls
+    are not refused there (Open WebUI sends tools with every message): like any constrained plan they are
+    served on the serial path, alone."""
+    constraint = built.constraint
+    if isinstance(constraint, ToolConstraint):
+        constraint = constraint.text
+    if constraint is not None:
+        raise ResponseFormatUnsupported("'response_format' cannot be honoured while continuous batching is enabled "
+                                        "on this server (MILLM_BATCHING); it was refused rather than ignored.",
+                                        param="response_format")
 
 
 # arguments miLLM passes to the template renderer itself; a client's value would clash with them (a 500)

@@ -65,6 +65,9 @@ TABLE: dict[str, tuple[str, str, str, str, str, str, str]] = {
     "best_of":                    (_X, _X, _X, _R, _R, _R, _X),
 }
 
+# fields used only beside another: without it (absent, null or its no-change value) they are reported
+USED_WITH = {"tool_choice": "tools", "parallel_tool_calls": "tools"}
+
 # values that change nothing and are accepted everywhere (an explicit null too)
 NO_CHANGE: dict[str, list[Any]] = {
     "n": [1], "logprobs": [False], "response_format": [{"type": "text"}], "tools": [[]], "logit_bias": [{}],
@@ -221,6 +224,8 @@ def check_fields(route: str, engine: str, body: Mapping[str, Any], scoring: bool
         kind = policy(field, route, engine, scoring)
         if overrides and field in overrides and kind == USE:
             kind = overrides[field]
+        if kind == USE and field in USED_WITH and is_no_change(USED_WITH[field], body.get(USED_WITH[field])):
+            kind = REPORT  # tool_choice "required" with no tools (LlamaIndex's default) has nothing to call
         if kind == USE and field in STREAM_ONLY and body.get("stream") is not True:
             kind = REPORT
         if kind in (REFUSE, PENDING, SETTING):

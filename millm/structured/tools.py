@@ -213,6 +213,8 @@ def tool_constraint(tools_value: Any, choice_value: Any, parallel: Any = None,
         choice = choice_value
     elif isinstance(choice_value, dict):
         function = choice_value.get("function")
+        if not tools:
+            return None
         if choice_value.get("type") != "function" or not isinstance(function, dict) \
                 or not isinstance(function.get("name"), str):
             raise InvalidParameter("'tool_choice' as an object must be {\"type\": \"function\", \"function\": "
@@ -225,10 +227,8 @@ def tool_constraint(tools_value: Any, choice_value: Any, parallel: Any = None,
         raise InvalidParameter("'tool_choice' must be a string or an object.", param="tool_choice")
     if choice == "none":
         return None
-    if not tools:
-        if choice == "auto":
-            return None
-        raise InvalidParameter(f"'tool_choice' {choice!r} needs 'tools' to call.", param="tool_choice")
+    if not tools:  # nothing to call: the field table reports tool_choice on such a request
+        return None
     constraint = ToolConstraint(tools, choice, forced, parallel is not False, text)
     if problem := _grammar_problem(constraint.grammar()):  # before anything generates, not as a 500 after
         raise InvalidParameter(f"The tools cannot be compiled into one constraint: {problem}", param="tools")

@@ -55,7 +55,6 @@ def constraint(**kw: Any) -> ToolConstraint:
     ([WEATHER], "sometimes", "tool_choice"),
     ([WEATHER], {"type": "function", "function": {"name": "get_time"}}, "tool_choice.function.name"),
     ([WEATHER], {"type": "function"}, "tool_choice"),
-    (None, "required", "tool_choice"),
 ])
 def test_bad_tools_and_choices_name_the_field(tools, choice, param):
     with pytest.raises(InvalidParameter) as exc:
@@ -77,6 +76,7 @@ def test_parameters_keep_to_the_enforced_subset_and_name_the_tool():
 def test_choices_and_what_they_constrain():
     assert tool_constraint([WEATHER], "none") is None  # plain text
     assert tool_constraint(None, "auto") is None and tool_constraint([], None) is None
+    assert tool_constraint(None, "required") is None  # nothing to call: reported by the field table
     auto = constraint()
     assert (auto.choice, auto.forced, auto.parallel) == ("auto", None, True)
     assert auto.header() == 'tools;choice="auto"'
@@ -301,3 +301,21 @@ def test_history_keys_are_used_on_transformers_and_reported_on_gguf(tmp_path):
     [(status, headers, _)] = post(app, body)
     assert status == 200 and "messages[2].tool_calls" in headers["X-miLLM-Ignored-Fields"]
     assert "messages[3].tool_call_id" in headers["X-miLLM-Ignored-Fields"]
+
+
+def test_tool_choice_without_tools_is_reported_not_refused(tmp_path):
+    """LlamaIndex's OpenAILike sends tool_choice "required" with no tools by default: nothing to call, so the
+    field is unused (reported; refused only in strict mode), never a 400 on every call."""
+    app, _ = make(tmp_path)
+    body = {"model": "fake", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2,
+            "tool_choice": "required", "parallel_tool_calls": False}
+
+    async def scenario(client):
+        lenient = await client.post("/v1/chat/completions", json=body)
+        strict = await client.post("/v1/chat/completions", json=body, headers={"X-miLLM-Strict": "true"})
+        return lenient.status_code, lenient.headers, strict.status_code, await strict.get_json()
+
+    status, headers, strict_status, strict_body = run(app, scenario)
+    assert status == 200 and headers["X-miLLM-Ignored-Fields"] == '"tool_choice", "parallel_tool_calls"'
+    assert "X-miLLM-Constrained" not in headers
+    assert strict_status == 400 and strict_body["error"]["code"] == "unused_fields_refused"

@@ -7,6 +7,7 @@ import json
 
 import httpx
 import jsonschema
+import pytest
 
 MODEL = "SmolLM2-135M-Instruct"
 WEATHER_PARAMS = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30},
@@ -114,3 +115,56 @@ def test_streamed_response_format_yields_a_valid_document_and_a_cut_stream_ends_
               max_tokens=4)
     assert [c["choices"][0]["finish_reason"] for c in cut if c["choices"]][-1] == "length"
     assert "".join(c["choices"][0]["delta"].get("content") or "" for c in cut if c["choices"]).startswith("{")
+
+
+@pytest.fixture(scope="module")
+def steered_base(engine, settings, tmp_path_factory):
+    """A server of its own with a random SAE attached at layer 10 (detached afterwards)."""
+    from millm.server.app import create_app
+    from tests.live import live_server
+    from tests.saes import random_sae, write_saelens
+
+    folder = write_saelens(tmp_path_factory.mktemp("saes") / "tools-l10", random_sae(576, 256, seed=11), layer=10)
+    with live_server(create_app(settings, engine)) as base:
+        sid = httpx.post(base + "/api/saes", json={"path": str(folder)}, timeout=30).json()["id"]
+        assert httpx.post(base + f"/api/saes/{sid}/attach", json={}, timeout=30).status_code == 200
+        try:
+            yield base, sid
+        finally:
+            httpx.delete(base + "/api/steering", timeout=30)
+            httpx.post(base + f"/api/saes/{sid}/detach", timeout=30)
+
+
+def test_steering_and_profiles_apply_to_tool_calls(steered_base):
+    base, sid = steered_base
+    ask = {"messages": ASK, "tools": [WEATHER], "max_tokens": 80,
+           "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}
+    plain = post(base, **ask)
+    profile = httpx.post(base + "/api/profiles", timeout=10, json={
+        "name": "tools-steer", "entries": [{"sae": sid, "feature": 3, "strength": 200.0}]})
+    assert profile.status_code in (201, 409), profile.text
+    steered = post(base, **ask, profile="tools-steer")
+    dialled_off = post(base, **ask, profile="tools-steer", steering_intensity="off")
+    for r in (plain, steered, dialled_off):
+        assert r.status_code == 200, r.text
+        choice = r.json()["choices"][0]
+        [call] = choice["message"]["tool_calls"]
+        if choice["finish_reason"] == "tool_calls":  # steered text may run to max_tokens inside the call
+            jsonschema.validate(json.loads(call["function"]["arguments"]), WEATHER_PARAMS)
+    assert steered.headers["X-miLLM-Steering"] == '"tools-steer"'
+    arguments = [r.json()["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"]
+                 for r in (plain, steered, dialled_off)]
+    assert arguments[1] != arguments[0] and arguments[2] == arguments[0]  # steered, and the dial turns it off
+
+
+def test_tool_calls_are_served_while_batching_and_response_format_stays_refused(engine, settings):
+    from millm.server.app import create_app
+    from tests.live import live_server
+
+    on = settings.model_copy(update={"batching": True, "batch_max_rows": 4, "batch_max_tokens": 4 * 512})
+    with live_server(create_app(on, engine)) as base:
+        called = post(base, messages=ASK, tools=[WEATHER], tool_choice="required", parallel_tool_calls=False)
+        refused = post(base, messages=ASK, tools=[WEATHER], response_format={"type": "json_object"})
+    assert called.status_code == 200, called.text
+    assert called.json()["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "response_format"
