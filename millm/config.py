@@ -46,6 +46,9 @@ class Settings(BaseSettings):
     # MILLM_TOOLS: "honour" calls tools by constrained decoding (transformers); "refuse" answers tools and
     # tool_choice with 400 field_not_honoured, the spec's table (README: Structured output and tools)
     tools: Literal["honour", "refuse"] = "honour"
+    # MILLM_GGUF_STEERING: SAEs attach to GGUF models and steer llama.cpp through its control vectors (profile and
+    # steering_intensity honoured on GGUF chat); off, the spec's table refuses them (README: GGUF models)
+    gguf_steering: bool = False
 
     @model_validator(mode="after")
     def _dial_floors_below_max(self) -> Settings:

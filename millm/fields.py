@@ -106,12 +106,24 @@ def column(route: str, engine: str, scoring: bool = False) -> tuple[str, str]:
     return route, engine
 
 
+# MILLM_GGUF_STEERING=true (beyond the spec, whose table above stays as written): GGUF chat is steered through
+# llama.cpp's control vectors, so a request's own steering is honoured there
+GGUF_STEERING = {"profile": USE, "steering_intensity": USE}
+
+
 def policy(field: str, route: str, engine: str, scoring: bool = False) -> str:
-    """What the table says for ``field`` on ``route`` with ``engine`` (unknown fields are reported)."""
+    """What the table says for ``field`` on ``route`` with ``engine`` (unknown fields are reported), and what
+    MILLM_GGUF_STEERING makes of GGUF chat's steering fields."""
     row = TABLE.get(field)
     if row is None:
         return REPORT
-    return row[COLUMNS.index(column(route, engine, scoring))]
+    where = column(route, engine, scoring)
+    if field in GGUF_STEERING and where == ("chat", "llama.cpp"):
+        from millm.config import get_settings
+
+        if get_settings().gguf_steering:
+            return GGUF_STEERING[field]
+    return row[COLUMNS.index(where)]
 
 
 def _refusal(field: str, route: str, engine: str, kind: str, scoring: bool) -> FieldNotHonoured:

@@ -111,12 +111,15 @@ def fingerprint(model: str, revision: str | None, dtype: str | None, quantizatio
     return f"millm:{model}@{part(revision)}:{part(dtype)}/{part(quantization)}:{engine}"
 
 
-def check_supported(request: GenerationRequest, caps: Capabilities, engine_name: str) -> None:
-    """Refuse, naming the field, what a generation request asks of an engine that cannot do it."""
+def check_supported(request: GenerationRequest, caps: Capabilities, engine_name: str,
+                    steers: bool | None = None) -> None:
+    """Refuse, naming the field, what a generation request asks of an engine that cannot do it. ``steers``:
+    whether the engine applies a request's own steering without SAE hooks (llama.cpp's control vectors under
+    MILLM_GGUF_STEERING); by default, whether it has hooks. Read-outs always need the hooks."""
     from millm.errors import FieldNotHonoured
 
     asks = {
-        "profile": request.override is not None and not caps.steerable,
+        "profile": request.override is not None and not (caps.steerable if steers is None else steers),
         "return_sae_activations": request.readout is not None and not caps.steerable,
         "response_format": request.constraint is not None and not caps.constrainable,
         "seed": request.params.seed is not None and not caps.seedable,
