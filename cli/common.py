@@ -13,19 +13,20 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import typer
 from rich.console import Console
 
+from millm import local
 from millm.config import get_settings
 from millm.errors import InvalidParameter, MillmError
+from millm.local import ENGINES as _engines
+from millm.local import steering_service as steering_service
 
 if TYPE_CHECKING:
     from millm.engine.base import Engine
-    from millm.steering.service import SteeringService
     from millm.steering.target import SteeringTarget
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 F = TypeVar("F", bound=Callable[..., Any])
-_engines: dict[str, Engine] = {}
 
 
 def reports_errors(fn: F) -> F:
@@ -42,14 +43,6 @@ def reports_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def steering_service() -> SteeringService:
-    """The SAE registry, profiles and persisted steering under MILLM_HOME."""
-    from millm.steering.service import SteeringService
-    from millm.store import Store
-
-    return SteeringService(Store(get_settings().home / "millm.db"))
-
-
 def engine_of(model: str) -> str:
     """Which engine runs ``model`` (an id, a GGUF repo name or a path), without loading it."""
     from millm.registry import resolve
@@ -58,19 +51,9 @@ def engine_of(model: str) -> str:
 
 
 def engine_for(model: str | None) -> Engine:
-    """The engine for ``model`` (default: the configured default), loaded once per process, with the
-    SAE attachments and steering values persisted for it re-applied."""
-    from millm.engine import load_engine
-    from millm.registry import resolve
-
-    settings = get_settings()
-    entry = resolve(model or settings.default_model, settings, paths=True)
-    if entry.id not in _engines:
-        with err.status(f"loading {entry.id} ..."):
-            engine = load_engine(entry, settings)
-            steering_service().restore(engine.steering_target())
-            _engines[entry.id] = engine
-    return _engines[entry.id]
+    """The engine for ``model`` (default: the configured default), loaded once per process with a spinner,
+    its persisted SAE attachments and steering values re-applied (``millm.local``)."""
+    return local.engine_for(model, lambda model_id: err.status(f"loading {model_id} ..."))
 
 
 def steerable(engine: Engine) -> SteeringTarget:

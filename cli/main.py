@@ -41,17 +41,20 @@ def chat_body(model: str, messages: list[dict[str, Any]], fields: dict[str, Any]
 
 def stream_answer(engine: Engine, messages: list[dict[str, Any]], fields: dict[str, Any],
                   override: Override | None = None) -> str:
-    """Print the answer as it is generated; return its full text."""
-    from dataclasses import replace
-
+    """Print the answer as it is generated; return its full text. Prepared as the server prepares a
+    request (``millm.generation.prepare``: the same limits), steered by ``override``."""
     from millm.builder import build_chat
     from millm.engine.events import Delta, Finish
+    from millm.engine.plan import run_each
+    from millm.generation import prepare
+    from millm.limits import Limits
+    from millm.steering.bases import RequestSteering
 
     built = build_chat(chat_body(engine.model_id, messages, fields), lambda _: engine.engine_name)
-    request = replace(built.generations[0], override=override)
+    prepared = prepare(engine, built, Limits.of(get_settings()), steer=RequestSteering(override))
     pieces = []
     finish = None
-    for event in engine.generate(request):
+    for event in run_each(engine.run, prepared.plans):
         if isinstance(event, Delta):
             pieces.append(event.text)
             out.print(event.text, end="", markup=False)

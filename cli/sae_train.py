@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -13,14 +13,15 @@ from rich.table import Table
 from cli.common import err, out, reports_errors, steering_service
 from millm.config import get_settings
 from millm.errors import InvalidParameter, SAENotFound
-from millm.sae import recipe
-from millm.sae.bundled import register_bundled
-from millm.sae.labels import FEATURES_FILE, LabelIndex
-from millm.sae.train import StepStats
+
+if TYPE_CHECKING:
+    from millm.sae.train import StepStats
 
 
 def _sae_folder(ref: str) -> tuple[Path, str]:
     """An SAE named by registered id (bundled ones included) or by its folder; (folder, name)."""
+    from millm.sae.bundled import register_bundled
+
     path = Path(ref).expanduser()
     if path.exists():
         return (path if path.is_dir() else path.parent), ref
@@ -36,6 +37,8 @@ def _sae_folder(ref: str) -> tuple[Path, str]:
 def steer_assignments(items: list[str], sae: str | None, model_id: str) -> dict[int, float]:
     """``--steer`` values: ``123=40`` as they are, ``weather=60`` looked up in the labels of ``--sae`` (or of
     the one SAE attached to ``model_id``); an ambiguous or unknown name is refused listing candidates."""
+    from millm.sae.labels import LabelIndex
+
     if all(item.rpartition("=")[0].strip().removeprefix("#").isdigit() for item in items):
         return LabelIndex({}, sae or "the SAE").resolve_assignments(items)
     service = steering_service()
@@ -102,6 +105,7 @@ def train(
     """Train a TopK SAE on a model's residual stream at LAYER; writes SAELens files and labels."""
     from millm.engine.loader import load
     from millm.registry import resolve
+    from millm.sae import recipe
 
     settings = get_settings()
     if device is not None:
@@ -141,6 +145,8 @@ def features(
 ) -> None:
     """List an SAE's labelled features, closest label matches first with --search."""
     import json
+
+    from millm.sae.labels import FEATURES_FILE, LabelIndex
 
     folder, name = _sae_folder(sae)
     index = LabelIndex.load(folder, name)

@@ -10,7 +10,9 @@ from platformdirs import user_data_dir
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from millm.steering.intensity import ENVELOPE
+# the steering dial's envelope: every λ (steering_intensity, a cluster's stored dial, a declared
+# intensity_range) lies in it
+ENVELOPE: tuple[float, float] = (0.0, 2.0)
 
 
 class Settings(BaseSettings):

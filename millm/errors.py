@@ -215,3 +215,10 @@ class InvalidModelFiles(MillmError):
     load it, so the request naming it is refused before the loaded model is unloaded."""
 
     status, type, code = 422, "invalid_request_error", "invalid_model_files"
+
+
+class UnsupportedArchitecture(MillmError):
+    """The loaded model's layers are of a kind miLLM's decode loop does not run (a recurrent or convolutional
+    layer, whose state is not a key-value cache): generation is refused, naming the layer types."""
+
+    status, type, code = 400, "invalid_request_error", "unsupported_architecture"

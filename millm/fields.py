@@ -11,7 +11,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from millm.errors import FieldNotHonoured
-from millm.steering.readout import KEYS as READOUT_KEYS
 from millm.structured.tools import tool_locations
 
 USE, REFUSE, PENDING, REPORT = "use", "refuse", "pending", "report"
@@ -76,6 +75,7 @@ NO_CHANGE: dict[str, list[Any]] = {
     "parallel_tool_calls": [True],
 }
 
+READOUT_KEYS = {"sae_id", "features", "top_k", "positions", "read_point"}  # return_sae_activations
 MESSAGE_KEYS = ("role", "content")  # what a chat template receives of each message; any other key is reported
 # and on the transformers engine, by role: the calls and results of tool calling (rendered by millm.engine.templates)
 TOOL_MESSAGE_KEYS = {"assistant": ("tool_calls",), "tool": ("tool_call_id", "name"), "function": ("name",)}

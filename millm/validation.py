@@ -14,8 +14,9 @@ from millm.errors import InvalidParameter
 
 SEED_MAX = 2**32 - 1
 N_MAX = 128
-# a temperature above 0 and below this overflows logits / T into inf and NaN (generation and scoring alike)
-MIN_TEMPERATURE = 0.001
+# scoring only: a scoring temperature above 0 and below this overflows logits / T into inf and NaN (generation
+# samples from (logits - max) / T, finite for any T > 0, so it honours the whole 0-2 range)
+MIN_SCORING_TEMPERATURE = 0.001
 
 # field -> (low, high), both inclusive
 RANGES: dict[str, tuple[float, float]] = {
@@ -33,10 +34,17 @@ def check_number(name: str, value: Any) -> float:
     low, high = RANGES[name]
     if not low <= value <= high:
         raise InvalidParameter(f"'{name}' must be between {low:g} and {high:g}, got {value!r}.", param=name)
-    if name == "temperature" and 0 < value < MIN_TEMPERATURE:
-        raise InvalidParameter(f"'temperature' {value!r} would overflow the logits; use 0 (greedy, no scaling) or "
-                               f"at least {MIN_TEMPERATURE:g}.", param=name)
     return float(value)
+
+
+def check_scoring_temperature(value: Any) -> float:
+    """A scoring temperature: the generation range, and 0 or at least MIN_SCORING_TEMPERATURE (scoring
+    divides the logits themselves, and reports their log-probabilities)."""
+    temperature = check_number("temperature", value)
+    if 0 < temperature < MIN_SCORING_TEMPERATURE:
+        raise InvalidParameter(f"'temperature' {value!r} would overflow the logits; use 0 (greedy, no scaling) or "
+                               f"at least {MIN_SCORING_TEMPERATURE:g}.", param="temperature")
+    return temperature
 
 
 def check_int(name: str, value: Any, *, low: int, high: int | None = None) -> int:

@@ -4,25 +4,26 @@ Model work and steering changes go through one ``EngineWorker`` (the server's): 
 from the engine thread, and every steering change is a command that runs on that thread between two
 decode steps, so no hook changes under a running forward pass, and a change made while an answer is
 generated follows the operator-wins rule. Requests are built by ``millm.builder.build_chat`` and
-steered through ``SteeringService.for_request``, as ``/v1/chat/completions`` builds and steers them.
+prepared by ``millm.generation.prepare`` on the engine thread, as ``/v1/chat/completions`` builds and
+prepares them.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
-from dataclasses import replace
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
+from millm import local
 from millm.builder import build_chat
 from millm.config import get_settings
-from millm.engine.base import Engine, StepControl
-from millm.engine.events import Activations, Delta, Event, Finish, Usage
-from millm.engine.plan import run_each
+from millm.engine.base import Engine
+from millm.engine.events import Activations, Delta, Finish, Usage
 from millm.engine.worker import EngineWorker
-from millm.errors import FieldNotHonoured, InvalidParameter
+from millm.errors import InvalidParameter
+from millm.generation import prepare
+from millm.limits import Limits
 from millm.sae.labels import LabelIndex
-from millm.steering.bases import RequestSteering
 from millm.steering.rung import rung_language
 from millm.steering.target import SteeringTarget
 from tui.client import (
@@ -45,19 +46,15 @@ class LocalClient:
     """miLLM in this process, on ``engine`` (steering persisted through ``service``)."""
 
     def __init__(self, engine: Engine, service: SteeringService | None = None) -> None:
-        from cli.common import steering_service
-
         self.engine = engine
-        self.service = service or steering_service()
+        self.service = service or local.steering_service()
         self.worker = EngineWorker(get_settings().max_queue)
         self._target = engine.steering_target()
 
     @classmethod
     async def open(cls, model: str | None) -> LocalClient:
         """Load ``model`` (default: the configured one) off the event loop, with its persisted steering."""
-        from cli.common import engine_for
-
-        return cls(await asyncio.to_thread(engine_for, model))
+        return cls(await asyncio.to_thread(local.engine_for, model))
 
     def target(self) -> SteeringTarget:
         if self._target is None:
@@ -137,31 +134,18 @@ class LocalClient:
         return self.service.active_circuit(self._target, self.engine.model_id)
 
     # generation
-    def _request_steering(self, profile: str | None, dial: Any) -> RequestSteering:
-        if self._target is None:
-            for name, value in (("profile", profile), ("steering_intensity", dial)):
-                if value is not None:
-                    raise FieldNotHonoured(f"'{name}' cannot be honoured by the {self.engine.engine_name} engine.",
-                                           param=name)
-            return RequestSteering()
-        return self.service.for_request(self._target, profile, dial)
-
     async def chat(self, body: dict[str, Any]) -> AsyncIterator[ChatEvent]:
-        """Stream one chat answer; closing the iterator (or cancelling its task) stops it at the next step."""
-        engine, target = self.engine, self._target
-        built = build_chat(body, lambda _: engine.engine_name)
-        steer = self._request_steering(built.profile, built.intensity)
-        plans = [engine.prepare(replace(g, override=steer.override)) for g in built.generations]
-        result = ChatResult(steering=target.steering.label(steer.override) if target is not None else "none",
-                            intensity=steer.echo, rung=rung_language(steer.rung) if steer.rung is not None else None)
-
-        def make_events(control: StepControl) -> Iterator[Event]:
-            if target is not None and steer.pinned:  # an operator change that unpins the steering ends the answer
-                control = control.checking(lambda: steer.check(target.steering))
-            return run_each(engine.run, plans, control)
-
+        """Stream one chat answer; closing the iterator (or cancelling its task) stops it at the next step.
+        Built off the event loop, prepared on the engine thread, as ``/v1/chat/completions`` does."""
+        engine = self.engine
+        built = await asyncio.to_thread(build_chat, body, lambda _: engine.engine_name)
+        prepared = await self.worker.call(prepare, engine, built, Limits.of(get_settings()), self.service)
+        steer = prepared.steer
+        result = ChatResult(steering=prepared.label, intensity=steer.echo,
+                            rung=rung_language(steer.rung) if steer.rung is not None else None)
+        events = await self.worker.generate(engine, prepared.plans, prepared.check)
         readout: dict[str, Any] | None = None
-        async for event in self.worker.stream(make_events):
+        async for event in events:
             if isinstance(event, Delta):
                 result.text += event.text
                 yield Piece(event.text)

@@ -25,7 +25,7 @@ SIZE = (150, 46)
 async def scene(path: Path) -> None:
     from textual.widgets import Input
 
-    from cli.common import engine_for
+    from millm.local import engine_for
     from tui.app import MillmApp
     from tui.local import LocalClient
     from tui.widgets.activation_strip import ActivationStrip

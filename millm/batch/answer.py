@@ -11,23 +11,23 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from millm.batch.generate import Job, run_generations
 from millm.batch.lines import Answer, BatchLine
 from millm.builder import Built, build_chat, build_completion, build_embedding
 from millm.config import Settings
+from millm.engine.admission import BatchSettings
 from millm.engine.base import Engine
-from millm.engine.scheduler import BatchSettings
 from millm.errors import InvalidParameter, MillmError
+from millm.generation import prepare
+from millm.limits import Limits
 from millm.registry import ModelEntry, resolve
 from millm.render import scoring
 from millm.render.bodies import embeddings_body, score_body, whole_body
 from millm.render.headers import miLLM_headers
 from millm.render.shapes import CompletionShape
-from millm.server.v1 import refuse_unsteerable
-from millm.steering.bases import RequestSteering
 from millm.steering.service import SteeringService
 
 log = logging.getLogger(__name__)
@@ -133,16 +133,9 @@ class Answerer:
         if built.profile is not None:
             self.steering.profile(built.profile)  # 404 before any load, as the server
         engine = self.engines(entry)
-        target = engine.steering_target()
-        steer = RequestSteering()
-        if target is None:
-            refuse_unsteerable(engine, built)
-        else:
-            steer = self.steering.for_request(target, built.profile, built.intensity)
-        plans = [engine.prepare(replace(g, override=steer.override)) for g in built.generations]
-        label = target.steering.label(steer.override) if target is not None else "none"
-        return _Generation(line, engine, Job(plans), self._shape(line, chat, built, engine),
-                           miLLM_headers(built, label, steer))
+        prepared = prepare(engine, built, Limits.of(self.settings), self.steering)
+        return _Generation(line, engine, Job(prepared.plans, check=prepared.check),
+                           self._shape(line, chat, built, engine), prepared.headers(built))
 
     def _finish(self, gen: _Generation) -> Answer:
         if gen.job.error is not None:

@@ -1,11 +1,12 @@
 """Generation for many requests at once: the one place ``millm batch`` decides how rows share the engine.
 
-Where the engine has a continuous-batching scheduler (transformers), every request the scheduler can
-serve joins it: rows with different sampling parameters, budgets and steering decode together, each as it
-would alone (``millm.engine.scheduler``). This process drives the scheduler's steps itself; no server
-worker is involved. What the scheduler does not take (its fallbacks: n > 1, a seed, extra_messages,
-return_sae_activations, response_format, a row longer than a KV slot) runs on its own, exactly as the
-default (serial) server runs it: ``millm batch`` answers constrained rows rather than refusing them.
+Where the engine has a scheduler (transformers), every request joins it: rows with different sampling
+parameters, budgets and steering decode together in its batch, each as it would alone
+(``millm.engine.scheduler``). This process drives the scheduler's steps itself; no server worker is
+involved. What the batch does not take (its fallbacks: n > 1, a seed, extra_messages,
+return_sae_activations, response_format, a row longer than a KV slot) is served alone by the same
+scheduler, exactly as the default (serial) server serves it: ``millm batch`` answers constrained rows
+rather than refusing them.
 
 Where there is no scheduler (llama.cpp), rows whose plans agree on everything but their prompts
 (sampling parameters, token budget, steering override; no seed, schema or read-out) run as one
@@ -20,11 +21,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from millm.engine.admission import BatchSettings, fallback_reason
 from millm.engine.base import Engine, StepControl
 from millm.engine.events import Delta, Event, Finish, Usage
 from millm.engine.plan import Plan, run_each
-from millm.engine.scheduler import BatchSettings, Scheduler, fallback_reason
 from millm.engine.scheduler import Job as Scheduled
+from millm.engine.scheduler import Scheduler
 
 
 @dataclass
@@ -34,6 +36,7 @@ class Job:
     plans: list[Plan]
     events: list[Event] = field(default_factory=list)
     error: Exception | None = None
+    check: Callable[[], None] | None = None  # between steps: raises when its steering no longer applies
 
     @property
     def shareable(self) -> bool:
@@ -68,8 +71,9 @@ def groups(jobs: list[Job], pads: bool) -> list[list[Job]]:
 def _run_alone(engine: Engine, job: Job) -> None:
     job.events = []
     job.error = None
+    control = StepControl() if job.check is None else StepControl().checking(job.check)
     try:
-        job.events = list(run_each(engine.run, job.plans))
+        job.events = list(run_each(engine.run, job.plans, control))
     except Exception as exc:  # answered as the server's error handlers answer it, never a crash
         job.error = exc
 
@@ -109,9 +113,10 @@ def run_padded(engine: Engine, jobs: list[Job], pads: bool = True) -> None:
                 _run_alone(engine, job)
 
 
-def run_scheduled(scheduler: Scheduler, jobs: list[Job]) -> list[Job]:
-    """Submit every job to ``scheduler`` and step it until each has ended; the jobs that ended with an
-    error (their events are partial) are returned, to be run again on their own."""
+def run_scheduled(scheduler: Scheduler, jobs: list[Job], alone: list[bool]) -> list[Job]:
+    """Submit every job to ``scheduler`` (served alone where ``alone`` says so) and step it until each has
+    ended; the batched jobs that ended with an error (their events are partial) are returned, to be run
+    again on their own."""
     ended: dict[int, BaseException | None] = {}
 
     def ender(job: Job) -> Callable[[BaseException | None], None]:
@@ -119,8 +124,8 @@ def run_scheduled(scheduler: Scheduler, jobs: list[Job]) -> list[Job]:
             ended[id(job)] = error
         return end
 
-    for job in jobs:
-        scheduler.submit(Scheduled(job.plans, StepControl(), job.events.append, ender(job)))
+    for job, own in zip(jobs, alone):
+        scheduler.submit(Scheduled(job.plans, StepControl(), job.events.append, ender(job), job.check, alone=own))
     try:
         while len(ended) < len(jobs) and scheduler.busy:
             try:
@@ -130,11 +135,16 @@ def run_scheduled(scheduler: Scheduler, jobs: list[Job]) -> list[Job]:
     except BaseException as exc:  # interrupted: free every slot before the interruption goes on
         scheduler.fail_all(exc)
         raise
-    return [job for job in jobs if id(job) not in ended or ended[id(job)] is not None]
+    for job, own in zip(jobs, alone):
+        if own and id(job) in ended and ended[id(job)] is not None:
+            error = ended[id(job)]
+            job.error = error if isinstance(error, Exception) else Exception(str(error))
+    return [job for job, own in zip(jobs, alone) if not own and (id(job) not in ended or ended[id(job)] is not None)]
 
 
-def scheduler_of(engine: Engine, batch: BatchSettings) -> Scheduler | None:
-    """The engine's continuous-batching scheduler, or None where the engine has none (llama.cpp)."""
+def scheduler_of(engine: Engine, batch: BatchSettings | None) -> Scheduler | None:
+    """The engine's scheduler (batching with ``batch``; None: serving each alone), or None where the engine
+    has none (llama.cpp)."""
     make = getattr(engine, "batch_scheduler", None)
     if make is None or not engine.capabilities.batchable:
         return None
@@ -144,15 +154,16 @@ def scheduler_of(engine: Engine, batch: BatchSettings) -> Scheduler | None:
 
 def run_generations(engine: Engine, jobs: list[Job], batch: BatchSettings | None = None,
                     shares: bool = True) -> None:
-    """Run every job, filling in its events or its error. With ``shares`` false each runs on its own;
-    else through the engine's scheduler (sized by ``batch``) where it has one, else in padded groups."""
-    scheduler = scheduler_of(engine, batch) if shares and batch is not None else None
-    if scheduler is None or batch is None:
+    """Run every job, filling in its events or its error. Through the engine's scheduler where it has one:
+    batched (sized by ``batch``) unless ``shares`` is false or the request is a batch fallback, else served
+    alone. Elsewhere in padded groups (with ``shares``) or one by one."""
+    scheduler = scheduler_of(engine, batch if shares else None)
+    if scheduler is None:
         run_padded(engine, jobs, shares)
         return
     target = engine.steering_target()
     monitoring = target is not None and target.monitor.config.enabled
-    batched = [job for job in jobs if fallback_reason(job.plans, batch, monitoring) is None]
-    alone = [job for job in jobs if fallback_reason(job.plans, batch, monitoring) is not None]
-    for job in alone + (run_scheduled(scheduler, batched) if batched else []):
+    settings = scheduler.settings
+    alone = [settings is None or fallback_reason(job.plans, settings, monitoring) is not None for job in jobs]
+    for job in run_scheduled(scheduler, jobs, alone):
         _run_alone(engine, job)

@@ -24,25 +24,52 @@ def span_for(longest: int, slot_len: int) -> int:
     return min(slot_len, -(-longest // SPAN_STEP) * SPAN_STEP)
 
 
-def attention_mask(positions: torch.Tensor, span: int) -> torch.Tensor:
-    """A boolean ``[rows, 1, q, span]`` mask: each query sees its own row's keys up to its own position."""
-    keys = torch.arange(span, device=positions.device)
-    return (keys.view(1, 1, 1, span) <= positions.unsqueeze(1).unsqueeze(-1))
+def attention_mask(positions: torch.Tensor, span: int, window: int | None = None) -> torch.Tensor:
+    """A boolean ``[rows, 1, q, span]`` mask: each query sees its own row's keys up to its own position
+    (with ``window``, only the last ``window`` of them: HF's sliding-window rule, key > query - window)."""
+    keys = torch.arange(span, device=positions.device).view(1, 1, 1, span)
+    queries = positions.unsqueeze(1).unsqueeze(-1)
+    seen = keys <= queries
+    return seen if window is None else seen & (keys > queries - window)
+
+
+ATTENTION_LAYERS = {"full_attention", "sliding_attention"}
 
 
 @dataclass(frozen=True)
 class KVShape:
-    """What a model's KV cache is made of."""
+    """What a model's KV cache is made of, and how its layers attend: ``window`` for sliding-window layers
+    (every layer, or those ``config.layer_types`` names, ``by_type``)."""
 
     layers: int
     kv_heads: int
     head_dim: int
+    window: int | None = None
+    by_type: bool = False
 
     @classmethod
     def of(cls, config: Any) -> KVShape:
+        """The shape of ``config``'s cache; a model with other than attention layers is refused."""
+        from millm.errors import UnsupportedArchitecture
+
         heads = int(config.num_attention_heads)
         head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
-        return cls(int(config.num_hidden_layers), int(getattr(config, "num_key_value_heads", None) or heads), head_dim)
+        types = list(getattr(config, "layer_types", None) or [])
+        if unknown := sorted(set(types) - ATTENTION_LAYERS):
+            raise UnsupportedArchitecture(f"This model has {', '.join(unknown)} layers; miLLM generates only with "
+                                          "attention layers (full or sliding-window), whose state is a KV cache.")
+        window = getattr(config, "sliding_window", None)
+        sliding = "sliding_attention" in types if types else getattr(config, "use_sliding_window", True) is not False
+        return cls(int(config.num_hidden_layers), int(getattr(config, "num_key_value_heads", None) or heads), head_dim,
+                   int(window) if sliding and window else None, bool(types))
+
+    def masks(self, reads: torch.Tensor, span: int) -> torch.Tensor | dict[str, torch.Tensor]:
+        """The attention mask(s) a forward passes: one for every layer, or one per layer type."""
+        full = attention_mask(reads, span)
+        if self.window is None:
+            return full
+        sliding = attention_mask(reads, span, self.window)
+        return {"full_attention": full, "sliding_attention": sliding} if self.by_type else sliding
 
 
 class SlotCache:
@@ -67,12 +94,18 @@ class SlotCache:
         self._span = 0
 
     @property
+    def nbytes(self) -> int:
+        """The memory its keys and values take, allocated whole."""
+        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
+
+    @property
     def aside(self) -> int:
         """The position no fed token ever takes (a row's prompt and fed tokens end before a slot's last
         position): filler and padding queries write their keys there, and nothing reads them."""
         return self.slot_len - 1
 
-    def bind(self, first: int, positions: torch.Tensor, reads: torch.Tensor | None = None) -> torch.Tensor:
+    def bind(self, first: int, positions: torch.Tensor,
+             reads: torch.Tensor | None = None) -> torch.Tensor | dict[str, torch.Tensor]:
         """Prepare one forward over slots ``[first, first + len(positions))`` writing at ``positions``
         (``[rows, q]``); returns the attention mask for it, each query seeing keys up to its position in
         ``reads`` (default: where it writes; a filler row of a decode step writes aside and reads key 0)."""
@@ -87,7 +120,13 @@ class SlotCache:
         slots = torch.arange(first, first + rows, device=positions.device).unsqueeze(1)
         self._flat = (slots * self.slot_len + positions).reshape(-1)
         self._span = span
-        return attention_mask(reads, span)
+        return self.shape.masks(reads, span)
+
+    def copy_prefix(self, source: int, target: int, length: int) -> None:
+        """Slot ``target`` gets slot ``source``'s first ``length`` keys and values (n > 1: one prompt
+        prefilled once, its KV copied to every other choice)."""
+        for tensor in (*self.keys, *self.values):
+            tensor[target, :length] = tensor[source, :length]
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any,
                **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:

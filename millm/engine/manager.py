@@ -201,10 +201,13 @@ class ModelManager:
             busy = ModelBusy(f"'{self.engine.model_id}' was unloaded after {timeout:g} s while this request ran; "
                              "retry it.")
             log.warning("unloading %s: cancelling what still runs after %.0f s", self.engine.model_id, timeout)
-            self.worker.cancel_all(busy)
+            self.worker.cancel_all(busy)  # and refuses what comes to be admitted until the engine is gone
             await self.worker.wait_idle(None)  # the engine thread has let go of the model
-        engine, self.engine = self.engine, None
-        engine.close()
+        try:
+            engine, self.engine = self.engine, None
+            engine.close()
+        finally:
+            self.worker.resume()
         await asyncio.to_thread(_give_memory_back)
 
 

@@ -6,8 +6,6 @@ continuous batch, whose rows each keep their own); the rule is written once for 
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
 PerRow = float | torch.Tensor  # one value for every row, or a ``[rows]`` tensor of each row's own
@@ -51,33 +49,9 @@ def top_p_mask(logits: torch.Tensor, top_p: PerRow) -> torch.Tensor:
     return logits.masked_fill(drop, float("-inf"))
 
 
-def sample(logits: torch.Tensor, temperature: float, top_p: float,
-           generator: torch.Generator | None = None) -> torch.Tensor:
-    """Pick one token per row: greedy at temperature 0, else softmax(logits / T) restricted by top_p."""
-    if temperature == 0.0:
-        return torch.argmax(logits, dim=-1)
-    scaled = top_p_mask(logits.float() / temperature, top_p)
-    probs = torch.softmax(scaled, dim=-1)
-    return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
-
-
 def update_counts(counts: torch.Tensor, tokens: torch.Tensor) -> None:
     """Record one newly generated token per row into ``counts`` in place."""
     counts.scatter_add_(1, tokens.view(-1, 1), torch.ones_like(tokens.view(-1, 1), dtype=counts.dtype))
-
-
-LogitsProcessor = Callable[[torch.Tensor], torch.Tensor]
-Sampler = Callable[[torch.Tensor], torch.Tensor]
-
-
-def penalty_processor(counts: torch.Tensor, frequency: float, presence: float) -> LogitsProcessor:
-    """OpenAI's additive penalties over the tokens each row generated so far (``counts``, updated by the loop)."""
-    return lambda logits: apply_penalties(logits, counts, frequency, presence)
-
-
-def make_sampler(temperature: float, top_p: float, generator: torch.Generator | None = None) -> Sampler:
-    """Greedy at temperature 0, else softmax(logits / T) restricted by top_p."""
-    return lambda logits: sample(logits, temperature, top_p, generator)
 
 
 def unsampleable(logits: torch.Tensor) -> torch.Tensor:
@@ -85,12 +59,23 @@ def unsampleable(logits: torch.Tensor) -> torch.Tensor:
     return torch.isnan(logits).any(-1) | torch.isposinf(logits).any(-1) | torch.isneginf(logits).all(-1)
 
 
-def sample_rows(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """``sample`` with each row's own temperature and top_p (``[rows]`` each): greedy rows (temperature
-    0) take the argmax; only the others are drawn, from softmax(logits / T) restricted by their top_p."""
+def scaled(logits: torch.Tensor, temperature: PerRow) -> torch.Tensor:
+    """``logits / T`` computed as ``(logits - max) / T`` in float64: the largest logit becomes 0 and the rest
+    are at most 0, so any T > 0, however small (5e-324 included), gives 0, negative values or -inf, never
+    +inf or NaN."""
+    shifted = (logits.float() - logits.float().max(dim=-1, keepdim=True).values).double()
+    t = temperature.double() if isinstance(temperature, torch.Tensor) else temperature
+    return shifted / _column(t)
+
+
+def sample_rows(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor,
+                generator: torch.Generator | None = None) -> torch.Tensor:
+    """One token per row with each row's own temperature and top_p (``[rows]`` each): greedy rows
+    (temperature 0) take the argmax; only the others are drawn (from ``generator`` when given), from
+    softmax(logits / T) restricted by their top_p."""
     chosen = torch.argmax(logits, dim=-1)
     drawn = torch.nonzero(temperature > 0).view(-1)
     if drawn.numel():
-        scaled = top_p_mask(logits[drawn].float() / temperature[drawn].view(-1, 1), top_p[drawn])
-        chosen[drawn] = torch.multinomial(torch.softmax(scaled, dim=-1), 1).squeeze(-1)
+        probs = torch.softmax(top_p_mask(scaled(logits[drawn], temperature[drawn]), top_p[drawn]), dim=-1)
+        chosen[drawn] = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
     return chosen

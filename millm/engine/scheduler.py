@@ -1,27 +1,31 @@
-"""Continuous batching: the scheduler that owns a transformers engine's batched decode loop.
+"""The scheduler: the one decode loop of the transformers engine, batched or serial.
 
-One thread (the engine worker's) calls ``step``. Each step runs the operator's queued commands,
-retires rows whose consumer left or whose steering an operator change made invalid, drops waiting
-requests whose consumer left, admits waiting requests into free KV slots (each one's steering
-checked first), prefills the admitted prompts' chunks of several rows together in one forward
-(``millm.engine.prefill``; at most ``prefill_chunk`` tokens a step, so a long prompt does not stall
-the streams in flight), then decodes one token for every decoding row in one forward over the slots, streams each
-row's text and retires finished rows, freeing their slot at once. Nothing is ever re-prefilled: a
-row's keys and values stay in its slot (``millm.engine.kv``) until it leaves.
+One thread (the engine worker's, or the caller's for ``TransformersEngine.run``) calls ``step``. Each
+step runs the operator's queued commands, retires rows whose consumer left or whose steering an
+operator change made invalid, drops waiting requests whose consumer left, admits waiting requests into
+free KV slots (each one's steering checked first), prefills admitted prompts' chunks of several rows
+together in one forward (``millm.engine.prefill``), then decodes one token for every decoding row in one
+forward, streams each row's text and retires finished rows, freeing their slot at once. Nothing is ever
+re-prefilled: a row's keys and values stay in its slot (``millm.engine.kv``) until it leaves.
+
+Requests run in lanes (``millm.engine.lanes``): the shared lane batches (continuous batching, when
+``BatchSettings`` are given), and one request at a time is served alone in a lane of its own (the
+serial path: every request when batching is off; a seeded one, or one the batch cannot hold, when on).
+
+Everything that differs between requests is per row: sampling parameters, penalties, the constraint's
+matcher (response_format), the random generator (a seed), the steering delta (a row of the steering
+controller's row buffer), and the readers after or before steering (monitoring, return_sae_activations).
+So requests with different parameters and profiles share a batch, each decoded as it would be alone (up
+to floating-point summation order, which greedy text does not notice; the tests compare it).
 
 A failure in one request's own work (binding its steering, its logits, its text) ends that request
 alone, with the spec's in-stream error; only a failure of a shared forward (a merged prefill, the
 decode) ends every row in it.
 
-Each row carries its own sampling parameters and its own steering (a delta row in the steering
-controller's row buffer), so requests with different temperatures, penalties, stops, budgets and
-profiles share a batch and each is decoded exactly as it would be alone (up to floating-point
-summation order, which greedy text does not notice; the tests compare it).
-
 A decode step's shapes are (slots ``[0, highest busy slot]``, a span in ``SPAN_STEP`` buckets) and its
-tensors live at fixed addresses (the slot cache, the steering row buffers), with filler rows already
-handled, so a CUDA-graph decode can later round the rows up to fixed buckets and replay one graph
-per (rows, span) without changing the KV layout.
+tensors live at fixed addresses (the slot cache, the steering row buffers), so a CUDA-graph decode can
+later round the rows up to fixed buckets and replay one graph per (rows, span) without changing the
+KV layout.
 """
 
 from __future__ import annotations
@@ -29,85 +33,36 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from millm.engine.events import Event, Usage
-from millm.engine.kv import KVShape, SlotCache
+from millm.engine.admission import BatchSettings, rows_of
+from millm.engine.draw import draw
+from millm.engine.events import Activations, Event, Usage
+from millm.engine.kv import SPAN_STEP, KVShape, SlotCache, span_for
+from millm.engine.lanes import BatchRow, Lane, readers
 from millm.engine.output import ChoiceOutput
 from millm.engine.plan import Plan
 from millm.engine.prefill import choose, inputs
 from millm.engine.rows import Row, emit
-from millm.engine.sampling import apply_penalties, sample_rows, unsampleable, update_counts
-from millm.errors import NonFiniteLogits
 from millm.steering.controller import RowView, Steering
 from millm.steering.monitor import Monitor, MonitorSession
+from millm.steering.readout import ReadoutRecorder
+from millm.structured.constraint import RowGuides, validate
 
 if TYPE_CHECKING:
-    from millm.config import Settings
     from millm.engine.base import StepControl
+    from millm.structured.constraint import ConstraintCompiler
 
 RATE_WINDOW = 5.0  # seconds of decoded tokens the batch's tokens/s is measured over
-
-
-@dataclass(frozen=True)
-class BatchSettings:
-    """How big the batch may grow: rows, the KV token budget (split into equal slots), the tokens a
-    step's merged prefill forward may hold (padding included), and whether monitored requests are
-    batched or served serially."""
-
-    max_rows: int = 16
-    max_tokens: int = 32768
-    prefill_chunk: int = 256
-    monitoring: Literal["batch", "serial"] = "batch"
-
-    @property
-    def slot_len(self) -> int:
-        return self.max_tokens // self.max_rows
-
-    @classmethod
-    def of(cls, settings: Settings) -> BatchSettings:
-        """The configured bounds, whether or not the server batches (``millm batch`` always may)."""
-        return cls(settings.batch_max_rows, settings.batch_max_tokens, settings.batch_prefill_chunk,
-                   settings.batching_monitoring)
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> BatchSettings | None:
-        """The batch settings when continuous batching is enabled (MILLM_BATCHING), else None."""
-        return cls.of(settings) if settings.batching else None
-
-
-def fallback_reason(plans: list[Plan], batch: BatchSettings, monitoring: bool) -> str | None:
-    """Why a generation is served on the serial path instead of the batch (None: it is batched).
-
-    n > 1, a seed (its own random generator, so its text never depends on batch traffic), several
-    conversations (extra_messages), a read-out (return_sae_activations), a constraint, active
-    monitoring when MILLM_BATCHING_MONITORING=serial, and what cannot fit the batch: a row longer than
-    a KV slot, or more prompts than the batch has rows.
-    """
-    for plan in plans:
-        if plan.params.n > 1:
-            return "n"
-        if plan.params.seed is not None:
-            return "seed"
-        if len(plan.prompt_ids) > 1:
-            return "extra_messages"
-        if plan.readout is not None:
-            return "return_sae_activations"
-        if plan.constraint is not None:
-            return "response_format"
-    if monitoring and batch.monitoring == "serial":
-        return "monitoring"
-    if len(plans) > batch.max_rows or any(len(p.prompt_ids[0]) + p.max_tokens > batch.slot_len for p in plans):
-        return "too_long"
-    return None
+KEEP_ALONE_BYTES = 256 * 2**20  # an alone lane's KV cache at most this big is kept for the next request
 
 
 class BatchEngine(Protocol):
-    """What the scheduler needs of an engine: its model, tokenizer, steering and monitor."""
+    """What the scheduler needs of an engine: its model, tokenizer, steering, monitor and constraints."""
 
     model: Any
     tokenizer: Any
@@ -117,29 +72,31 @@ class BatchEngine(Protocol):
     pad_id: int
     steering: Steering
     monitor: Monitor
+    constraints: ConstraintCompiler
 
     @property
     def model_id(self) -> str: ...
 
-    @property
-    def vocab_size(self) -> int: ...
-
 
 @dataclass(eq=False)
 class Job:
-    """One batched request: its plans (one row each, choice indices following on), the consumer's
-    cancellation, and where its events go (``send``) and how it ends (``end``, with an error or None)."""
+    """One request: its plans (choice indices following on, plan by plan), the consumer's cancellation,
+    where its events go (``send``) and how it ends (``end``, with an error or None). ``alone``: served
+    by itself, in a lane of its own."""
 
     plans: list[Plan]
     control: StepControl
     send: Callable[[Event], None]
     end: Callable[[BaseException | None], None]
     check: Callable[[], None] | None = None  # between steps: raises when an operator change invalidates it
+    alone: bool = False
     rows_left: int = 0
     completion_tokens: int = 0
     session: MonitorSession | None = None
     monitored_sae: str | None = None
-    slots: list[int] = field(default_factory=list)
+    recorder: ReadoutRecorder | None = None
+    lane: Lane | None = None
+    rows: list[BatchRow] = field(default_factory=list)
 
     @property
     def override(self) -> Any:
@@ -147,41 +104,33 @@ class Job:
 
     @property
     def prompt_tokens(self) -> int:
-        return sum(len(p.prompt_ids[0]) for p in self.plans)
-
-
-@dataclass(eq=False)
-class BatchRow:
-    """One row in a slot: its prompt, how much of it is in the KV, and the token sampled but not fed."""
-
-    job: Job
-    row: Row
-    slot: int
-    prompt: list[int]
-    filled: int = 0
-    next_token: int | None = None
+        """Each prompt once, however many choices it feeds (OpenAI's usage)."""
+        return sum(len(ids) for p in self.plans for ids in p.prompt_ids)
 
     @property
     def length(self) -> int:
-        """Tokens in the slot's KV; the next fed token goes at this position."""
-        return self.filled + self.row.output.tokens - (1 if self.next_token is not None else 0)
+        """The most positions one of its rows can take: its prompt and its whole budget."""
+        return max(len(ids) + p.max_tokens for p in self.plans for ids in p.prompt_ids)
 
 
 class Scheduler:
-    """The batch of one engine: KV slots, rows, the waiting requests, and the step that drives them."""
+    """An engine's lanes, the waiting requests, and the step that drives them."""
 
-    def __init__(self, engine: BatchEngine, settings: BatchSettings) -> None:
+    def __init__(self, engine: BatchEngine, settings: BatchSettings | None) -> None:
         self.engine = engine
         self.settings = settings
-        slots = settings.max_rows
-        self.cache = SlotCache(KVShape.of(engine.model.config), slots, settings.slot_len, engine.dtype, engine.device)
-        engine.steering.reserve_rows(slots)
-        self.rows: dict[int, BatchRow] = {}
-        self.free = list(range(slots))
-        self.counts = torch.zeros(slots, int(engine.model.config.vocab_size), dtype=torch.int32, device=engine.device)
+        self.shape = KVShape.of(engine.model.config)
+        self.vocab = int(engine.model.config.vocab_size)
+        self.shared: Lane | None = None
+        if settings is not None:
+            cache = SlotCache(self.shape, settings.max_rows, settings.slot_len, engine.dtype, engine.device)
+            self.shared = Lane(cache, 0, settings.prefill_chunk, self.vocab)
+            engine.steering.reserve_rows(settings.max_rows)
+        self.alone: Lane | None = None  # the serial lane (kept between requests while small)
+        self.alone_job: Job | None = None
         self.waiting: deque[Job] = deque()
         self._lock = threading.Lock()
-        self._decoded: deque[tuple[float, int]] = deque()  # (time, tokens) of recent decode steps
+        self._decoded: deque[tuple[float, int]] = deque()  # (time, tokens) of recent shared decode steps
         self.run_commands: Callable[[], None] = lambda: None
 
     # any thread
@@ -190,12 +139,21 @@ class Scheduler:
             self.waiting.append(job)
 
     @property
+    def lanes(self) -> list[Lane]:
+        return [lane for lane in (self.shared, self.alone) if lane is not None]
+
+    @property
     def busy(self) -> bool:
-        return bool(self.rows or self.waiting)
+        return bool(self.waiting or any(lane.rows for lane in self.lanes))
 
     @property
     def active_rows(self) -> int:
-        return len(self.rows)
+        return sum(len(lane.rows) for lane in self.lanes)
+
+    @property
+    def free(self) -> list[int]:
+        """The shared lane's free slots."""
+        return list(self.shared.free) if self.shared is not None else []
 
     @property
     def queued(self) -> int:
@@ -212,16 +170,62 @@ class Scheduler:
 
     # the engine thread
     def step(self) -> None:
-        """One scheduling step: commands, retirements, admissions, prefill chunks, one decode."""
+        """One scheduling step: commands, retirements, admissions, prefill chunks, one decode per lane."""
         self.run_commands()
         with torch.inference_mode():
             self._check_jobs()
             self._admit()
-            self._prefill()
-            self._decode()
+            for lane in self.lanes:
+                self._prefill(lane)
+            for lane in self.lanes:
+                self._decode(lane)
+
+    def drive(self, job: Job, lock: Any) -> Iterator[Event]:
+        """Submit ``job`` and step until it ends, on this thread, yielding its events as they come; the
+        job's error, if it ended with one, is raised. Closing the iterator early ends the job."""
+        events: deque[Event] = deque()
+        ended: list[BaseException | None] = []
+        send, end = job.send, job.end
+
+        def sending(event: Event) -> None:
+            events.append(event)
+            send(event)
+
+        def ending(error: BaseException | None) -> None:
+            ended.append(error)
+            end(error)
+
+        job.send, job.end = sending, ending
+        self.submit(job)
+        try:
+            while not ended:
+                job.control.run_commands()
+                with lock:
+                    self.step()
+                while events:
+                    yield events.popleft()
+            while events:
+                yield events.popleft()
+        finally:
+            if not ended:
+                with lock:
+                    self.abandon(job)
+        if ended[0] is not None:
+            raise ended[0]
+
+    def abandon(self, job: Job) -> None:
+        """End ``job`` now (its consumer left): out of the queue, or its rows freed."""
+        with self._lock:
+            waited = job in self.waiting
+            if waited:
+                self.waiting.remove(job)
+        if waited:
+            job.end(None)
+        else:
+            self._finish(job, None)
 
     def _jobs(self) -> list[Job]:
-        return list(dict.fromkeys(r.job for r in self.rows.values()))
+        return list(dict.fromkeys(r.job for lane in self.lanes for r in lane.rows.values()))
 
     def _check_jobs(self) -> None:
         """End the admitted requests whose consumer left, or whose steering an operator change made invalid."""
@@ -231,216 +235,275 @@ class Scheduler:
                 continue
             try:
                 self._check(job)
-            except Exception as exc:  # this row's steering is invalid now: it ends, the others go on
+            except Exception as exc:  # this request's steering is invalid now: it ends, the others go on
                 self._finish(job, exc)
 
     def _check(self, job: Job) -> None:
         if job.check is not None:
             job.check()
         errors = self.engine.steering.row_errors
-        for slot in job.slots:
-            if slot in errors:
-                raise errors[slot]
+        lane = job.lane
+        for r in job.rows:
+            if lane is not None and lane.first + r.slot in errors:
+                raise errors[lane.first + r.slot]
 
     def _admit(self) -> None:
-        """Drop the waiting requests whose consumer left; then start waiting requests while slots are free,
-        each checked first, so a request whose steering became invalid while it waited sends no text."""
+        """Drop the waiting requests whose consumer left; then start waiting requests, in order per lane,
+        while their lane has room: each is checked first, so a request whose steering became invalid while
+        it waited sends no text."""
+        starts: list[Job] = []
         with self._lock:
             gone = [job for job in self.waiting if job.control.cancel.is_set()]
-            if gone:
-                self.waiting = deque(job for job in self.waiting if not job.control.cancel.is_set())
+            waiting = [job for job in self.waiting if not job.control.cancel.is_set()]
+            alone_taken = self.alone_job is not None
+            shared_blocked = False
+            shared = self.shared
+            free = len(shared.free) if shared is not None else 0
+            for job in waiting:
+                if job.alone or shared is None:
+                    if not alone_taken:
+                        alone_taken = True
+                        starts.append(job)
+                elif not shared_blocked:
+                    rows = rows_of(job.plans)
+                    if rows <= free:
+                        free -= rows
+                        starts.append(job)
+                    else:
+                        shared_blocked = True  # first come, first served: later requests wait behind it
+            self.waiting = deque(job for job in waiting if job not in starts)
         for job in gone:
             job.end(job.control.reason)
-        while self.waiting and len(self.waiting[0].plans) <= len(self.free):
-            with self._lock:
-                job = self.waiting.popleft()
+        for job in starts:
             try:
                 self._check(job)
-            except Exception as exc:  # invalid before its first token: it ends, nothing was sent
+                lane = self._lane_for(job)
+            except Exception as exc:  # invalid (or its cache cannot be had) before its first token: it ends
                 job.end(exc)
                 continue
-            self._start(job)
+            self._start(job, lane)
 
-    def _start(self, job: Job) -> None:
-        """Bind each of the job's prompts to a free slot. A failure here (its steering cannot be bound)
-        ends this request alone, with every slot it took freed."""
+    def _lane_for(self, job: Job) -> Lane:
+        """The shared lane, or for a request served alone a lane sized to it (the last one when it fits)."""
+        if not (job.alone or self.shared is None):
+            assert self.shared is not None
+            return self.shared
+        rows, length = rows_of(job.plans), job.length
+        budget = rows * max(len(ids) for p in job.plans for ids in p.prompt_ids)  # every prompt in one forward
+        if self.alone is None or not self.alone.fits(rows, length):
+            self.alone = None  # the old cache goes before the new one is allocated
+            first = self.shared.cache.slots if self.shared is not None else 0
+            # whole SPAN_STEP buckets: a forward's span depends only on its rows, never on the lane's size,
+            # so a seeded request's arithmetic is the same in a new lane and in a reused, larger one
+            cache = SlotCache(self.shape, rows, span_for(length, length + SPAN_STEP), self.engine.dtype,
+                              self.engine.device)
+            self.alone = Lane(cache, first, budget, self.vocab)
+            self.engine.steering.reserve_rows(first + rows)
+        self.alone.prefill_budget = budget
+        self.alone_job = job
+        return self.alone
+
+    def _start(self, job: Job, lane: Lane) -> None:
+        """Bind each of the job's rows to a slot (each prompt's first choice first: the others copy its
+        KV), with its own generator and matcher. A failure here (its steering cannot be bound) ends this
+        request alone, with every slot it took freed."""
         engine = self.engine
-        job.rows_left = len(job.plans)
+        job.rows_left = rows_of(job.plans)
+        job.lane = lane
         try:
-            for offset, plan in enumerate(job.plans):
-                row = Row(offset, ChoiceOutput(engine.tokenizer, plan.params.stop, engine.stop_ids), plan.params,
-                          plan.max_tokens)
-                slot = min(self.free)
-                self.free.remove(slot)
-                self.rows[slot] = BatchRow(job, row, slot, plan.prompt_ids[0])
-                job.slots.append(slot)
-                self.counts[slot].zero_()
-                engine.steering.bind_row(slot, job.override)
+            sources: list[BatchRow] = []
+            clones: list[BatchRow] = []
+            index = 0
+            for plan in job.plans:
+                generator = None
+                if plan.params.seed is not None:
+                    generator = torch.Generator(device=engine.device).manual_seed(plan.params.seed)
+                for prompt in plan.prompt_ids:
+                    first: BatchRow | None = None
+                    for _ in range(plan.params.n):
+                        row = Row(index, ChoiceOutput(engine.tokenizer, plan.params.stop, engine.stop_ids),
+                                  plan.params, plan.max_tokens)
+                        guide = None
+                        if plan.constraint is not None:
+                            guide = RowGuides([engine.constraints.matcher(plan.constraint)], self.vocab)
+                        r = BatchRow(job, row, plan, prompt, source=first, generator=generator, guide=guide)
+                        (clones if first is not None else sources).append(r)
+                        first = first or r
+                        index += 1
+            for r in sources + clones:
+                lane.take(r)
+                job.rows.append(r)
+                engine.steering.bind_row(lane.first + r.slot, job.override)
             config = engine.monitor.config
             if config.enabled and config.sae in engine.steering.attachments:
                 job.session = engine.monitor.session()
                 job.session.sae = engine.steering.attachments[config.sae].sae
                 job.monitored_sae = config.sae
+            readout = job.plans[0].readout
+            if readout is not None:
+                job.recorder = ReadoutRecorder(readout, engine.steering)
         except Exception as exc:  # this request's own setup failed: it ends, the others go on
             self._finish(job, exc)
 
-    def _readers(self, rows: list[BatchRow], first: int, writes: torch.Tensor) -> dict[str, list[tuple[int, Any]]]:
-        """Each monitored row's reader, per SAE, reading only its row's real positions: a merged prefill's
-        padding (the leading queries that write at the cache's aside position) is left out."""
-        readers: dict[str, list[tuple[int, Any]]] = {}
-        for r in rows:
-            if r.job.session is not None and r.job.monitored_sae is not None:
-                offset = r.slot - first
-                pad = int((writes[offset] == self.cache.aside).sum())
-                read = r.job.session if pad == 0 else _trimmed(r.job.session, pad)
-                readers.setdefault(r.job.monitored_sae, []).append((offset, read))
-        return readers
-
-    def _forward(self, ids: torch.Tensor, first: int, positions: torch.Tensor, rows: list[BatchRow],
-                 mask_positions: torch.Tensor | None = None) -> torch.Tensor:
-        """Last-position logits (fp32) of one forward over slots ``[first, first + len(ids))``."""
-        mask = self.cache.bind(first, positions, mask_positions)
-        view = RowView(first, ids.shape[0], self._readers(rows, first, positions))
+    def _forward(self, lane: Lane, ids: torch.Tensor, first: int, positions: torch.Tensor, rows: list[BatchRow],
+                 mask_positions: torch.Tensor) -> torch.Tensor:
+        """Last-position logits (fp32) of one forward over the lane's slots ``[first, first + len(ids))``."""
+        device = self.engine.device
+        ids, positions, mask_positions = ids.to(device), positions.to(device), mask_positions.to(device)
+        mask = lane.cache.bind(first, positions, mask_positions)
+        pre, post = readers(rows, first, positions, lane.cache.aside)
+        view = RowView(lane.first + first, ids.shape[0], pre, post)
         with self.engine.steering.rows(view):
-            out = self.engine.model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=self.cache,
+            out = self.engine.model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=lane.cache,
                                     use_cache=True, logits_to_keep=1)
         return out.logits[:, -1, :].float()
 
-    def _prefill(self) -> None:
-        """Feed waiting prompt chunks of several rows in one forward, at most ``prefill_chunk`` tokens
-        (padding included, ``millm.engine.prefill``); a finished prompt samples its first token, a prompt
-        that did not fit continues next step. If the forward fails, every row in it ends with the error."""
-        pending = sorted((r for r in self.rows.values() if r.filled < len(r.prompt)), key=lambda r: r.slot)
-        merged = choose([(r.slot, len(r.prompt) - r.filled) for r in pending], self.settings.prefill_chunk)
+    def _prefill(self, lane: Lane) -> None:
+        """Feed waiting prompt chunks of several rows in one forward, within the lane's prefill budget
+        (padding included, ``millm.engine.prefill``); a finished prompt samples its first token (and its
+        other choices copy its KV and sample from the same logits), a prompt that did not fit continues
+        next step. If the forward fails, every row in it ends with the error."""
+        pending = sorted((r for r in lane.rows.values() if r.source is None and r.filled < len(r.prompt)),
+                         key=lambda r: r.slot)
+        merged = choose([(r.slot, len(r.prompt) - r.filled) for r in pending], lane.prefill_budget)
         if merged is None:
             return
-        rows = [self.rows[slot] for slot in merged.takes]
+        rows = [lane.rows[slot] for slot in merged.takes]
         feeds = {r.slot: (r.filled, r.prompt[r.filled:r.filled + merged.takes[r.slot]]) for r in rows}
-        ids, writes, reads = inputs(merged, feeds, self.engine.pad_id, self.cache.aside)
-        device = self.engine.device
+        ids, writes, reads = inputs(merged, feeds, self.engine.pad_id, lane.cache.aside)
         try:
-            logits = self._forward(ids.to(device), merged.first, writes.to(device), rows, reads.to(device))
+            logits = self._forward(lane, ids, merged.first, writes, rows, reads)
         except Exception as exc:  # the shared forward failed: every row in it ends with the error
             for job in dict.fromkeys(r.job for r in rows):
                 self._finish(job, exc)
             return
         for r in rows:
             r.filled += merged.takes[r.slot]
-        done = [r for r in rows if r.filled == len(r.prompt)]
+        done = [(r, r.slot - merged.first) for r in rows if r.filled == len(r.prompt)]
         if done:
-            self._sample(done, logits[[r.slot - merged.first for r in done]])
+            sampled = [(row, at) for r, at in done for row in self._with_clones(lane, r)]
+            self._sample(lane, [row for row, _ in sampled], logits[[at for _, at in sampled]])
 
-    def _decode(self) -> None:
-        rows = [r for r in self.rows.values() if r.next_token is not None]
+    @staticmethod
+    def _with_clones(lane: Lane, r: BatchRow) -> list[BatchRow]:
+        """A row whose prompt is in, and its request's other choices of that prompt, given its KV."""
+        clones = lane.clones(r)
+        for clone in clones:
+            lane.cache.copy_prefix(r.slot, clone.slot, len(r.prompt))
+            clone.filled = len(clone.prompt)
+        return [r, *clones]
+
+    def _decode(self, lane: Lane) -> None:
+        rows = [r for r in lane.rows.values() if r.next_token is not None]
         if not rows:
             return
         high = max(r.slot for r in rows) + 1
         ids = torch.full((high, 1), self.engine.pad_id, dtype=torch.long)
         # a slot not decoding now writes at its last position (never a fed token's) and reads key 0
-        writes = torch.full((high, 1), self.cache.aside, dtype=torch.long)
+        writes = torch.full((high, 1), lane.cache.aside, dtype=torch.long)
         reads = torch.zeros((high, 1), dtype=torch.long)
         for r in rows:
             assert r.next_token is not None
             ids[r.slot, 0] = r.next_token
             writes[r.slot, 0] = reads[r.slot, 0] = r.length
-        device = self.engine.device
         try:
-            logits = self._forward(ids.to(device), 0, writes.to(device), rows, reads.to(device))
+            logits = self._forward(lane, ids, 0, writes, rows, reads)
         except Exception as exc:  # the shared forward failed: every row in it ends with the error
             for job in dict.fromkeys(r.job for r in rows):
                 self._finish(job, exc)
             return
         for r in rows:
             r.next_token = None
-        self._sample(rows, logits[[r.slot for r in rows]])  # each row's failure is its own
-        self._decoded.append((time.monotonic(), len(rows)))
-        while self._decoded and time.monotonic() - self._decoded[0][0] > RATE_WINDOW:
-            self._decoded.popleft()
+        self._sample(lane, rows, logits[[r.slot for r in rows]])  # each row's failure is its own
+        if lane is self.shared:
+            self._decoded.append((time.monotonic(), len(rows)))
+            while self._decoded and time.monotonic() - self._decoded[0][0] > RATE_WINDOW:
+                self._decoded.popleft()
 
-    def _sample(self, rows: list[BatchRow], logits: torch.Tensor) -> None:
-        """Each row's own penalties, temperature and top_p; then its text, and its end when it ends.
+    def _sample(self, lane: Lane, rows: list[BatchRow], logits: torch.Tensor) -> None:
+        """Each row's next token (``millm.engine.draw``); then its text, and its end when it ends.
 
-        Every failure is one row's: a row whose logits no token can be drawn from ends alone (before
-        anything is drawn), and when the shared draw fails anyway each row is drawn again on its own,
-        so only the row that breaks it ends.
+        Every failure is one row's: a row whose logits no token can be drawn from ends alone, and when the
+        shared draw fails anyway each row is drawn again on its own, so only the row that breaks it ends.
         """
         try:
-            tokens, rows = self._draw(rows, logits)
+            drawn, failed = draw(rows, logits, lane.counts)
         except Exception as exc:
             if len(rows) == 1:
                 self._finish(rows[0].job, exc)
                 return
             for i, r in enumerate(rows):
-                if self.rows.get(r.slot) is r:
-                    self._sample([r], logits[i:i + 1])
+                if lane.holds(r):
+                    self._sample(lane, [r], logits[i:i + 1])
             return
-        for r, token in zip(rows, tokens):
-            if self.rows.get(r.slot) is not r:  # its request already ended in this step
+        for r, error in failed:
+            if lane.holds(r):
+                self._finish(r.job, error)
+        for r, token in drawn:
+            if not lane.holds(r):  # its request already ended in this step
                 continue
             try:
-                r.next_token = token
-                for event in emit(r.row, token):
-                    r.job.send(event)
-                if r.row.done:
-                    self._retire(r)
+                self._emit(lane, r, token)
             except Exception as exc:  # this row's own work failed: its request ends, the others go on
                 self._finish(r.job, exc)
 
-    def _draw(self, rows: list[BatchRow], logits: torch.Tensor) -> tuple[list[int], list[BatchRow]]:
-        """The next token of every row that can have one, and those rows; their counts are updated.
-        A row whose logits hold a NaN or +inf, or only -inf, ends here with non_finite_logits."""
-        params = [r.row.params for r in rows]
-        device = logits.device
-        logits = apply_penalties(logits, self.counts[[r.slot for r in rows]],
-                                 torch.tensor([p.frequency_penalty for p in params], device=device),
-                                 torch.tensor([p.presence_penalty for p in params], device=device))
-        for r, broken in zip(rows, unsampleable(logits).tolist()):
-            if broken:
-                self._finish(r.job, NonFiniteLogits("The model produced NaN or infinite logits for this request; "
-                                                    "no next token can be drawn."))
-        keep = [i for i, r in enumerate(rows) if self.rows.get(r.slot) is r]
-        rows, params = [rows[i] for i in keep], [params[i] for i in keep]
-        if not rows:
-            return [], []
-        tokens = sample_rows(logits[keep], torch.tensor([p.temperature for p in params], device=device),
-                             torch.tensor([p.top_p for p in params], device=device))
-        slots = [r.slot for r in rows]
-        counts = self.counts[slots]
-        update_counts(counts, tokens)
-        self.counts[slots] = counts
-        return tokens.tolist(), rows
+    def _emit(self, lane: Lane, r: BatchRow, token: int) -> None:
+        """Feed ``token`` to the row; a constrained row that closed its document is validated before any of
+        its events go out (a document that does not validate is never reported complete)."""
+        r.next_token = token
+        guide = r.guide
+        closes = None if guide is None else (lambda t: bool(guide.advance(0, t)))
+        events = emit(r.row, token, closes)
+        if guide is not None and r.row.output.finish_reason == "stop":
+            validate(r.plan.constraint, r.row.output.text)
+        for event in events:
+            r.job.send(event)
+        if r.row.done:
+            self._retire(lane, r)
 
-    def _retire(self, r: BatchRow) -> None:
-        """A row finished: free its slot; the request ends (with its Usage) when its last row does."""
+    def _retire(self, lane: Lane, r: BatchRow) -> None:
+        """A row finished: free its slot; the request ends (with its read-out and Usage) when its last row does."""
         job = r.job
-        self._free(r)
+        self._free(lane, r)
         job.completion_tokens += r.row.output.tokens
         job.rows_left -= 1
         if job.rows_left == 0:
+            if job.recorder is not None:
+                first = job.rows[0]
+                job.send(Activations(job.recorder.result(first.prompt + first.row.output.detok.ids, len(first.prompt))))
             job.send(Usage(job.prompt_tokens, job.completion_tokens))
-            self._commit(job)
-            job.end(None)
+            self._close(job, None)
 
-    def _free(self, r: BatchRow) -> None:
-        del self.rows[r.slot]
-        self.engine.steering.release_row(r.slot)
-        self.free.append(r.slot)
+    def _free(self, lane: Lane, r: BatchRow) -> None:
+        lane.release(r)
+        self.engine.steering.release_row(lane.first + r.slot)
 
-    def _commit(self, job: Job) -> None:
-        if job.session is not None:
-            self.engine.monitor.commit(job.session, self.engine.model_id)
-            job.session = None
+    def _close(self, job: Job, error: BaseException | None) -> None:
+        """The request's end: the alone lane handed on, its monitoring committed, its consumer told (told even
+        when the commit fails, so no consumer waits on a request that has ended)."""
+        session, job.session = job.session, None
+        if job is self.alone_job:
+            self.alone_job = None
+            if self.alone is not None and self.alone.cache.nbytes > KEEP_ALONE_BYTES:
+                self.alone = None
+        try:
+            if session is not None:
+                self.engine.monitor.commit(session, self.engine.model_id)
+        finally:
+            job.end(error)
 
     def _finish(self, job: Job, error: BaseException | None) -> None:
         """End a request early (cancelled, or failed): free every row it still holds."""
-        for slot in job.slots:
-            r = self.rows.get(slot)
-            if r is not None and r.job is job:
-                self._free(r)
+        lane = job.lane
+        if lane is not None:
+            for r in job.rows:
+                if lane.holds(r):
+                    self._free(lane, r)
         if job.rows_left > 0:
             job.rows_left = 0
-            self._commit(job)
-            job.end(error)
+            self._close(job, error)
+        elif job is self.alone_job:
+            self._close(job, error)
 
     def fail_all(self, error: BaseException) -> None:
         """Something outside any one row broke the step: every admitted and waiting request ends with it."""
@@ -450,8 +513,3 @@ class Scheduler:
             waiting, self.waiting = list(self.waiting), deque()
         for job in waiting:
             job.end(error)
-
-
-def _trimmed(read: Callable[[torch.Tensor], None], pad: int) -> Callable[[torch.Tensor], None]:
-    """``read`` of a row's residual without its ``pad`` leading padding positions."""
-    return lambda hidden: read(hidden[:, pad:])

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from millm.engine.params import Prompt
 from millm.errors import InvalidParameter, InvalidScoringRequest, NonFiniteLogits
-from millm.validation import check_number
+from millm.validation import check_scoring_temperature
 
 if TYPE_CHECKING:
     import torch
@@ -78,8 +78,8 @@ class ScoreResult:
 
 
 def check_temperature(value: float | None) -> float:
-    """The scoring temperature (absent: 1); its range and floor are generation's, written once in validation."""
-    return 1.0 if value is None else check_number("temperature", value)
+    """The scoring temperature (absent: 1); its range and floor are written once, in validation."""
+    return 1.0 if value is None else check_scoring_temperature(value)
 
 
 def check_allowed(ids: Any) -> tuple[int, ...]:

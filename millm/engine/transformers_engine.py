@@ -1,10 +1,10 @@
-"""The transformers engine: owns the decode loop (prefill, then steps over a KV cache)."""
+"""The transformers engine: a HuggingFace causal LM; generation decodes in its scheduler (``millm.engine.scheduler``),
+scoring and embeddings run cacheless forwards with every SAE hook suppressed."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from contextlib import ExitStack
 from dataclasses import replace
 from typing import Any
 
@@ -12,24 +12,22 @@ import torch
 
 from millm.config import Settings
 from millm.engine import loader
+from millm.engine.admission import BatchSettings
 from millm.engine.base import Capabilities, StepControl, fingerprint
 from millm.engine.chat_tokens import chat_ids, hf_control_tokens, hf_plain
-from millm.engine.events import Activations, Event, Usage
-from millm.engine.output import ChoiceOutput
+from millm.engine.events import Event
 from millm.engine.params import ChatPrompt, GenerationRequest, Prompt, TokenPrompt, check_token_ids, prompt_names
 from millm.engine.plan import Plan, token_budget
-from millm.engine.rows import Row, emit
-from millm.engine.sampling import LogitsProcessor, make_sampler, penalty_processor, update_counts
-from millm.engine.scheduler import BatchSettings, Scheduler
+from millm.engine.scheduler import Job, Scheduler
 from millm.engine.scoring import ScoreRequest, ScoreResult, check_in_vocab, echo_row, score_row
 from millm.engine.templates import END_OF_TURN_TOKENS, has_chat_template, render_chat
 from millm.errors import ContextLengthExceeded, InvalidParameter, InvalidScoringRequest, MillmError, NoChatTemplate
 from millm.registry import ModelEntry
 from millm.steering.controller import Steering
 from millm.steering.monitor import Monitor
-from millm.steering.readout import ReadoutRecorder, parse_readout
+from millm.steering.readout import parse_readout
 from millm.steering.target import SteeringTarget
-from millm.structured.constraint import ConstraintCompiler, RowGuides, validate
+from millm.structured.constraint import ConstraintCompiler
 
 EMBED_BATCH = 32
 
@@ -59,7 +57,7 @@ class TransformersEngine:
                                   or tokenizer.model_max_length)
         self.stop_ids = self._end_token_ids()
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.stop_ids, default=0)
-        self._lock = threading.Lock()  # one forward-running call at a time (the scheduler's steps never take it)
+        self._lock = threading.Lock()  # one forward-running call at a time (the worker's batch steps never take it)
         self._scheduler: Scheduler | None = None
         self.steering = Steering(model)
         self.monitor = Monitor()
@@ -72,11 +70,16 @@ class TransformersEngine:
         self.steering.detach_all()
         self._scheduler = None
 
-    def batch_scheduler(self, settings: BatchSettings) -> Scheduler:
-        """This model's continuous-batching scheduler (its KV slots are allocated on first use)."""
-        if self._scheduler is None or self._scheduler.settings != settings:
+    def batch_scheduler(self, settings: BatchSettings | None) -> Scheduler:
+        """This model's scheduler, batching with ``settings`` (None: every request served alone). Made again
+        when the settings change while it is idle (its shared KV slots are allocated here)."""
+        if self._scheduler is None or (self._scheduler.settings != settings and not self._scheduler.busy):
             self._scheduler = Scheduler(self, settings)
         return self._scheduler
+
+    def scheduler(self) -> Scheduler:
+        """The scheduler as it is (serial when none was asked for yet): the one decode loop of this engine."""
+        return self._scheduler if self._scheduler is not None else self.batch_scheduler(None)
 
     @classmethod
     def load(cls, entry: ModelEntry, settings: Settings) -> TransformersEngine:
@@ -139,24 +142,12 @@ class TransformersEngine:
         return self.run(self.prepare(request), control)
 
     def run(self, plan: Plan, control: StepControl | None = None) -> Iterator[Event]:
-        """Decode a prepared plan; the engine lock is held for the whole stream."""
-        with self._lock, torch.inference_mode(), self.steering.request(plan.override), ExitStack() as stack:
-            recorder = None
-            if plan.readout is not None:
-                recorder = ReadoutRecorder(plan.readout, self.steering)
-                point = "pre" if plan.readout.read_point == "pre_steering" else "post"
-                stack.enter_context(self.steering.reading(plan.readout.sae_id, recorder, point))
-            config = self.monitor.config
-            session = None
-            if config.enabled and config.sae in self.steering.attachments:
-                session = self.monitor.session()
-                session.sae = self.steering.attachments[config.sae].sae
-                stack.enter_context(self.steering.reading(config.sae, session, "pre"))
-            try:
-                yield from self._decode(plan, control, recorder)
-            finally:
-                if session is not None:
-                    self.monitor.commit(session, self.model_id)
+        """Decode a prepared plan on this thread, alone (the serial path), through this engine's scheduler.
+
+        The engine lock is held for each step, not between them, so another caller on this thread (a
+        scoring pass between two chunks of a stream) is not locked out."""
+        job = Job([plan], control or StepControl(), lambda _: None, lambda _: None, alone=True)
+        return self.scheduler().drive(job, self._lock)
 
     def _left_pad(self, prompt_ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor | None]:
         width = max(len(ids) for ids in prompt_ids)
@@ -169,74 +160,15 @@ class TransformersEngine:
             mask[r, width - len(row):] = 1
         return ids.to(self.device), mask.to(self.device)
 
-    def _forward(self, ids: torch.Tensor, cache: Any, mask: torch.Tensor | None, every: bool = False) -> torch.Tensor:
-        """Last-position logits (fp32), or with ``every`` the logits at every position. With padding,
-        positions come from the mask."""
+    def _forward(self, ids: torch.Tensor, mask: torch.Tensor | None, every: bool = False) -> torch.Tensor:
+        """Last-position logits (fp32) of a cacheless forward, or with ``every`` the logits at every position.
+        With padding, positions come from the mask."""
         kwargs: dict[str, Any] = {}
         if mask is not None:
             positions = (mask.cumsum(-1) - 1).clamp(min=0)
-            kwargs = {"attention_mask": mask, "position_ids": positions[:, -ids.shape[1]:]}
-        out = self.model(input_ids=ids, cache=cache, use_cache=cache is not None, logits_to_keep=0 if every else 1,
-                         **kwargs)
+            kwargs = {"attention_mask": mask, "position_ids": positions}
+        out = self.model(input_ids=ids, use_cache=False, logits_to_keep=0 if every else 1, **kwargs)
         return out.logits.float() if every else out.logits[:, -1, :].float()
-
-    def _rows(self, plan: Plan, count: int) -> list[Row]:
-        return [Row(i, ChoiceOutput(self.tokenizer, plan.params.stop, self.stop_ids), plan.params, plan.max_tokens)
-                for i in range(count)]
-
-    def _decode(self, plan: Plan, control: StepControl | None,
-                recorder: ReadoutRecorder | None = None) -> Iterator[Event]:
-        from transformers import DynamicCache
-
-        params = plan.params
-        ids, mask = self._left_pad(plan.prompt_ids)
-        cache = DynamicCache()
-        logits = self._forward(ids, cache, mask)
-        if params.n > 1:
-            logits = logits.repeat_interleave(params.n, dim=0)
-            cache.batch_repeat_interleave(params.n)
-            mask = None if mask is None else mask.repeat_interleave(params.n, dim=0)
-        rows = self._rows(plan, logits.shape[0])
-        processors: list[LogitsProcessor] = []
-        counts = None
-        if params.frequency_penalty != 0.0 or params.presence_penalty != 0.0:
-            counts = torch.zeros(logits.shape, dtype=torch.int32, device=self.device)
-            processors.append(penalty_processor(counts, params.frequency_penalty, params.presence_penalty))
-        guides = None
-        if plan.constraint is not None:
-            guides = RowGuides([self.constraints.matcher(plan.constraint) for _ in rows], logits.shape[-1])
-            processors.append(lambda lg: guides.mask(lg, [not row.done for row in rows]))
-        generator = None
-        if params.seed is not None:
-            generator = torch.Generator(device=self.device).manual_seed(params.seed)
-        sampler = make_sampler(params.temperature, params.top_p, generator)
-
-        for _ in range(plan.max_tokens):
-            if control is not None and control.between_steps():
-                return
-            for process in processors:
-                logits = process(logits)
-            tokens = sampler(logits)
-            if counts is not None:
-                update_counts(counts, tokens)
-            for row, token in zip(rows, tokens.tolist()):
-                if row.done:
-                    continue
-                closes = None if guides is None else (lambda t, i=row.index: guides.advance(i, t))
-                yield from emit(row, token, closes)
-                if guides is not None and row.output.finish_reason == "stop":
-                    validate(plan.constraint, row.output.text)
-            if all(row.done for row in rows):
-                break
-            if mask is not None:
-                mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=-1)
-            logits = self._forward(tokens.view(-1, 1), cache, mask)
-
-        if recorder is not None:
-            prompt = plan.prompt_ids[0]
-            yield Activations(recorder.result(prompt + rows[0].output.detok.ids, len(prompt)))
-        prompt_tokens = sum(len(ids) for ids in plan.prompt_ids)
-        yield Usage(prompt_tokens, sum(row.output.tokens for row in rows))
 
     def score(self, request: ScoreRequest) -> list[ScoreResult]:
         """Next-token log-probabilities per row; never steered or monitored (every hook is suppressed)."""
@@ -274,7 +206,7 @@ class TransformersEngine:
             for start in range(0, len(prompt_ids), request.batch_size):
                 chunk = prompt_ids[start:start + request.batch_size]
                 batch, mask = self._left_pad(chunk)
-                logits = self._forward(batch, None, mask, every=True)
+                logits = self._forward(batch, mask, every=True)
                 for ids, row_logits, row in zip(chunk, logits, request.rows[start:start + request.batch_size]):
                     real = row_logits[-len(ids):]  # left padding: the row's tokens are the last len(ids)
                     scaled = real / row.params.temperature if row.params.temperature > 0 else real
@@ -302,7 +234,7 @@ class TransformersEngine:
         with self._lock, torch.inference_mode(), self.steering.suppressed():
             for start in range(0, len(prompt_ids), batch_size):
                 batch, mask = self._left_pad(prompt_ids[start:start + batch_size])
-                rows.append(self._forward(batch, None, mask).cpu())
+                rows.append(self._forward(batch, mask).cpu())
         return torch.cat(rows)
 
     def embed(self, inputs: list[Any]) -> tuple[list[list[float]], int]:

@@ -5,15 +5,17 @@ a stream of events. A request is admitted (or refused with queue_full) when it i
 any response starts, and counted from that moment. Steering and monitoring changes are commands:
 they run on this thread between two decode steps of whatever is generating, or at once when idle.
 
-With continuous batching enabled (``batching``), a generation the batch can serve joins the engine's
-scheduler instead of running alone: the scheduler's steps run here as jobs of their own, so calls,
-commands and serial jobs interleave with them, and a serial stream runs one batch step between each
-of its own steps (neither starves the other).
+A transformers generation joins the engine's scheduler (its one decode loop): the scheduler's steps
+run here as jobs of their own, so calls and commands interleave with them. With continuous batching
+enabled (``batching``) a request the batch can serve shares it; every other one is served alone (the
+serial path), one at a time, beside the batch. An engine without a scheduler (llama.cpp) runs each
+generation as a serial stream, which runs one batch step between each of its own steps.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import queue
 import threading
 from collections import Counter
@@ -22,9 +24,11 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from millm.engine.admission import BatchSettings, fallback_reason
 from millm.engine.base import StepControl
 from millm.engine.busy import TimedExecutor
-from millm.engine.scheduler import BatchSettings, Job, Scheduler, fallback_reason
+from millm.engine.plan import run_each
+from millm.engine.scheduler import Job, Scheduler
 from millm.errors import InsufficientMemory, QueueFull
 
 if TYPE_CHECKING:
@@ -62,7 +66,7 @@ class EngineWorker:
         self.max_queue = max_queue
         self.batching = batching
         self.batched = 0  # generations served by the batch
-        self.batch_live = 0  # batched generations admitted and not yet ended (waiting or decoding)
+        self.batch_live = 0  # scheduler generations admitted and not yet ended (waiting or decoding)
         self.fallbacks: Counter[str] = Counter()  # generations served serially while batching, by reason
         self._scheduler: Scheduler | None = None  # the batch with work in it, while it has some
         self._ticking = False
@@ -70,6 +74,8 @@ class EngineWorker:
         self._executor = TimedExecutor(max_workers=1, thread_name_prefix="millm-engine")
         self._lock = threading.Lock()
         self._pending = 0
+        self._leases = 0  # requests between their model check and their admission here (``lease``)
+        self._refusal: Exception | None = None  # while set (``cancel_all``), new work is refused with it
         self._running = 0
         self._idle = threading.Event()
         self._idle.set()
@@ -94,6 +100,8 @@ class EngineWorker:
 
     def _admit(self) -> None:
         with self._lock:
+            if self._refusal is not None:
+                raise copy.copy(self._refusal)
             if self._pending >= self.max_queue:
                 raise QueueFull(f"The request queue is full ({self.max_queue} requests queued or running); "
                                 "retry shortly.")
@@ -103,8 +111,29 @@ class EngineWorker:
     def _release(self, _: Future[Any] | None) -> None:
         with self._lock:
             self._pending -= 1
-            if self._pending == 0:
+            if self._pending == 0 and self._leases == 0:
                 self._idle.set()
+
+    def lease(self) -> Callable[[], None]:
+        """Count a request as using the engine from its model check until its work is admitted here (the
+        returned release): between its jobs it is neither queued nor running, yet an unload must wait for
+        it, or it runs on a closed engine. Idempotent release."""
+        with self._lock:
+            self._leases += 1
+            self._idle.clear()
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            with self._lock:
+                if released:
+                    return
+                released = True
+                self._leases -= 1
+                if self._pending == 0 and self._leases == 0:
+                    self._idle.set()
+
+        return release
 
     def _submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
         self._admit()
@@ -156,15 +185,24 @@ class EngineWorker:
         return await asyncio.wrap_future(future)
 
     async def wait_idle(self, timeout: float | None) -> bool:
-        """Wait until no job is queued or running; False if ``timeout`` passed first."""
+        """Wait until no job is queued or running and no request holds a lease; False if ``timeout`` passed
+        first."""
         return await asyncio.to_thread(self._idle.wait, timeout)
 
     def cancel_all(self, reason: Exception) -> None:
-        """Cancel every admitted stream, queued or running; each consumer gets ``reason`` as its error."""
+        """Cancel every admitted stream, queued or running (each consumer gets ``reason`` as its error), and
+        refuse new work with a copy of ``reason`` until ``resume``: a request holding a lease is refused
+        when it comes to be admitted, so an unload past its grace period waits for nothing new."""
         with self._lock:
+            self._refusal = reason
             controls = list(self._controls)
         for control in controls:
             control.stop(reason)
+
+    def resume(self) -> None:
+        """Admit work again (the unload that cancelled everything is over)."""
+        with self._lock:
+            self._refusal = None
 
     def stream(self, make_events: Callable[[StepControl], Iterator[T]]) -> AsyncIterator[T]:
         """Admit now (raising QueueFull before any response starts), then run ``make_events(control)`` on
@@ -247,31 +285,32 @@ class EngineWorker:
                         self._scheduler = None
 
     async def generate(self, engine: Engine, plans: list[Plan],
-                       make_events: Callable[[StepControl], Iterator[Event]],
                        check: Callable[[], None] | None = None) -> AsyncIterator[Event]:
-        """A generation's events: from the batch when batching is enabled and the request can join it,
-        else ``make_events`` run serially (``stream``). Admitted now either way (QueueFull before any
-        response starts). ``check`` runs between batch steps, as ``make_events`` runs its own.
+        """A generation's events. On an engine with a scheduler (transformers) the request joins it: in the
+        batch when batching is enabled and the request can share it, else served alone (the serial path);
+        elsewhere (llama.cpp) its plans run one after another as a serial stream. Admitted now either way
+        (QueueFull before any response starts). ``check`` runs between steps: an operator change that
+        invalidates the request's steering ends it there, with the check's error.
 
-        The engine's scheduler is made on the engine thread, as a command (it allocates the KV slots and
-        reserves the steering rows): out of memory there is insufficient_memory before any response."""
-        if self.batching is None:
-            return self.stream(make_events)
-        make_scheduler: Callable[[BatchSettings], Scheduler] | None = getattr(engine, "batch_scheduler", None)
-        reason = "engine"
-        if make_scheduler is not None and engine.capabilities.batchable:
+        The engine's scheduler is made on the engine thread, as a command (it allocates the shared KV slots
+        and reserves the steering rows): out of memory there is insufficient_memory before any response."""
+        make_scheduler: Callable[[BatchSettings | None], Scheduler] | None = getattr(engine, "batch_scheduler", None)
+        if make_scheduler is None or not engine.capabilities.batchable:
+            return self.stream(lambda control: run_each(engine.run, plans,
+                                                        control if check is None else control.checking(check)))
+        reason = None
+        if self.batching is not None:
             target = engine.steering_target()
             monitoring = target is not None and target.monitor.config.enabled
-            found = fallback_reason(plans, self.batching, monitoring)
-            if found is None:
-                return self._batched(await self.command(make_scheduler, self.batching), plans, check)
-            reason = found
-        events = self.stream(make_events)
-        self.fallbacks[reason] += 1
+            reason = fallback_reason(plans, self.batching, monitoring)
+        scheduler = await self.command(make_scheduler, self.batching)
+        events = self._batched(scheduler, plans, check, alone=self.batching is None or reason is not None)
+        if reason is not None:  # counted once admitted (a queue_full refusal is no fallback)
+            self.fallbacks[reason] += 1
         return events
 
-    def _batched(self, scheduler: Scheduler, plans: list[Plan],
-                 check: Callable[[], None] | None) -> AsyncIterator[Event]:
+    def _batched(self, scheduler: Scheduler, plans: list[Plan], check: Callable[[], None] | None,
+                 alone: bool) -> AsyncIterator[Event]:
         self._admit()
         control = StepControl(run_commands=self.run_commands)
         items, put = self._channel(control)
@@ -287,10 +326,10 @@ class EngineWorker:
 
         with self._lock:
             self._controls.add(control)
-            self.batched += 1
+            self.batched += 0 if alone else 1
             self.batch_live += 1
         scheduler.run_commands = self.run_commands
-        scheduler.submit(Job(plans, control, put, end, check))
+        scheduler.submit(Job(plans, control, put, end, check, alone=alone))
         with self._lock:
             self._scheduler = scheduler
             if not self._ticking:

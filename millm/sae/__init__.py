@@ -1,5 +1,4 @@
-"""Sparse autoencoders: their math and the formats they are published in."""
+"""Sparse autoencoders: their math (``millm.sae.model``) and the formats they are published in.
 
-from millm.sae.model import SAE
-
-__all__ = ["SAE"]
+Nothing is imported here, so naming a submodule does not load torch.
+"""

@@ -13,7 +13,10 @@ from typing import Any
 
 import torch
 
-from millm.steering.controller import decoder_layers
+
+def decoder_layers(model: Any) -> Any:
+    """The list of decoder blocks of a HF causal LM: where SAEs read (here) and steer (the steering controller)."""
+    return model.get_decoder().layers
 
 
 class _Collected(Exception):

@@ -10,8 +10,8 @@ from werkzeug.exceptions import HTTPException
 
 from millm.config import Settings
 from millm.engine import Engine, load_engine
+from millm.engine.admission import BatchSettings
 from millm.engine.manager import Loader, ModelManager, Registry
-from millm.engine.scheduler import BatchSettings
 from millm.engine.worker import EngineWorker
 from millm.errors import MillmError
 from millm.server import api, auth, body_limits, health, metrics, models_api, openapi, steering_docs, v1

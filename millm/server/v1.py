@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import replace
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 from quart import Blueprint, Response, request
 
 from millm.builder import STRICT_HEADER, Built, build_chat, build_completion, build_embedding, refuse_under_batching
-from millm.engine.base import Engine, StepControl
+from millm.engine.base import Engine
 from millm.engine.events import Event
-from millm.engine.plan import run_each
-from millm.errors import FieldNotHonoured, ModelNotFound
-from millm.limits import Limits, check_prompt_tokens, prompt_tokens
+from millm.errors import ModelNotFound
+from millm.generation import prepare
+from millm.limits import Limits
 from millm.registry import ModelEntry
 from millm.render import scoring
 from millm.render.bodies import embeddings_body, score_body, whole_body
@@ -26,7 +26,6 @@ from millm.server.auth import require_api_key
 from millm.server.bodies import read_json
 from millm.server.headers import strict_mode
 from millm.server.state import services
-from millm.steering.bases import RequestSteering
 
 bp = Blueprint("v1", __name__, url_prefix="/v1")
 
@@ -55,6 +54,20 @@ async def begin(build: Callable[..., Built]) -> tuple[Built, ModelEntry]:
     return await asyncio.to_thread(build, body, engine_of, strict, limits), found[-1]  # off the event loop
 
 
+@asynccontextmanager
+async def engine_held(entry: ModelEntry) -> AsyncIterator[Engine]:
+    """The engine serving ``entry`` (loaded first if need be), held from the model check until the request's
+    engine work is admitted to the worker, which counts it from then on: an unload beginning in between
+    waits for it instead of closing the engine under it."""
+    svc = services()
+    engine = await svc.manager.engine_for(entry)
+    release = svc.worker.lease()  # no await since engine_for's last check: an unload cannot begin in between
+    try:
+        yield engine
+    finally:
+        release()
+
+
 async def collect(shape: CompletionShape, events: AsyncIterator[Event]) -> dict[str, Any]:
     return whole_body(shape, [event async for event in events])
 
@@ -70,57 +83,27 @@ async def respond(shape: CompletionShape, events: AsyncIterator[Event], built: B
     return await collect(shape, events), 200, headers
 
 
-async def request_steering(engine: Engine, built: Built) -> RequestSteering:
-    """The request's own steering from ``profile`` and ``steering_intensity`` (validated against what is
-    attached), and what its headers say. Resolved on the engine thread, between decode steps, so it sees
-    the attachments as operator commands leave them."""
-    svc = services()
-    target = engine.steering_target()
-    if target is None:
-        refuse_unsteerable(engine, built)
-        return RequestSteering()
-    return await svc.worker.command(svc.steering.for_request, target, built.profile, built.intensity)
-
-
-def refuse_unsteerable(engine: Engine, built: Built) -> None:
-    """``profile`` or ``steering_intensity`` on an engine that cannot steer: refused, naming the field."""
-    for name, value in (("profile", built.profile), ("steering_intensity", built.intensity)):
-        if value is not None:
-            raise FieldNotHonoured(f"'{name}' cannot be honoured by the {engine.engine_name} engine.", param=name)
-
-
 async def generate(built: Built, entry: ModelEntry, chat: bool) -> Any:
-    """Generation: each prepared plan run in turn on the engine thread, streamed or collected."""
+    """Generation: prepared on the engine thread (steering, tokens, limits), then run by the engine's
+    scheduler, streamed or collected."""
     svc = services()
     if svc.worker.batching is not None:
         refuse_under_batching(built)
     if built.profile is not None:
         svc.steering.profile(built.profile)  # 404 before any load
-    engine = await svc.manager.engine_for(entry)
-    steer = await request_steering(engine, built)
-    # tokenising and template rendering: on the engine thread (it owns the tokenizer), never the event loop
-    plans = await svc.worker.call(lambda: [engine.prepare(replace(g, override=steer.override))
-                                           for g in built.generations])
-    check_prompt_tokens("messages" if chat else "prompt", prompt_tokens(plans), Limits.of(svc.settings))
-    target = engine.steering_target()
-    label = target.steering.label(steer.override) if target is not None else "none"
-
-    check = (lambda: steer.check(target.steering)) if target is not None and steer.pinned else None
-
-    def make_events(control: StepControl) -> Iterator[Event]:
-        return run_each(engine.run, plans, control if check is None else control.checking(check))
-
-    events = metrics.observed(await svc.worker.generate(engine, plans, make_events, check))
+    async with engine_held(entry) as engine:
+        prepared = await svc.worker.call(prepare, engine, built, Limits.of(svc.settings), svc.steering)
+        events = metrics.observed(await svc.worker.generate(engine, prepared.plans, prepared.check))
     shape = CompletionShape(chat=chat, model=built.model, fingerprint=engine.fingerprint)
-    return await respond(shape, events, built, miLLM_headers(built, label, steer))
+    return await respond(shape, events, built, prepared.headers(built))
 
 
 async def score(built: Built, entry: ModelEntry, chat: bool) -> Any:
     """Next-token log-probabilities; never steered or monitored (X-miLLM-Steering: none)."""
     svc = services()
     assert built.score is not None
-    engine = await svc.manager.engine_for(entry)
-    results, readout = await svc.worker.call(scoring.score_reading, engine, built.score, built.readout)
+    async with engine_held(entry) as engine:
+        results, readout = await svc.worker.call(scoring.score_reading, engine, built.score, built.readout)
     shape = CompletionShape(chat=chat, model=built.model, fingerprint=engine.fingerprint)
     return score_body(shape, engine, built, results, readout), 200, miLLM_headers(built)
 
@@ -144,8 +127,8 @@ async def embeddings() -> Any:
     """Mean-pooled last-hidden-layer embeddings, never steered."""
     built, entry = await begin(build_embedding)
     svc = services()
-    engine = await svc.manager.engine_for(entry)
-    vectors, tokens = await svc.worker.call(engine.embed, built.embed_inputs)
+    async with engine_held(entry) as engine:
+        vectors, tokens = await svc.worker.call(engine.embed, built.embed_inputs)
     return embeddings_body(built, vectors, tokens), 200, miLLM_headers(built)  # X-miLLM-Steering: none, always
 
 

@@ -1,18 +1,15 @@
 """Live steering of one loaded model: attached SAEs, their values, and the hooks that apply them.
 
-Each attached SAE has a preallocated delta buffer (``sum_i clamp(strength_i) * W_dec[i]``) that its
-forward hook adds to the residual at every position; values are changed by rewriting that buffer in
-place, so a captured decode graph would read the new values without being rebuilt.
+Each attached SAE has a preallocated delta buffer (``sum_i clamp(strength_i) * W_dec[i]``, the live
+base) and a preallocated row buffer (``[rows, d_model]``): every generated row is bound to a row of
+its own, carrying its request's override (a profile, a dial) or else the live base, and each forward of
+the scheduler adds each row's own delta. Values are changed by rewriting those buffers in place, so a
+captured decode graph would read the new values without being rebuilt.
 
-Operators change the *base* values. A request with a profile installs an *override* for its own
-duration and removes it in ``finally``; whatever the base is then becomes live again. An operator
-change made during the request is therefore never undone (operator wins), and is reported not
-live until the request ends.
-
-Under continuous batching each attachment also has a preallocated row buffer (``[slots, d_model]``):
-a batched row bound to a slot carries its own delta there (its request's override, else the live
-base), and a batched forward adds each row's own delta. Operator changes rewrite the rows that follow
-the base at once; a row with its own override keeps it until it leaves (operator wins, per row).
+Operators change the *base* values. Rows that follow the base are rewritten at once; a row with its own
+override keeps it until it leaves, so an operator change made during such a request is never undone
+(operator wins), and is reported not live until the request ends. Forwards outside the scheduler (no
+row view) steer with the live base delta.
 """
 
 from __future__ import annotations
@@ -24,8 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-
 from millm.errors import InvalidFeatureIndex, InvalidParameter, SAENotAttached
+from millm.sae.activations import decoder_layers
 from millm.sae.model import SAE
 from millm.steering.values import check_values, clamp
 
@@ -52,12 +49,14 @@ class Attachment:
 
 @dataclass(frozen=True)
 class RowView:
-    """One batched forward: the slots it covers, in order, and per SAE the rows whose pre-steering
-    residual is read (``(row offset in the forward, reader)``: a batched request's monitoring)."""
+    """One forward of the scheduler: the steering rows it covers, in order, and per SAE the rows whose
+    residual is read (``(row offset in the forward, reader)``) before its delta (``readers``: monitoring,
+    a pre_steering read-out) and after it (``post``: a post_steering read-out)."""
 
     first: int
     count: int
     readers: dict[str, list[tuple[int, Reader]]] = field(default_factory=dict)
+    post: dict[str, list[tuple[int, Reader]]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -66,11 +65,6 @@ class Override:
 
     name: str
     values: dict[str, dict[int, float]]
-
-
-def decoder_layers(model: Any) -> Any:
-    """The list of decoder blocks of a HF causal LM."""
-    return model.get_decoder().layers
 
 
 class Steering:
@@ -85,10 +79,9 @@ class Steering:
         self.attachments: dict[str, Attachment] = {}
         self.enabled = True
         self.active_profile: str | None = None
-        self._override: Override | None = None
         self._suppressed = False
         self._lock = threading.RLock()
-        self._slots = 0  # row buffers reserved for batching (0: none)
+        self._slots = 0  # rows reserved in each attachment's row buffer (0: none yet)
         self._row_sources: dict[int, Override | None] = {}  # bound slot -> its override (None: the base)
         self.row_errors: dict[int, Exception] = {}  # bound slot -> why its delta could not be rewritten
         self._view: RowView | None = None
@@ -225,16 +218,17 @@ class Steering:
             return torch.zeros(self._slots, self.d_model, device=device, dtype=self.dtype)
 
     def reserve_rows(self, slots: int) -> None:
-        """Give every attachment (now and later) a delta row per batch slot."""
+        """Give every attachment (now and later) at least ``slots`` delta rows; rows already bound keep
+        their deltas (the buffers only grow, rarely: a request served alone bigger than any before)."""
         with self._lock:
-            if slots == self._slots:
+            if slots <= self._slots:
                 return
-            self._slots = slots
-            self._row_sources.clear()
-            self.row_errors.clear()
+            old, self._slots = self._slots, slots
             for att in self.attachments.values():
-                att.rows = self._row_buffer(att.delta.device)
-                att.row_steering.clear()
+                rows = self._row_buffer(att.delta.device)
+                if att.rows is not None:
+                    rows[:old].copy_(att.rows)
+                att.rows = rows
 
     def bind_row(self, slot: int, override: Override | None) -> None:
         """Slot ``slot`` now steers with ``override`` (None: the live base, following operator changes).
@@ -269,25 +263,10 @@ class Steering:
 
     @property
     def live(self) -> bool:
-        """Whether the base values are what the model runs with now (no request override pending)."""
-        return self._override is None
-
-    # requests
-    @contextmanager
-    def request(self, override: Override | None) -> Iterator[None]:
-        """Run with ``override`` replacing the base for this request only; the base is back afterwards."""
-        if override is None:
-            yield
-            return
-        with self._lock:
-            self._override = override
-            self._refresh()
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._override = None
-                self._refresh()
+        """Whether the base values are what the model runs with now: False while a request that carries
+        its own steering (a profile, a dial) is generating; the base becomes the whole story when it ends."""
+        with self._lock:  # read on the event loop while the engine thread binds and releases rows
+            return all(source is None for source in self._row_sources.values())
 
     @contextmanager
     def suppressed(self) -> Iterator[None]:
@@ -362,10 +341,6 @@ class Steering:
         """
         attachments = list(self.attachments.values())
         live = {att.sae_id: self._delta(att, self._base_values(att)) for att in attachments}
-        if self._override is None:
-            own = live
-        else:
-            own = {att.sae_id: self._delta(att, self._override.values.get(att.sae_id, {})) for att in attachments}
         bound = [att for att in attachments if att.rows is not None]
         rows: dict[int, list[tuple[Attachment, torch.Tensor | None]]] = {}
         errors: dict[int, Exception] = {}
@@ -380,7 +355,7 @@ class Steering:
                 errors[slot] = InvalidFeatureIndex(f"This request's steering ('{override.name}') no longer fits the "
                                                    f"attached SAEs ({exc}); the request stopped.")
         for att in attachments:
-            att.steering = self._write(att.delta, own[att.sae_id])
+            att.steering = self._write(att.delta, live[att.sae_id])
         for slot, deltas in rows.items():
             for att, delta in deltas:
                 self._write_row(att, slot, delta)
@@ -409,17 +384,22 @@ class Steering:
         return hook
 
     def _row_hook(self, att: Attachment, view: RowView, output: Any) -> Any:
-        """A batched forward: each row gets its own slot's delta; only the view's readers read."""
+        """A scheduler forward: each row gets its own slot's delta; only the view's readers read."""
         hidden = output[0] if isinstance(output, tuple) else output
         for offset, read in view.readers.get(att.sae_id, ()):
             read(hidden[offset:offset + 1])
         slots = range(view.first, view.first + view.count)
-        if att.rows is None or not any(slot in att.row_steering for slot in slots):
+        steered = att.rows is not None and any(slot in att.row_steering for slot in slots)
+        if steered:
+            assert att.rows is not None
+            delta = att.rows[view.first:view.first + view.count].unsqueeze(1)
+            if att.sae.per_position:
+                delta = delta * att.sae.output_scale(hidden)
+            hidden = hidden + delta
+        for offset, read in view.post.get(att.sae_id, ()):
+            read(hidden[offset:offset + 1])
+        if not steered:
             return None
-        delta = att.rows[view.first:view.first + view.count].unsqueeze(1)
-        if att.sae.per_position:
-            delta = delta * att.sae.output_scale(hidden)
-        hidden = hidden + delta
         return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
 
     def snapshot(self) -> dict[str, Any]:

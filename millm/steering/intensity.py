@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
+from millm.config import ENVELOPE
 from millm.errors import InvalidParameter
 from millm.sfv import sf_decimal
 from millm.steering.values import clamp
@@ -31,8 +32,6 @@ from millm.steering.values import clamp
 if TYPE_CHECKING:
     from millm.config import Settings
 
-ENVELOPE: tuple[float, float] = (0.0, 2.0)
-"""Every λ lives in this interval; a declared intensity_range is intersected with it."""
 
 DEFAULT_DIAL = 1.0
 """A cluster's persistent dial until an operator sets it: the authored strengths as they are."""

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from millm.errors import InvalidFeatureIndex, InvalidParameter
+from millm.fields import READOUT_KEYS
 
 if TYPE_CHECKING:
     import torch
@@ -17,7 +18,6 @@ SAE_ACTIVATIONS_MAX_ENTRIES = 65_536
 DEFAULT_TOP_K = 8
 POSITION_MODES = ("last", "prompt", "completion", "all")
 READ_POINTS = ("post_steering", "pre_steering")
-KEYS = {"sae_id", "features", "top_k", "positions", "read_point"}
 FIELD = "return_sae_activations"
 NOTES = {
     "post_steering": "post_steering is what the model computed at this layer for this request; it is not an "
@@ -54,7 +54,7 @@ def parse_readout(raw: Any, steering: Steering, *, rows: int, prompt_tokens: int
     """Check a ``return_sae_activations`` object against the request and the attached SAEs."""
     if not isinstance(raw, dict):
         raise _bad(f"'{FIELD}' must be an object.")
-    if unknown := sorted(set(raw) - KEYS):
+    if unknown := sorted(set(raw) - READOUT_KEYS):
         raise _bad(f"'{FIELD}' has unknown keys: {', '.join(unknown)}.", unknown[0])
     check_readout_rows(rows)
     if not steering.attachments:

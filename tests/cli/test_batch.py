@@ -13,7 +13,8 @@ from typer.testing import CliRunner
 from cli.main import app
 from millm.batch.generate import Job, run_generations, run_padded
 from millm.builder import build_chat
-from millm.engine.scheduler import BatchSettings
+from millm.engine.admission import BatchSettings
+from millm.engine.scheduler import Scheduler
 from tests.cli.batch_rows import BROKEN, GOOD, PROFILE, read_out, weather_profile, write_input
 
 __all__ = ["weather_profile"]
@@ -126,8 +127,7 @@ def test_shared_padded_runs_equal_runs_alone(engine):
 
 def test_scheduled_rows_with_different_parameters_equal_runs_alone(engine, settings, monkeypatch):
     """Rows with different budgets, stops and penalties share the scheduler's batch, each giving the events of
-    its own run; the scheduler's fallbacks (a seed, n > 1, a schema) are the only rows run through
-    ``Engine.run``."""
+    its own run; the scheduler's fallbacks (a seed, n > 1, a schema) are the only rows it serves alone."""
     def jobs() -> list[Job]:
         return [chat_job(engine, "Hi."), chat_job(engine, "What is the capital of France?", max_tokens=7),
                 chat_job(engine, "Count to five.", stop=[","]),
@@ -137,19 +137,19 @@ def test_scheduled_rows_with_different_parameters_equal_runs_alone(engine, setti
 
     alone = jobs()
     run_generations(engine, alone, shares=False)
-    runs: list[object] = []
-    real_run = engine.run
+    submitted: list[bool] = []
+    real_submit = Scheduler.submit
 
-    def counted(plan, control=None):
-        runs.append(plan)
-        return real_run(plan, control)
+    def counted(self, job):
+        submitted.append(job.alone)
+        return real_submit(self, job)
 
-    monkeypatch.setattr(engine, "run", counted)
+    monkeypatch.setattr(Scheduler, "submit", counted)
     batched = jobs()
     run_generations(engine, batched, BatchSettings.of(settings))
     assert [j.events for j in batched] == [j.events for j in alone]
     assert all(j.error is None and j.events for j in batched)
-    assert len(runs) == 3
+    assert submitted == [False, False, False, False, True, True, True]
 
 
 def test_batch_refuses_bad_options(tmp_path):

@@ -13,13 +13,14 @@ from dataclasses import replace
 import pytest
 import torch
 
+from millm.engine.admission import BatchSettings, fallback_reason
 from millm.engine.base import StepControl
 from millm.engine.events import Delta, Event, Finish, Usage
 from millm.engine.kv import attention_mask, span_for
 from millm.engine.params import ChatPrompt, GenerationRequest, SamplingParams, TextPrompt
 from millm.engine.plan import Plan
 from millm.engine.sampling import apply_penalties, sample_rows, top_p_mask, unsampleable
-from millm.engine.scheduler import BatchSettings, Job, Scheduler, fallback_reason
+from millm.engine.scheduler import Job, Scheduler
 from millm.engine.worker import EngineWorker
 from millm.errors import InsufficientMemory, InvalidFeatureIndex, NonFiniteLogits
 from millm.steering.controller import Override
@@ -258,8 +259,8 @@ def test_non_finite_logits_end_only_their_row(engine, scheduler, monkeypatch):
     scheduler.step()
     forward = scheduler._forward
 
-    def poisoned(ids, first, positions, rows, mask_positions=None):
-        logits = forward(ids, first, positions, rows, mask_positions)
+    def poisoned(lane, ids, first, positions, rows, mask_positions):
+        logits = forward(lane, ids, first, positions, rows, mask_positions)
         if ids.shape[0] > 1:  # a decode step: slot 0's row gets NaN logits
             logits[0] = float("nan")
         return logits
@@ -287,7 +288,7 @@ def test_a_failed_prefill_runs_no_forward_for_its_other_rows(engine, scheduler, 
     c = submit(scheduler, plan(engine, "Red, green,"), plan(engine, "Monday, Tuesday,"))
     slots = []
 
-    def failing(ids, first, positions, rows, mask_positions=None):
+    def failing(lane, ids, first, positions, rows, mask_positions):
         slots.append(first)
         raise RuntimeError("this row's forward broke")
 
@@ -299,7 +300,7 @@ def test_a_failed_prefill_runs_no_forward_for_its_other_rows(engine, scheduler, 
 def test_the_scheduler_is_made_on_the_engine_thread_and_out_of_memory_is_typed(engine, monkeypatch):
     made_on = []
 
-    def out_of_memory(settings: BatchSettings) -> Scheduler:
+    def out_of_memory(settings: BatchSettings | None) -> Scheduler:
         made_on.append(threading.current_thread().name)
         raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
@@ -308,7 +309,7 @@ def test_the_scheduler_is_made_on_the_engine_thread_and_out_of_memory_is_typed(e
     p = plan(engine, "Hi", max_tokens=4)
 
     async def ask() -> None:
-        await worker.generate(engine, [p], lambda control: iter(()))
+        await worker.generate(engine, [p])
 
     try:
         with pytest.raises(InsufficientMemory):

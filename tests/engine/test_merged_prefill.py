@@ -12,9 +12,10 @@ from collections.abc import Iterator
 import pytest
 import torch
 
+from millm.engine.admission import BatchSettings
 from millm.engine.kv import KVShape, SlotCache
 from millm.engine.prefill import Merged, choose, inputs
-from millm.engine.scheduler import BatchSettings, Scheduler
+from millm.engine.scheduler import Scheduler
 from millm.steering.controller import Override
 from millm.steering.monitor import MonitorConfig
 from tests.engine.test_batching import alone, drain, plan, submit
@@ -79,9 +80,9 @@ def counting_forwards(scheduler: Scheduler) -> list[tuple[int, int, int]]:
     calls: list[tuple[int, int, int]] = []
     forward = scheduler._forward
 
-    def counted(ids, first, positions, rows, mask_positions=None):
+    def counted(lane, ids, first, positions, rows, mask_positions):
         calls.append((first, ids.shape[0], ids.shape[1]))
-        return forward(ids, first, positions, rows, mask_positions)
+        return forward(lane, ids, first, positions, rows, mask_positions)
 
     scheduler._forward = counted  # type: ignore[method-assign]
     return calls
@@ -155,7 +156,7 @@ def test_a_failed_merged_prefill_ends_every_row_in_it(engine, monkeypatch):
     scheduler = Scheduler(engine, BatchSettings(max_rows=4, max_tokens=4 * 128, prefill_chunk=128))
     a, b = submit(scheduler, plan(engine, "Red, green,")), submit(scheduler, plan(engine, "Monday, Tuesday,"))
 
-    def failing(ids, first, positions, rows, mask_positions=None):
+    def failing(lane, ids, first, positions, rows, mask_positions):
         raise RuntimeError("the merged forward broke")
 
     monkeypatch.setattr(scheduler, "_forward", failing)

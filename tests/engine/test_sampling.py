@@ -1,6 +1,7 @@
+import pytest
 import torch
 
-from millm.engine.sampling import apply_penalties, sample, top_p_mask, update_counts
+from millm.engine.sampling import apply_penalties, sample_rows, scaled, top_p_mask, update_counts
 
 
 def test_penalties_are_openai_additive():
@@ -25,6 +26,14 @@ def test_update_counts_per_row():
     update_counts(counts, torch.tensor([1, 3]))
     update_counts(counts, torch.tensor([1, 0]))
     assert counts.tolist() == [[0, 2, 0, 0], [1, 0, 0, 1]]
+
+
+def sample(logits: torch.Tensor, temperature: float, top_p: float,
+           generator: torch.Generator | None = None) -> torch.Tensor:
+    """Every row with the same temperature and top_p."""
+    rows = logits.shape[0]
+    temperatures = torch.full((rows,), temperature, dtype=torch.float64)
+    return sample_rows(logits, temperatures, torch.full((rows,), top_p), generator)
 
 
 def test_greedy_is_argmax():
@@ -58,3 +67,18 @@ def test_sampling_never_picks_masked_tokens():
     logits = torch.tensor([[0.0, 0.0, -float("inf")]]).repeat(200, 1)
     picks = sample(logits, 2.0, 1.0, torch.Generator().manual_seed(0))
     assert set(picks.tolist()) == {0, 1}
+
+
+@pytest.mark.parametrize("temperature", [1e-40, 5e-324, 0.0005])
+def test_tiny_temperatures_sample_safely_as_near_greedy(temperature):
+    logits = torch.tensor([[0.0, 30.0, 29.5, -float("inf")], [80.0, -5.0, 79.0, 1.0]])
+    values = scaled(logits, temperature)
+    assert not torch.isnan(values).any() and not torch.isposinf(values).any()  # never +inf or NaN
+    assert (values.max(-1).values == 0).all()
+    picks = {tuple(sample(logits, temperature, 1.0, torch.Generator().manual_seed(s)).tolist()) for s in range(10)}
+    assert picks == {(1, 0)}
+
+
+def test_scaled_is_a_shifted_division():
+    logits = torch.tensor([[1.0, 3.0, 2.0]])
+    assert torch.allclose(torch.softmax(scaled(logits, 0.5), -1).float(), torch.softmax(logits / 0.5, -1))

@@ -6,8 +6,9 @@ import httpx
 import pytest
 
 from millm.builder import build_chat
+from millm.engine.scoring import check_temperature
 from millm.errors import InvalidParameter, ResponseFormatUnsupported
-from millm.server.bodies import MAX_DEPTH, check_value, decode
+from millm.jsonbody import MAX_DEPTH, check_value, decode
 from millm.structured.schema import check_response_format
 from millm.validation import sampling_params
 
@@ -77,17 +78,17 @@ def test_check_value_survives_a_value_deeper_than_the_recursion_limit():
         check_value(value)
 
 
-# the temperature floor: one rule for generation and scoring
+# the temperature floor is scoring's alone: generation honours the whole 0-2 range
+@pytest.mark.parametrize("t", [1e-40, 5e-324, 0.0005, 0.001])
+def test_generation_takes_any_temperature_in_range(t):
+    assert sampling_params({"temperature": t}).temperature == t
+
+
 @pytest.mark.parametrize("t", [1e-40, 5e-324, 0.0005])
-def test_generation_refuses_a_temperature_between_0_and_the_floor(t):
+def test_scoring_refuses_a_temperature_between_0_and_the_floor(t):
     with pytest.raises(InvalidParameter, match="overflow") as exc:
-        sampling_params({"temperature": t})
+        check_temperature(t)
     assert exc.value.param == "temperature"
-
-
-def test_generation_takes_0_and_the_floor():
-    assert sampling_params({"temperature": 0}).temperature == 0
-    assert sampling_params({"temperature": 0.001}).temperature == 0.001
 
 
 # schemas are checked whole before anything generates
@@ -158,12 +159,23 @@ BAD_BODIES = {
     "nan in a schema": ("/v1/chat/completions", json.dumps(chat_body(
         response_format=json_schema({"type": "number", "minimum": float("nan")}))).encode(),
                         "response_format.json_schema.schema.minimum"),
-    "tiny temperature": ("/v1/chat/completions", json.dumps(chat_body(temperature=1e-40)).encode(), "temperature"),
-    "tiny temperature, completions": ("/v1/completions", json.dumps(
-        {"model": MODEL, "prompt": "hi", "max_tokens": 2, "temperature": 1e-30}).encode(), "temperature"),
+    "tiny scoring temperature, chat": ("/v1/chat/completions", json.dumps(chat_body(
+        temperature=1e-40, logprobs=True, max_tokens=1)).encode(), "temperature"),
+    "tiny scoring temperature, completions": ("/v1/completions", json.dumps(
+        {"model": MODEL, "prompt": "hi", "max_tokens": 1, "logprobs": 2, "temperature": 1e-30}).encode(), "temperature"),
     "python-only pattern": ("/v1/chat/completions", json.dumps(chat_body(
         response_format=json_schema({"type": "string", "pattern": "\\p{Greek}+"}))).encode(), "response_format"),
 }
+
+
+@pytest.mark.parametrize("route", ["/v1/chat/completions", "/v1/completions"])
+def test_a_tiny_generation_temperature_is_honoured_as_near_greedy(server, route):
+    body = chat_body(max_tokens=6) if route.endswith("chat/completions") else {
+        "model": MODEL, "prompt": "The capital of France is", "max_tokens": 6}
+    greedy = httpx.post(server + route, json={**body, "temperature": 0}, timeout=120)
+    tiny = httpx.post(server + route, json={**body, "temperature": 1e-40}, timeout=120)
+    assert greedy.status_code == tiny.status_code == 200
+    assert tiny.json()["choices"] == greedy.json()["choices"]
 
 
 @pytest.mark.parametrize("case", BAD_BODIES)

@@ -96,13 +96,13 @@ def stream_fails_cleanly(url: str, body: dict) -> None:
 
 def test_exception_inside_a_steering_hook(served, engine):
     url, sid, home = served
-    att = engine.steering_target().steering.attachments[sid]
-    reader = fails_on_call(4, lambda hidden: None)
-    att.pre_readers.append(reader)
+    steering = engine.steering_target().steering
+    assert sid in steering.attachments
+    steering._row_hook = fails_on_call(4, steering._row_hook)  # the hook every scheduler forward runs
     try:
         stream_fails_cleanly(url, chat())
     finally:
-        att.pre_readers.remove(reader)
+        del steering._row_hook
     assert_recovered(url, sid, home)
 
 

@@ -109,7 +109,7 @@ def test_stream_context_error_before_stream(server):
 
 
 def test_error_mid_stream_is_an_sse_error_event(server, engine, monkeypatch):
-    real_forward, calls = engine._forward, []
+    real_forward, calls = engine.model.forward, []
 
     def failing_forward(*args, **kwargs):
         calls.append(1)
@@ -117,7 +117,7 @@ def test_error_mid_stream_is_an_sse_error_event(server, engine, monkeypatch):
             raise RuntimeError("simulated device failure")
         return real_forward(*args, **kwargs)
 
-    monkeypatch.setattr(engine, "_forward", failing_forward)
+    monkeypatch.setattr(engine.model, "forward", failing_forward)
     with httpx.stream("POST", server + "/v1/chat/completions", timeout=60,
                       json={"model": MODEL, "messages": FRANCE, "max_tokens": 20, "temperature": 0,
                             "stream": True}) as r:

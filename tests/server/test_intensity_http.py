@@ -398,7 +398,9 @@ def test_operator_wins_while_a_dialled_request_runs(base, saes, docs, engine):
         lines = stream.iter_lines()
         until_content(lines)
         att = engine.steering.attachments[saes[10]]
-        assert torch.allclose(att.delta, 0.5 * STRONG * (att.sae.W_dec[1] + att.sae.W_dec[2]), atol=1e-4)
+        both = att.sae.W_dec[1] + att.sae.W_dec[2]
+        assert att.rows is not None and any(torch.allclose(row, 0.5 * STRONG * both, atol=1e-4) for row in att.rows)
+        assert torch.allclose(att.delta, STRONG * both, atol=1e-4)  # the request's row is dialled, the base is not
         r = httpx.put(base + "/api/steering", json={"sae": saes[10], "values": {"9": 4.0}}, timeout=30)
         assert r.status_code == 200 and r.json()["live"] is False
         dial = httpx.put(base + f"/api/clusters/{docs['cluster']}/intensity", json={"lambda": 0.8}, timeout=30)

@@ -170,10 +170,14 @@ def delta(engine, sae_id):
 
 
 def test_profile_restored_after_error_and_disconnect(base, sae_id, engine, monkeypatch):
+    """A request's profile steers its own row; after an error or a disconnect the row is released, the
+    live values were never displaced, and steering reads live again."""
     name = create_profile(base, "gentle", [{"sae": sae_id, "feature": FEATURE, "strength": 10.0}])
     steer(base, sae_id, {"3": 2.0})
     expected = delta(engine, sae_id)
-    real, calls = engine._forward, []
+    att = engine.steering.attachments[sae_id]
+    profile_row = 10.0 * att.sae.W_dec[FEATURE]
+    real, calls = engine.model.forward, []
 
     def failing(*args, **kwargs):
         calls.append(1)
@@ -181,11 +185,12 @@ def test_profile_restored_after_error_and_disconnect(base, sae_id, engine, monke
             raise RuntimeError("boom")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(engine, "_forward", failing)
+    monkeypatch.setattr(engine.model, "forward", failing)
     r = chat(base, profile=name, stream=True)
-    assert "event: error" in r.text
+    assert "event: error" in r.text and len(calls) == 3
     monkeypatch.undo()
-    assert torch.equal(delta(engine, sae_id), expected)
+    assert torch.equal(delta(engine, sae_id), expected) and not any_row(att, profile_row)
+    assert httpx.get(base + "/api/steering", timeout=10).json()["live"] is True
     with httpx.Client(timeout=60) as http, http.stream(
             "POST", base + "/v1/chat/completions",
             json={"model": MODEL, "max_tokens": 500, "temperature": 0, "stream": True, "profile": name,
@@ -195,10 +200,18 @@ def test_profile_restored_after_error_and_disconnect(base, sae_id, engine, monke
             line = next(lines)
             if line.startswith("data: {") and json.loads(line[6:])["choices"][0]["delta"].get("content"):
                 break
-        assert not torch.equal(delta(engine, sae_id), expected)  # the profile is live mid-request
+        assert any_row(att, profile_row)  # the profile steers this request's row mid-request
+        assert torch.equal(delta(engine, sae_id), expected)  # and the live values stay as they were
+        assert httpx.get(base + "/api/steering", timeout=10).json()["live"] is False
     while httpx.get(base + "/api/health/inference", timeout=5).json()["in_flight"]:
         time.sleep(0.02)
-    assert torch.equal(delta(engine, sae_id), expected)
+    assert torch.equal(delta(engine, sae_id), expected) and not any_row(att, profile_row)
+    assert httpx.get(base + "/api/steering", timeout=10).json()["live"] is True
+
+
+def any_row(att, row: torch.Tensor) -> bool:
+    """Whether some steering row of the attachment holds ``row``."""
+    return att.rows is not None and any(torch.allclose(r, row) for r in att.rows)
 
 
 def test_operator_wins(base, sae_id, engine):

@@ -94,22 +94,33 @@ def test_several_saes_and_suppression(model):
     assert all(torch.equal(x, y) for x, y in zip(layer_outputs(model, IDS), steered))
 
 
-def test_override_restores_base_and_operator_wins(model):
+def test_row_override_keeps_the_base_and_operator_wins(model):
     steering = Steering(model)
     att = steering.attach("sae_a", random_sae(D, 64), layer=1)
     steering.set_values("sae_a", {1: 2.0}, merge=False)
+    steering.reserve_rows(2)
     base_delta = att.delta.clone()
-    with steering.request(Override("p", {"sae_a": {5: 9.0}})):
-        assert torch.allclose(att.delta, 9.0 * att.sae.W_dec[5]) and not steering.live
-    assert torch.equal(att.delta, base_delta) and steering.live
-    with pytest.raises(RuntimeError):
-        with steering.request(Override("p", {"sae_a": {5: 9.0}})):
-            raise RuntimeError("request failed")
-    assert torch.equal(att.delta, base_delta)
-    with steering.request(Override("p", {"sae_a": {5: 9.0}})):
-        steering.set_values("sae_a", {6: 1.0}, merge=False)  # operator acts mid-request
-        assert torch.allclose(att.delta, 9.0 * att.sae.W_dec[5])  # the request keeps its profile
-    assert torch.allclose(att.delta, 1.0 * att.sae.W_dec[6])  # and the operator's value is not undone
+    steering.bind_row(0, Override("p", {"sae_a": {5: 9.0}}))  # a request with its own profile
+    steering.bind_row(1, None)  # a request on the live values
+    assert att.rows is not None and not steering.live
+    assert torch.allclose(att.rows[0], 9.0 * att.sae.W_dec[5]) and torch.equal(att.rows[1], base_delta)
+    assert torch.equal(att.delta, base_delta)  # the base is never displaced
+    steering.set_values("sae_a", {6: 1.0}, merge=False)  # operator acts mid-request
+    assert torch.allclose(att.rows[0], 9.0 * att.sae.W_dec[5])  # the request keeps its profile
+    assert torch.allclose(att.rows[1], 1.0 * att.sae.W_dec[6])  # the live row follows the operator
+    steering.release_row(0)
+    assert steering.live and torch.allclose(att.delta, 1.0 * att.sae.W_dec[6])  # and nothing was undone
+    assert torch.count_nonzero(att.rows[0]) == 0
+
+
+def test_reserving_more_rows_keeps_the_bound_ones(model):
+    steering = Steering(model)
+    att = steering.attach("sae_a", random_sae(D, 64), layer=1)
+    steering.reserve_rows(1)
+    steering.bind_row(0, Override("p", {"sae_a": {5: 9.0}}))
+    steering.reserve_rows(3)
+    assert att.rows is not None and att.rows.shape[0] == 3
+    assert torch.allclose(att.rows[0], 9.0 * att.sae.W_dec[5]) and torch.count_nonzero(att.rows[1:]) == 0
 
 
 def test_readers_see_pre_and_post(model):

@@ -1,0 +1,73 @@
+"""Drawing the next token of several rows at once, each by its own rules.
+
+Per row: its penalties over what it generated (``Lane.counts``), its constraint's mask, its temperature
+and top_p, and its random generator (a seeded plan draws from its own, so its choices repeat byte for
+byte). A row that no token can be drawn for is returned as failed, with the error its request ends with.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from millm.engine.sampling import apply_penalties, sample_rows, unsampleable, update_counts
+from millm.errors import ConstrainedOutputInvalid, NonFiniteLogits
+
+if TYPE_CHECKING:
+    from millm.engine.lanes import BatchRow
+
+
+def draw(rows: list[BatchRow], logits: torch.Tensor,
+         counts: torch.Tensor) -> tuple[list[tuple[BatchRow, int]], list[tuple[BatchRow, Exception]]]:
+    """``(row, token)`` for every row a token was drawn for (its ``counts`` row updated), and ``(row, error)``
+    for the others: logits holding a NaN or +inf, or only -inf (non_finite_logits), or a constraint that
+    allows no token (constrained_output_invalid)."""
+    params = [r.row.params for r in rows]
+    device = logits.device
+    logits = apply_penalties(logits, counts[[r.slot for r in rows]],
+                             torch.tensor([p.frequency_penalty for p in params], device=device),
+                             torch.tensor([p.presence_penalty for p in params], device=device))
+    failed = _unsampleable(rows, logits)
+    gone = {id(r) for r, _ in failed}
+    keep = [i for i, r in enumerate(rows) if id(r) not in gone]
+    if not keep:
+        return [], failed
+    rows, logits = [rows[i] for i in keep], logits[keep]
+    tokens = torch.zeros(len(rows), dtype=torch.long, device=device)
+    for generator, members in by_generator(rows).items():
+        index = torch.tensor(members, device=device)
+        temperature = torch.tensor([rows[i].row.params.temperature for i in members], dtype=torch.float64,
+                                   device=device)  # float64: a temperature of 1e-40 is not 0
+        top_p = torch.tensor([rows[i].row.params.top_p for i in members], device=device)
+        tokens[index] = sample_rows(logits[index], temperature, top_p, generator)
+    slots = [r.slot for r in rows]
+    drawn = counts[slots]
+    update_counts(drawn, tokens)
+    counts[slots] = drawn
+    return list(zip(rows, tokens.tolist())), failed
+
+
+def _unsampleable(rows: list[BatchRow], logits: torch.Tensor) -> list[tuple[BatchRow, Exception]]:
+    """The rows no token can be drawn for, each with its error; a constrained row's mask is applied here
+    (in place), since it is what leaves a row without a token."""
+    failed: list[tuple[BatchRow, Exception]] = []
+    for i, (r, broken) in enumerate(zip(rows, unsampleable(logits).tolist())):
+        if broken:
+            failed.append((r, NonFiniteLogits("The model produced NaN or infinite logits for this request; no "
+                                              "next token can be drawn.")))
+            continue
+        if r.guide is not None:
+            r.guide.mask(logits[i:i + 1], [True])
+            if bool(torch.isneginf(logits[i]).all()):
+                failed.append((r, ConstrainedOutputInvalid("The constraint allows no next token here; the document "
+                                                           "cannot be completed.")))
+    return failed
+
+
+def by_generator(rows: list[BatchRow]) -> dict[torch.Generator | None, list[int]]:
+    """Row positions grouped by the random generator they draw from (None: the process's)."""
+    groups: dict[torch.Generator | None, list[int]] = {}
+    for i, r in enumerate(rows):
+        groups.setdefault(r.generator, []).append(i)
+    return groups

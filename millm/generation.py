@@ -1,0 +1,65 @@
+"""Preparing a built generation request: its steering, its plans, its limits and what its headers say.
+
+One sequence for every front end (the server, ``millm chat``, the TUI, ``millm batch``), run on the
+engine thread (it resolves steering against the attached SAEs and tokenises with the engine's
+tokenizer), so every front end applies the same limits and nothing heavy runs on an event loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from millm.errors import FieldNotHonoured
+from millm.limits import Limits, check_prompt_tokens, prompt_tokens
+from millm.render.headers import miLLM_headers
+from millm.steering.bases import RequestSteering
+
+if TYPE_CHECKING:
+    from millm.builder import Built
+    from millm.engine.base import Engine
+    from millm.engine.plan import Plan
+    from millm.steering.service import SteeringService
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A generation ready to run: its plans, its steering, the X-miLLM-Steering label, and the check to
+    run between decode steps (None: nothing an operator does can invalidate it)."""
+
+    plans: list[Plan]
+    steer: RequestSteering
+    label: str
+    check: Callable[[], None] | None
+
+    def headers(self, built: Built) -> dict[str, str]:
+        return miLLM_headers(built, self.label, self.steer)
+
+
+def refuse_unsteerable(engine: Engine, built: Built) -> None:
+    """``profile`` or ``steering_intensity`` on an engine that cannot steer: refused, naming the field."""
+    for name, value in (("profile", built.profile), ("steering_intensity", built.intensity)):
+        if value is not None:
+            raise FieldNotHonoured(f"'{name}' cannot be honoured by the {engine.engine_name} engine.", param=name)
+
+
+def prepare(engine: Engine, built: Built, limits: Limits, service: SteeringService | None = None,
+            steer: RequestSteering | None = None) -> Prepared:
+    """Resolve the request's steering (``profile`` and ``steering_intensity`` through ``service``, unless
+    ``steer`` is already decided), tokenise and check every plan, and check the prompt tokens against
+    ``limits``. Runs on the engine thread; raises before any forward pass."""
+    target = engine.steering_target()
+    if target is None:
+        refuse_unsteerable(engine, built)
+        steer = steer or RequestSteering()
+    elif steer is None:
+        assert service is not None, "steering is resolved through the steering service"
+        steer = service.for_request(target, built.profile, built.intensity)
+    plans = [engine.prepare(replace(g, override=steer.override)) for g in built.generations]
+    check_prompt_tokens("messages" if built.route == "chat" else "prompt", prompt_tokens(plans), limits)
+    if target is None:
+        return Prepared(plans, steer, "none", None)
+    steering, decided = target.steering, steer
+    check = (lambda: decided.check(steering)) if steer.pinned else None
+    return Prepared(plans, steer, steering.label(steer.override), check)
