@@ -2,7 +2,8 @@
 
     python bench/structured.py [--tokens 96] [--rounds 3]
 
-Decode tokens/s on the same prompt, in one run, interleaved round by round:
+Decode tokens/s (from the first token's text to the end: prefill, longer with the tool prompt, is not
+counted) on the same prompt, in one run, interleaved round by round:
 - free: no constraint;
 - schema: a JSON schema that keeps the model writing (an array of at least 40 strings), whole body;
 - schema, streamed: the same, rendered as SSE frames by the server's own renderer (millm.render.stream);
@@ -23,7 +24,7 @@ from typing import Any
 
 from millm.config import get_settings
 from millm.engine import load_engine
-from millm.engine.events import Event, Usage
+from millm.engine.events import Delta, Event, Usage
 from millm.engine.params import ChatPrompt, GenerationRequest
 from millm.engine.templates import TOOLS_KWARG
 from millm.engine.transformers_engine import TransformersEngine
@@ -69,23 +70,25 @@ def main() -> None:
     def run(constraint: Any, stream: bool = False) -> tuple[float, float]:
         kwargs = {TOOLS_KWARG: call.prompt_tools()} if constraint is call else {}
         request = GenerationRequest([ChatPrompt(PROMPT, kwargs)], params, constraint=constraint)
-        start, cpu = time.perf_counter(), time.process_time()
-        events = list(engine.generate(request)) if not stream else None
+        seen: list[Event] = []
+        first: list[tuple[float, float]] = []  # when the first token's text came out: prefill is not decode
+
+        def tee() -> Iterator[Event]:
+            for event in engine.generate(request):
+                if not first and isinstance(event, Delta):
+                    first.append((time.perf_counter(), time.process_time()))
+                seen.append(event)
+                yield event
+
         if stream:
-            seen: list[Event] = []
-
-            def tee() -> Iterator[Event]:
-                for event in engine.generate(request):
-                    seen.append(event)
-                    yield event
-
             shape = CompletionShape(chat=True, model=engine.model_id, fingerprint=engine.fingerprint,
                                     constraint=constraint)
             asyncio.run(_frames(shape, tee()))
-            events = seen
-        usage = [e for e in events or [] if isinstance(e, Usage)][0]
-        return (usage.completion_tokens / (time.perf_counter() - start),
-                usage.completion_tokens / (time.process_time() - cpu))
+        else:
+            list(tee())
+        usage = [e for e in seen if isinstance(e, Usage)][0]
+        decoded = usage.completion_tokens - 1
+        return decoded / (time.perf_counter() - first[0][0]), decoded / (time.process_time() - first[0][1])
 
     cases: dict[str, tuple[Any, bool]] = {"free": (None, False), "schema": (schema, False),
                                           "schema, streamed": (schema, True), "tool call, streamed": (call, True)}
