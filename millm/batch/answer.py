@@ -101,9 +101,9 @@ class Answerer:
             answers[gen.line.index] = self._finish(gen)
         return [answers[line.index] for line in lines]
 
-    def _shape(self, line: BatchLine, chat: bool, built: Built, engine: Engine) -> CompletionShape:
-        shape = CompletionShape(chat=chat, model=built.model, fingerprint=engine.fingerprint)
-        shape.id = ("chatcmpl-" if chat else "cmpl-") + line.digest
+    def _shape(self, line: BatchLine, built: Built, engine: Engine) -> CompletionShape:
+        shape = CompletionShape.of(built, engine.fingerprint)
+        shape.id = ("chatcmpl-" if shape.chat else "cmpl-") + line.digest
         shape.created = self.created
         return shape
 
@@ -124,18 +124,17 @@ class Answerer:
             engine = self.engines(entry)
             vectors, tokens = engine.embed(built.embed_inputs)
             return Answer(line, 200, embeddings_body(built, vectors, tokens), miLLM_headers(built))
-        chat = line.route == "chat"
         if built.score is not None:
             engine = self.engines(entry)
             results, readout = scoring.score_reading(engine, built.score, built.readout)
-            body = score_body(self._shape(line, chat, built, engine), engine, built, results, readout)
+            body = score_body(self._shape(line, built, engine), engine, built, results, readout)
             return Answer(line, 200, body, miLLM_headers(built))
         if built.profile is not None:
             self.steering.profile(built.profile)  # 404 before any load, as the server
         engine = self.engines(entry)
         prepared = prepare(engine, built, Limits.of(self.settings), self.steering)
         return _Generation(line, engine, Job(prepared.plans, check=prepared.check),
-                           self._shape(line, chat, built, engine), prepared.headers(built))
+                           self._shape(line, built, engine), prepared.headers(built))
 
     def _finish(self, gen: _Generation) -> Answer:
         if gen.job.error is not None:

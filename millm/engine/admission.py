@@ -60,8 +60,8 @@ def fallback_reason(plans: list[Plan], batch: BatchSettings, monitoring: bool) -
             return "extra_messages"
         if plan.readout is not None:
             return "return_sae_activations"
-        if plan.constraint is not None:
-            return "response_format"
+        if plan.constraint is not None:  # response_format, or tools (a tool-call constraint names its field)
+            return str(getattr(plan.constraint, "param", "response_format"))
     if monitoring and batch.monitoring == "serial":
         return "monitoring"
     if rows_of(plans) > batch.max_rows or any(len(ids) + p.max_tokens > batch.slot_len

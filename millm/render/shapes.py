@@ -5,10 +5,13 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from millm.engine.events import Usage
 from millm.structured.tools import ToolConstraint, split
+
+if TYPE_CHECKING:
+    from millm.builder import Built
 
 
 def call_finish(reason: str) -> str:
@@ -39,6 +42,12 @@ class CompletionShape:
 
     def __post_init__(self) -> None:
         self.id = ("chatcmpl-" if self.chat else "cmpl-") + uuid.uuid4().hex
+
+    @classmethod
+    def of(cls, built: Built, fingerprint: str) -> CompletionShape:
+        """The shape of ``built``'s response: its route, the model name it asked for, its constraint (a
+        tool-call constraint's text renders as content and tool_calls)."""
+        return cls(chat=built.route == "chat", model=built.model, fingerprint=fingerprint, constraint=built.constraint)
 
     def _envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}

@@ -74,7 +74,6 @@ async def collect(shape: CompletionShape, events: AsyncIterator[Event]) -> dict[
 
 async def respond(shape: CompletionShape, events: AsyncIterator[Event], built: Built,
                   headers: dict[str, str]) -> Response | tuple[dict[str, Any], int, dict[str, str]]:
-    shape.constraint = built.constraint  # a tool-call constraint's text renders as content and tool_calls
     if built.stream:
         response = Response(sse_events(shape, events, built.choices, built.include_usage), mimetype="text/event-stream",
                             headers={**headers, "Cache-Control": "no-cache"})
@@ -83,7 +82,7 @@ async def respond(shape: CompletionShape, events: AsyncIterator[Event], built: B
     return await collect(shape, events), 200, headers
 
 
-async def generate(built: Built, entry: ModelEntry, chat: bool) -> Any:
+async def generate(built: Built, entry: ModelEntry) -> Any:
     """Generation: prepared on the engine thread (steering, tokens, limits), then run by the engine's
     scheduler, streamed or collected."""
     svc = services()
@@ -94,17 +93,17 @@ async def generate(built: Built, entry: ModelEntry, chat: bool) -> Any:
     async with engine_held(entry) as engine:
         prepared = await svc.worker.call(prepare, engine, built, Limits.of(svc.settings), svc.steering)
         events = metrics.observed(await svc.worker.generate(engine, prepared.plans, prepared.check))
-    shape = CompletionShape(chat=chat, model=built.model, fingerprint=engine.fingerprint)
+    shape = CompletionShape.of(built, engine.fingerprint)
     return await respond(shape, events, built, prepared.headers(built))
 
 
-async def score(built: Built, entry: ModelEntry, chat: bool) -> Any:
+async def score(built: Built, entry: ModelEntry) -> Any:
     """Next-token log-probabilities; never steered or monitored (X-miLLM-Steering: none)."""
     svc = services()
     assert built.score is not None
     async with engine_held(entry) as engine:
         results, readout = await svc.worker.call(scoring.score_reading, engine, built.score, built.readout)
-    shape = CompletionShape(chat=chat, model=built.model, fingerprint=engine.fingerprint)
+    shape = CompletionShape.of(built, engine.fingerprint)
     return score_body(shape, engine, built, results, readout), 200, miLLM_headers(built)
 
 
@@ -112,14 +111,14 @@ async def score(built: Built, entry: ModelEntry, chat: bool) -> Any:
 async def chat_completions() -> Any:
     """Chat completion, streaming or not; extra_messages answers further conversations as further choices."""
     built, entry = await begin(build_chat)
-    return await (score if built.score is not None else generate)(built, entry, chat=True)
+    return await (score if built.score is not None else generate)(built, entry)
 
 
 @bp.post("/completions")
 async def completions() -> Any:
     """Text completion: the prompt goes to the model verbatim; each prompt of a list is its own choice."""
     built, entry = await begin(build_completion)
-    return await (score if built.score is not None else generate)(built, entry, chat=False)
+    return await (score if built.score is not None else generate)(built, entry)
 
 
 @bp.post("/embeddings")

@@ -159,3 +159,19 @@ def test_batch_refuses_bad_options(tmp_path):
     result = runner.invoke(app, ["batch", str(tmp_path / "missing.jsonl"), "-o", str(tmp_path / "o")])
     assert result.exit_code == 1 and "missing.jsonl" in result.output
     assert runner.invoke(app, ["batch", str(src), "-o", str(src)]).exit_code == 1
+
+
+def test_a_tool_call_line_answers_tool_calls_as_the_server_renders_them(engine, tmp_path):
+    weather = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+    body = {"model": engine.model_id, "messages": [{"role": "user", "content": "Weather in Paris?"}],
+            "tools": [weather], "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+            "max_tokens": 40, "temperature": 0}
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text(json.dumps({"custom_id": "t", "method": "POST", "url": "/v1/chat/completions", "body": body}) + "\n")
+    result = runner.invoke(app, ["batch", str(src), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    choice = read_out(out)[0]["response"]["body"]["choices"][0]
+    call = choice["message"]["tool_calls"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+    assert call["function"]["name"] == "get_weather" and "city" in json.loads(call["function"]["arguments"])
