@@ -87,6 +87,11 @@ class Lane:
         """Whether ``r`` is still in its slot (its request may have ended earlier in this step)."""
         return self.rows.get(r.slot) is r
 
+    def prefilling(self) -> list[BatchRow]:
+        """The rows still feeding their prompt, by slot (a row copying its prompt's KV never feeds it)."""
+        return sorted((r for r in self.rows.values() if r.source is None and r.filled < len(r.prompt)),
+                      key=lambda r: r.slot)
+
     def clones(self, source: BatchRow) -> list[BatchRow]:
         return [r for r in self.rows.values() if r.source is source]
 

@@ -248,30 +248,9 @@ class Scheduler:
                 raise errors[lane.first + r.slot]
 
     def _admit(self) -> None:
-        """Drop the waiting requests whose consumer left; then start waiting requests, in order per lane,
-        while their lane has room: each is checked first, so a request whose steering became invalid while
-        it waited sends no text."""
-        starts: list[Job] = []
-        with self._lock:
-            gone = [job for job in self.waiting if job.control.cancel.is_set()]
-            waiting = [job for job in self.waiting if not job.control.cancel.is_set()]
-            alone_taken = self.alone_job is not None
-            shared_blocked = False
-            shared = self.shared
-            free = len(shared.free) if shared is not None else 0
-            for job in waiting:
-                if job.alone or shared is None:
-                    if not alone_taken:
-                        alone_taken = True
-                        starts.append(job)
-                elif not shared_blocked:
-                    rows = rows_of(job.plans)
-                    if rows <= free:
-                        free -= rows
-                        starts.append(job)
-                    else:
-                        shared_blocked = True  # first come, first served: later requests wait behind it
-            self.waiting = deque(job for job in waiting if job not in starts)
+        """Drop the waiting requests whose consumer left; then start the waiting requests their lanes have room
+        for: each is checked first, so a request whose steering became invalid while it waited sends no text."""
+        gone, starts = self._take_waiting()
         for job in gone:
             job.end(job.control.reason)
         for job in starts:
@@ -282,6 +261,29 @@ class Scheduler:
                 job.end(exc)
                 continue
             self._start(job, lane)
+
+    def _take_waiting(self) -> tuple[list[Job], list[Job]]:
+        """Out of the queue: the requests whose consumer left, and those that start now, in order per lane
+        (the shared lane while its free slots hold them, first come first served; the alone lane one at a time)."""
+        with self._lock:
+            gone = [job for job in self.waiting if job.control.cancel.is_set()]
+            starts: list[Job] = []
+            alone_taken = self.alone_job is not None
+            free: int | None = len(self.shared.free) if self.shared is not None else 0
+            for job in self.waiting:
+                if job in gone:
+                    continue
+                if job.alone or self.shared is None:
+                    if not alone_taken:
+                        alone_taken = True
+                        starts.append(job)
+                elif free is not None and rows_of(job.plans) <= free:
+                    free -= rows_of(job.plans)
+                    starts.append(job)
+                else:
+                    free = None  # later shared requests wait behind this one
+            self.waiting = deque(job for job in self.waiting if job not in gone and job not in starts)
+        return gone, starts
 
     def _lane_for(self, job: Job) -> Lane:
         """The shared lane, or for a request served alone a lane sized to it (the last one when it fits)."""
@@ -358,24 +360,29 @@ class Scheduler:
                                     use_cache=True, logits_to_keep=1)
         return out.logits[:, -1, :].float()
 
+    def _shared_forward(self, lane: Lane, ids: torch.Tensor, first: int, positions: torch.Tensor,
+                        rows: list[BatchRow], mask_positions: torch.Tensor) -> torch.Tensor | None:
+        """``_forward``, or None when it failed: a shared forward's failure ends every row in it."""
+        try:
+            return self._forward(lane, ids, first, positions, rows, mask_positions)
+        except Exception as exc:
+            for job in dict.fromkeys(r.job for r in rows):
+                self._finish(job, exc)
+            return None
+
     def _prefill(self, lane: Lane) -> None:
         """Feed waiting prompt chunks of several rows in one forward, within the lane's prefill budget
         (padding included, ``millm.engine.prefill``); a finished prompt samples its first token (and its
         other choices copy its KV and sample from the same logits), a prompt that did not fit continues
         next step. If the forward fails, every row in it ends with the error."""
-        pending = sorted((r for r in lane.rows.values() if r.source is None and r.filled < len(r.prompt)),
-                         key=lambda r: r.slot)
-        merged = choose([(r.slot, len(r.prompt) - r.filled) for r in pending], lane.prefill_budget)
+        merged = choose([(r.slot, len(r.prompt) - r.filled) for r in lane.prefilling()], lane.prefill_budget)
         if merged is None:
             return
         rows = [lane.rows[slot] for slot in merged.takes]
         feeds = {r.slot: (r.filled, r.prompt[r.filled:r.filled + merged.takes[r.slot]]) for r in rows}
         ids, writes, reads = inputs(merged, feeds, self.engine.pad_id, lane.cache.aside)
-        try:
-            logits = self._forward(lane, ids, merged.first, writes, rows, reads)
-        except Exception as exc:  # the shared forward failed: every row in it ends with the error
-            for job in dict.fromkeys(r.job for r in rows):
-                self._finish(job, exc)
+        logits = self._shared_forward(lane, ids, merged.first, writes, rows, reads)
+        if logits is None:
             return
         for r in rows:
             r.filled += merged.takes[r.slot]
@@ -406,11 +413,8 @@ class Scheduler:
             assert r.next_token is not None
             ids[r.slot, 0] = r.next_token
             writes[r.slot, 0] = reads[r.slot, 0] = r.length
-        try:
-            logits = self._forward(lane, ids, 0, writes, rows, reads)
-        except Exception as exc:  # the shared forward failed: every row in it ends with the error
-            for job in dict.fromkeys(r.job for r in rows):
-                self._finish(job, exc)
+        logits = self._shared_forward(lane, ids, 0, writes, rows, reads)
+        if logits is None:
             return
         for r in rows:
             r.next_token = None
