@@ -2,7 +2,12 @@
 
 Chat prompts are rendered with the file's own template; decoding runs llama.cpp's sampler token by
 token through miLLM's own stop matching and incremental detokenising, so streams behave the same
-on both engines. llama.cpp cannot be steered or scored here: the field table refuses those.
+on both engines. llama.cpp cannot be scored here, nor its residual read: the field table refuses those.
+
+With MILLM_GGUF_STEERING on, SAEs attach to the model and steer it through llama.cpp's control vectors
+(``millm.steering.cvec``): each generation binds the one steering row to its request's override (or the
+live values), writes the row's per-layer sum into the control-vector buffer before its first forward, again
+whenever an operator changes it between two tokens, and clears the buffer when it ends, in ``finally``.
 """
 
 from __future__ import annotations
@@ -26,6 +31,9 @@ from millm.engine.scoring import ScoreRequest, ScoreResult
 from millm.engine.templates import END_OF_TURN_TOKENS, fallback_template
 from millm.errors import ContextLengthExceeded, FieldNotHonoured, InvalidParameter, ModelLoadFailed
 from millm.registry import ModelEntry
+from millm.steering.cvec import ROW, ControlVector, ControlVectorSteering
+from millm.steering.monitor import Monitor
+from millm.steering.target import SteeringTarget
 
 log = logging.getLogger("millm.llama_cpp")
 _log_callback: Any = None
@@ -77,13 +85,18 @@ class LlamaCppEngine:
     greedy output between a cold and a warm cache. A seeded request therefore evaluates its prompt
     cold: measured byte-identical across runs and cache states, so its seed is honoured with
     scope="request".
+
+    Under steering the cache was computed with the control vector of the request that filled it: a prefix is
+    reused only by a request that steers exactly alike (``_cache_key``); any other starts cold.
     """
 
     engine_name = "llama.cpp"
     capabilities = Capabilities(steerable=False, scorable=False, seedable=True, constrainable=False,
                                 multiple_choices=False)
 
-    def __init__(self, entry: ModelEntry, llm: Any, default_max_tokens: int = 1024) -> None:
+    def __init__(self, entry: ModelEntry, llm: Any, default_max_tokens: int = 1024, steerable: bool = False) -> None:
+        import llama_cpp
+
         self.entry = entry
         self.llm = llm
         self.default_max_tokens = default_max_tokens
@@ -93,6 +106,12 @@ class LlamaCppEngine:
         self.control_tokens = llama_control_tokens(llm)  # only the template's markup may yield these
         self._embedder: Any = None
         self._lock = threading.Lock()
+        self.n_layers = int(llama_cpp.llama_model_n_layer(llm.model))
+        self._steering = ControlVectorSteering(self.n_layers, int(llm.n_embd())) if steerable else None
+        self._target = SteeringTarget(entry.id, self._steering, Monitor()) if self._steering is not None else None
+        self._version = -1  # the steering row's version the control vector was last written from
+        self._cache_key: Any = None  # the control vector the cached tokens were computed under (None: none)
+        self._uploaded: tuple[int, int, bytes] | None = None  # what llama.cpp's control vector holds now
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
         template = llm.metadata.get("tokenizer.chat_template")
@@ -111,9 +130,11 @@ class LlamaCppEngine:
             llm = Llama(str(entry.path), n_ctx=0, n_threads=os.cpu_count(), verbose=False, **gpu_placement(settings))
         except Exception as exc:  # llama.cpp reports load failures as bare errors
             raise ModelLoadFailed(f"llama.cpp could not load '{entry.id}' from {entry.path}: {exc}") from exc
-        return cls(entry, llm, settings.default_max_tokens)
+        return cls(entry, llm, settings.default_max_tokens, steerable=settings.gguf_steering)
 
     def close(self) -> None:
+        if self._target is not None:
+            self._target.steering.detach_all()
         for llm in (self.llm, self._embedder):
             if llm is not None:
                 llm.close()
@@ -133,9 +154,9 @@ class LlamaCppEngine:
     def token_text(self, token_id: int) -> str:
         return self.decoder.decode([token_id])
 
-    def steering_target(self) -> None:
-        """llama.cpp exposes no residual stream to hook."""
-        return None
+    def steering_target(self) -> SteeringTarget | None:
+        """The control-vector steering under MILLM_GGUF_STEERING; else None (llama.cpp has no SAE hooks)."""
+        return self._target
 
     def score(self, request: ScoreRequest) -> list[ScoreResult]:
         raise FieldNotHonoured("Scoring needs the next-token distribution, which llama.cpp does not expose here; "
@@ -174,27 +195,90 @@ class LlamaCppEngine:
 
     def prepare(self, request: GenerationRequest) -> Plan:
         """Tokenise and check against the context window (400, never llama.cpp's bare error)."""
-        check_supported(request, self.capabilities, self.engine_name)
+        check_supported(request, self.capabilities, self.engine_name, steers=self._target is not None)
         prompt_ids = [self.tokenize(p) for p in request.prompts]
         return Plan(prompt_ids, request.params,
                     token_budget(prompt_ids, request.params.max_tokens, self.context_window, self.default_max_tokens,
-                              prompt_names(request.prompts)))
+                              prompt_names(request.prompts)), override=request.override)
 
     def generate(self, request: GenerationRequest, control: StepControl | None = None) -> Iterator[Event]:
         return self.run(self.prepare(request), control)
 
     def run(self, plan: Plan, control: StepControl | None = None) -> Iterator[Event]:
-        """Each prompt of the plan in turn (llama.cpp decodes one sequence here)."""
+        """Each prompt of the plan in turn (llama.cpp decodes one sequence here), steered by the plan's
+        override (else the live values) when steering is on; the control vector is cleared afterwards."""
         with self._lock:
-            completion = 0
-            for index, ids in enumerate(plan.prompt_ids):
-                row = Row(index, ChoiceOutput(self.decoder, plan.params.stop, self.stop_ids), plan.params,
-                          plan.max_tokens)
-                cancelled = yield from self._seeded(ids, row, control)
-                completion += row.output.tokens
-                if cancelled:
-                    return
-            yield Usage(sum(len(ids) for ids in plan.prompt_ids), completion)
+            steering = self._steering
+            if steering is not None:
+                steering.bind_row(ROW, plan.override)
+            try:
+                completion = 0
+                for index, ids in enumerate(plan.prompt_ids):
+                    row = Row(index, ChoiceOutput(self.decoder, plan.params.stop, self.stop_ids), plan.params,
+                              plan.max_tokens)
+                    self._steer_prompt()
+                    cancelled = yield from self._seeded(ids, row, control)
+                    completion += row.output.tokens
+                    if cancelled:
+                        return
+                yield Usage(sum(len(ids) for ids in plan.prompt_ids), completion)
+            finally:
+                if steering is not None:
+                    steering.release_row(ROW)
+                self._upload(None)
+
+    # steering
+    def _vector(self) -> ControlVector | None:
+        return self._steering.vector(ROW) if self._steering is not None else None
+
+    def _upload(self, vector: ControlVector | None) -> None:
+        """Write ``vector`` into llama.cpp's control-vector buffer (None: clear it, data NULL)."""
+        import llama_cpp
+
+        key = vector.key() if vector is not None else None
+        if key == self._uploaded:
+            return
+        if vector is None:
+            rc = llama_cpp.llama_set_adapter_cvec(self.llm.ctx, None, 0, int(self.llm.n_embd()), -1, -1)
+        else:
+            data = vector.data.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+            rc = llama_cpp.llama_set_adapter_cvec(self.llm.ctx, data, vector.data.size, int(self.llm.n_embd()),
+                                                  vector.il_start, vector.il_end)
+        if rc != 0:
+            raise RuntimeError(f"llama.cpp refused the control vector (llama_set_adapter_cvec returned {rc}).")
+        self._uploaded = key
+
+    def _steer_prompt(self) -> None:
+        """Before a row's first forward: its control vector in place, and the cached prefix dropped unless it
+        was computed under this same vector (never reused across a steering change)."""
+        if self._steering is None:
+            return
+        vector = self._vector()
+        key = vector.key() if vector is not None else None
+        if key != self._cache_key:
+            self.llm.reset()
+            self._cache_key = key
+        self._upload(vector)
+        self._version = self._steering.version
+
+    def _steer_step(self) -> None:
+        """Between two tokens: an operator change to the row (rows that follow the live values) reaches the
+        next forward; the cache then holds tokens of two steerings, so no later request reuses it. A row whose
+        own steering no longer fits the attached SAEs ends here with its error."""
+        steering = self._steering
+        if steering is None:
+            return
+        error = steering.row_errors.get(ROW)
+        if error is not None:
+            raise error
+        if steering.version == self._version:
+            return
+        self._version = steering.version
+        vector = self._vector()
+        key = vector.key() if vector is not None else None
+        if key != self._uploaded:
+            self._upload(vector)
+            self._cache_key = object()  # equal to no vector: the next request starts cold
 
     def _seeded(self, ids: list[int], row: Row, control: StepControl | None) -> Generator[Event, None, bool]:
         """A seeded row evaluates its prompt cold (no prefix reuse) with its own sampler seed, so the same
@@ -222,6 +306,7 @@ class LlamaCppEngine:
                     return False
                 if control is not None and control.between_steps():
                     return True
+                self._steer_step()
         finally:
             tokens.close()
         return False

@@ -1,50 +1,25 @@
-"""Live steering of one loaded model: attached SAEs, their values, and the hooks that apply them.
+"""Live steering of one loaded HF model: the forward hooks that apply the attached SAEs' deltas.
 
-Each attached SAE has a preallocated delta buffer (``sum_i clamp(strength_i) * W_dec[i]``, the live
-base) and a preallocated row buffer (``[rows, d_model]``): every generated row is bound to a row of
-its own, carrying its request's override (a profile, a dial) or else the live base, and each forward of
-the scheduler adds each row's own delta. Values are changed by rewriting those buffers in place, so a
-captured decode graph would read the new values without being rebuilt.
-
-Operators change the *base* values. Rows that follow the base are rewritten at once; a row with its own
-override keeps it until it leaves, so an operator change made during such a request is never undone
-(operator wins), and is reported not live until the request ends. Forwards outside the scheduler (no
-row view) steer with the live base delta.
+What steering is (attachments, values, overrides, rows, deltas, labels, operator wins) lives in
+``millm.steering.core.SteeringCore``; this class hooks each attachment onto its decoder layer's output.
+Every forward of the scheduler adds each row's own delta (``rows``: a ``RowView``); forwards outside the
+scheduler (no row view) steer with the live base delta. Values are changed by rewriting buffers in
+place, so a captured decode graph would read the new values without being rebuilt.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from millm.errors import InvalidFeatureIndex, InvalidParameter, SAENotAttached
+
 from millm.sae.activations import decoder_layers
-from millm.sae.model import SAE
-from millm.steering.values import check_values, clamp
+from millm.steering.core import Attachment, Override, Reader, SteeringCore
 
-Reader = Callable[[torch.Tensor], None]
-
-
-@dataclass
-class Attachment:
-    """One SAE hooked onto one layer's output (resid_post)."""
-
-    sae_id: str
-    sae: SAE
-    layer: int
-    delta: torch.Tensor
-    values: dict[int, float] = field(default_factory=dict)
-    steering: bool = False  # whether the live delta is non-zero
-    handle: Any = None
-    pre_readers: list[Reader] = field(default_factory=list)
-    post_readers: list[Reader] = field(default_factory=list)
-    unsteered_readers: list[Reader] = field(default_factory=list)  # called on suppressed passes (scoring)
-    rows: torch.Tensor | None = None  # per-slot deltas for batched rows, [slots, d_model]
-    row_steering: set[int] = field(default_factory=set)  # slots whose delta here is non-zero
+__all__ = ["Attachment", "Override", "Reader", "RowView", "Steering"]
 
 
 @dataclass(frozen=True)
@@ -59,198 +34,25 @@ class RowView:
     post: dict[str, list[tuple[int, Reader]]] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class Override:
-    """A request's own steering: a name for the response header and values per SAE."""
-
-    name: str
-    values: dict[str, dict[int, float]]
-
-
-class Steering:
-    """Attached SAEs and live steering values for one model."""
+class Steering(SteeringCore):
+    """Attached SAEs and live steering values for one HF model, applied by forward hooks."""
 
     def __init__(self, model: Any) -> None:
         self.model = model
         self.layers = decoder_layers(model)
-        self.d_model = int(model.config.hidden_size)
         param = next(model.parameters())
-        self.device, self.dtype = param.device, param.dtype
-        self.attachments: dict[str, Attachment] = {}
-        self.enabled = True
-        self.active_profile: str | None = None
-        self._suppressed = False
-        self._lock = threading.RLock()
-        self._slots = 0  # rows reserved in each attachment's row buffer (0: none yet)
-        self._row_sources: dict[int, Override | None] = {}  # bound slot -> its override (None: the base)
-        self.row_errors: dict[int, Exception] = {}  # bound slot -> why its delta could not be rewritten
+        super().__init__(len(self.layers), int(model.config.hidden_size), param.device, param.dtype)
         self._view: RowView | None = None
 
-    # attaching
-    def attach(self, sae_id: str, sae: SAE, layer: int) -> Attachment:
-        """Hook ``sae`` onto ``layer``; one SAE per layer, d_in must match the model.
+    def _install(self, att: Attachment) -> None:
+        att.handle = self.layers[att.layer].register_forward_hook(self._hook(att))
 
-        All or nothing: re-attaching an id keeps its values, and a value the new SAE cannot hold (an index
-        past a smaller SAE's width) is refused before anything changes; should rewriting the buffers fail
-        after the hook is swapped, the previous attachment and its hook are put back.
-        """
-        if not 0 <= layer < len(self.layers):
-            raise InvalidParameter(f"'layer' must be between 0 and {len(self.layers) - 1}, got {layer}.", param="layer")
-        if sae.d_in != self.d_model:
-            raise InvalidParameter(f"SAE {sae_id} has d_in {sae.d_in}, but the model's residual width is "
-                                   f"{self.d_model}.", param="sae")
-        with self._lock:
-            for other in self.attachments.values():
-                if other.layer == layer and other.sae_id != sae_id:
-                    raise InvalidParameter(f"Layer {layer} already has SAE {other.sae_id} attached; detach it first.",
-                                           param="layer")
-            old = self.attachments.get(sae_id)
-            values = dict(old.values) if old is not None else {}
-            past = sorted(f for f in values if not 0 <= f < sae.d_sae)
-            if past:
-                raise InvalidFeatureIndex(f"SAE {sae_id} is steering feature(s) {', '.join(map(str, past))}, outside "
-                                          f"the new SAE's 0-{sae.d_sae - 1}; clear them before re-attaching it.",
-                                          param="sae")
-            # an ordinary tensor even when attached by a command between decode steps (inside inference
-            # mode): the buffer is rewritten in place later, also outside inference mode
-            device = self._layer_device(layer)  # a model split across cards: the card holding this layer
-            with torch.inference_mode(False):
-                delta = torch.zeros(self.d_model, device=device, dtype=self.dtype)
-            att = Attachment(sae_id, sae.to(device, self.dtype), layer, delta, values=values)
-            if self._slots:
-                att.rows = self._row_buffer(device)
-
-            def swap(new: Attachment | None, gone: Attachment | None) -> None:
-                if gone is not None:
-                    gone.handle.remove()
-                    del self.attachments[gone.sae_id]
-                if new is not None:
-                    new.handle = self.layers[new.layer].register_forward_hook(self._hook(new))
-                    self.attachments[new.sae_id] = new
-
-            swap(att, old)
-            try:
-                self._refresh()
-            except BaseException:
-                swap(old, att)
-                self._refresh()
-                raise
-            return att
+    def _uninstall(self, att: Attachment) -> None:
+        att.handle.remove()
 
     def _layer_device(self, layer: int) -> torch.device:
         param = next(self.layers[layer].parameters(), None)
         return param.device if param is not None else self.device
-
-    def detach(self, sae_id: str) -> Attachment:
-        with self._lock:
-            att = self._attachment(sae_id)
-            att.handle.remove()
-            del self.attachments[sae_id]
-            return att
-
-    def detach_all(self) -> None:
-        """Remove every hook (the model is being unloaded): nothing stale is ever left behind."""
-        with self._lock:
-            for att in list(self.attachments.values()):
-                att.handle.remove()
-            self.attachments.clear()
-
-    def _attachment(self, sae_id: str) -> Attachment:
-        if sae_id not in self.attachments:
-            raise SAENotAttached(f"SAE {sae_id} is not attached to the loaded model.", param="sae")
-        return self.attachments[sae_id]
-
-    def resolve_sae(self, ref: Any) -> Attachment:
-        """An attached SAE named by id, or by the layer it is attached to."""
-        if isinstance(ref, int) and not isinstance(ref, bool):
-            for att in self.attachments.values():
-                if att.layer == ref:
-                    return att
-            raise SAENotAttached(f"No SAE is attached to layer {ref}.", param="sae")
-        return self._attachment(str(ref))
-
-    # operator changes (the base)
-    @contextmanager
-    def _changing(self) -> Iterator[None]:
-        """An operator change to the base: it stands with every buffer rewritten, or (when a delta cannot
-        be computed from it) the base is put back as it was and no buffer has changed."""
-        with self._lock:
-            values = {att.sae_id: att.values for att in self.attachments.values()}
-            profile, enabled = self.active_profile, self.enabled
-            try:
-                yield
-                self._refresh()
-            except BaseException:
-                for att in self.attachments.values():
-                    att.values = values.get(att.sae_id, att.values)
-                self.active_profile, self.enabled = profile, enabled
-                raise
-
-    def set_values(self, sae_id: str, values: Any, *, merge: bool) -> None:
-        """Replace (or merge into) one SAE's values; in a merge a strength of 0 removes the feature."""
-        with self._changing():
-            att = self._attachment(sae_id)
-            checked = check_values(values, att.sae.d_sae)
-            new = {**att.values, **checked} if merge else checked
-            att.values = {f: s for f, s in new.items() if s != 0.0}
-            self.active_profile = None
-
-    def clear(self) -> None:
-        with self._changing():
-            for att in self.attachments.values():
-                att.values = {}
-            self.active_profile = None
-
-    def set_enabled(self, enabled: bool) -> None:
-        with self._changing():
-            self.enabled = enabled
-
-    def activate(self, name: str, values: dict[str, dict[int, float]]) -> None:
-        """Make a profile's (already resolved) values the live base values."""
-        with self._changing():
-            for att in self.attachments.values():
-                att.values = dict(values.get(att.sae_id, {}))
-            self.active_profile = name
-
-    # batched rows
-    def _row_buffer(self, device: torch.device) -> torch.Tensor:
-        with torch.inference_mode(False):
-            return torch.zeros(self._slots, self.d_model, device=device, dtype=self.dtype)
-
-    def reserve_rows(self, slots: int) -> None:
-        """Give every attachment (now and later) at least ``slots`` delta rows; rows already bound keep
-        their deltas (the buffers only grow, rarely: a request served alone bigger than any before)."""
-        with self._lock:
-            if slots <= self._slots:
-                return
-            old, self._slots = self._slots, slots
-            for att in self.attachments.values():
-                rows = self._row_buffer(att.delta.device)
-                if att.rows is not None:
-                    rows[:old].copy_(att.rows)
-                att.rows = rows
-
-    def bind_row(self, slot: int, override: Override | None) -> None:
-        """Slot ``slot`` now steers with ``override`` (None: the live base, following operator changes).
-
-        Its deltas are computed first: an override that cannot steer (a feature index the SAE lacks)
-        raises with nothing recorded, so the slot stays unbound."""
-        with self._lock:
-            deltas = [(att, self._delta(att, self._row_values(att, override)))
-                      for att in self.attachments.values() if att.rows is not None]
-            self._row_sources[slot] = override
-            self.row_errors.pop(slot, None)
-            for att, delta in deltas:
-                self._write_row(att, slot, delta)
-
-    def release_row(self, slot: int) -> None:
-        with self._lock:
-            self._row_sources.pop(slot, None)
-            self.row_errors.pop(slot, None)
-            for att in self.attachments.values():
-                if att.rows is not None:
-                    att.rows[slot].zero_()
-                att.row_steering.discard(slot)
 
     @contextmanager
     def rows(self, view: RowView) -> Iterator[None]:
@@ -260,22 +62,6 @@ class Steering:
             yield
         finally:
             self._view = previous
-
-    @property
-    def live(self) -> bool:
-        """Whether the base values are what the model runs with now: False while a request that carries
-        its own steering (a profile, a dial) is generating; the base becomes the whole story when it ends."""
-        with self._lock:  # read on the event loop while the engine thread binds and releases rows
-            return all(source is None for source in self._row_sources.values())
-
-    @contextmanager
-    def suppressed(self) -> Iterator[None]:
-        """No SAE hook steers or reads during this block (embeddings, scoring)."""
-        previous, self._suppressed = self._suppressed, True
-        try:
-            yield
-        finally:
-            self._suppressed = previous
 
     @contextmanager
     def reading(self, sae_id: str, reader: Reader, point: str) -> Iterator[None]:
@@ -288,78 +74,6 @@ class Steering:
             yield
         finally:
             readers.remove(reader)
-
-    def label(self, override: Override | None = None) -> str:
-        """What steers a response: ``none``, ``live`` or a profile's name (for X-miLLM-Steering)."""
-        if override is not None:
-            return override.name if any(override.values.values()) and self.attachments else "none"
-        if not self.enabled or not any(att.values for att in self.attachments.values()):
-            return "none"
-        return self.active_profile or "live"
-
-    # the buffers
-    def _delta(self, att: Attachment, values: dict[int, float]) -> torch.Tensor | None:
-        """``sum_i clamp(strength_i) * W_dec[i]`` (None: nothing steers); raises for an index the SAE lacks."""
-        if not values:
-            return None
-        index = torch.tensor(list(values), device=att.delta.device)
-        strengths = torch.tensor([clamp(s) for s in values.values()], device=att.delta.device, dtype=self.dtype)
-        return strengths @ att.sae.W_dec[index]
-
-    @staticmethod
-    def _write(out: torch.Tensor, delta: torch.Tensor | None) -> bool:
-        """Copy ``delta`` into the buffer ``out`` in place (zeros for None); whether it steers at all."""
-        if delta is None:
-            out.zero_()
-            return False
-        out.copy_(delta)
-        return True
-
-    def _base_values(self, att: Attachment) -> dict[int, float]:
-        return att.values if self.enabled else {}
-
-    def _row_values(self, att: Attachment, override: Override | None) -> dict[int, float]:
-        return override.values.get(att.sae_id, {}) if override is not None else self._base_values(att)
-
-    def _write_row(self, att: Attachment, slot: int, delta: torch.Tensor | None) -> None:
-        assert att.rows is not None
-        if self._write(att.rows[slot], delta):
-            att.row_steering.add(slot)
-        else:
-            att.row_steering.discard(slot)
-
-    def _refresh(self) -> None:
-        """Rewrite every delta buffer in place from the override, or else the base.
-
-        Every delta is computed before any buffer is written, so a change whose own delta cannot be
-        computed raises with the buffers untouched. A bound row whose override no longer fits an
-        attachment (an SAE replaced under it) does not hold the change back: it steers nothing and its
-        error waits in ``row_errors`` for the scheduler to end that row alone.
-
-        The buffer is the direction in the SAE's output space; for an SAE that normalises per position
-        (SAELens constant_norm_rescale, layer_norm) the hook scales it by each position's factor.
-        """
-        attachments = list(self.attachments.values())
-        live = {att.sae_id: self._delta(att, self._base_values(att)) for att in attachments}
-        bound = [att for att in attachments if att.rows is not None]
-        rows: dict[int, list[tuple[Attachment, torch.Tensor | None]]] = {}
-        errors: dict[int, Exception] = {}
-        for slot, override in self._row_sources.items():
-            if override is None:
-                rows[slot] = [(att, live[att.sae_id]) for att in bound]
-                continue
-            try:
-                rows[slot] = [(att, self._delta(att, override.values.get(att.sae_id, {}))) for att in bound]
-            except Exception as exc:  # this row's own steering is broken: it alone stops
-                rows[slot] = [(att, None) for att in bound]
-                errors[slot] = InvalidFeatureIndex(f"This request's steering ('{override.name}') no longer fits the "
-                                                   f"attached SAEs ({exc}); the request stopped.")
-        for att in attachments:
-            att.steering = self._write(att.delta, live[att.sae_id])
-        for slot, deltas in rows.items():
-            for att, delta in deltas:
-                self._write_row(att, slot, delta)
-        self.row_errors.update(errors)
 
     def _hook(self, att: Attachment) -> Callable[..., Any]:
         def hook(module: Any, args: Any, output: Any) -> Any:
@@ -401,9 +115,3 @@ class Steering:
         if not steered:
             return None
         return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
-
-    def snapshot(self) -> dict[str, Any]:
-        """The GET /api/steering body (base values, as an operator set them)."""
-        return {"enabled": self.enabled, "active_profile": self.active_profile,
-                "saes": {a.sae_id: {"layer": a.layer, "values": {str(f): s for f, s in sorted(a.values.items())}}
-                         for a in self.attachments.values()}}
