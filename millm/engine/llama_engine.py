@@ -38,6 +38,10 @@ from millm.steering.target import SteeringTarget
 log = logging.getLogger("millm.llama_cpp")
 _log_callback: Any = None
 
+# llama.cpp divides float32 logits by T: below about 1e-37 they overflow into inf and NaN. 1e-30 stays finite
+# and samples as near-greedy as any smaller T would, so generation honours the whole 0-2 range here too.
+LLAMA_MIN_TEMPERATURE = 1e-30
+
 
 def route_llama_logs() -> None:
     """Send llama.cpp's own log lines to miLLM's logger at debug level, never to the terminal."""
@@ -297,7 +301,8 @@ class LlamaCppEngine:
     def _decode(self, ids: list[int], row: Row, control: StepControl | None) -> Generator[Event, None, bool]:
         """Yield the row's events; return True when the consumer went away."""
         p = row.params
-        tokens = self.llm.generate(ids, temp=p.temperature, top_p=p.top_p, top_k=0, min_p=0.0, repeat_penalty=1.0,
+        temp = max(p.temperature, LLAMA_MIN_TEMPERATURE) if p.temperature > 0 else 0.0
+        tokens = self.llm.generate(ids, temp=temp, top_p=p.top_p, top_k=0, min_p=0.0, repeat_penalty=1.0,
                                    frequency_penalty=p.frequency_penalty, presence_penalty=p.presence_penalty)
         try:
             for token in tokens:

@@ -193,3 +193,17 @@ def test_gguf_embeddings_read_the_whole_input(gguf_engine):
     assert whole != pytest.approx(cut, abs=1e-3)
     (again,), _ = gguf_engine.embed([words])
     assert again == pytest.approx(whole, abs=1e-5)
+
+
+@pytest.mark.parametrize("temperature", [1e-40, 5e-324])
+def test_a_tiny_temperature_generates_as_greedy_on_llama_cpp(gguf_engine, temperature):
+    from millm.engine.events import Delta
+    from millm.engine.params import GenerationRequest, TextPrompt
+    from millm.validation import sampling_params
+
+    def text(t: float) -> str:
+        request = GenerationRequest([TextPrompt("The capital of France is")],
+                                    sampling_params({"temperature": t, "max_tokens": 8}))
+        return "".join(e.text for e in gguf_engine.generate(request) if isinstance(e, Delta))
+
+    assert text(temperature) == text(0)
