@@ -162,7 +162,8 @@ BAD_BODIES = {
     "tiny scoring temperature, chat": ("/v1/chat/completions", json.dumps(chat_body(
         temperature=1e-40, logprobs=True, max_tokens=1)).encode(), "temperature"),
     "tiny scoring temperature, completions": ("/v1/completions", json.dumps(
-        {"model": MODEL, "prompt": "hi", "max_tokens": 1, "logprobs": 2, "temperature": 1e-30}).encode(), "temperature"),
+        {"model": MODEL, "prompt": "hi", "max_tokens": 1, "logprobs": 2, "temperature": 1e-30}).encode(),
+        "temperature"),
     "python-only pattern": ("/v1/chat/completions", json.dumps(chat_body(
         response_format=json_schema({"type": "string", "pattern": "\\p{Greek}+"}))).encode(), "response_format"),
 }
