@@ -30,16 +30,23 @@ async def state(client: Any, model: str) -> str:
     return (await (await client.get(f"/api/models/{model}")).get_json())["state"]
 
 
+async def swap_behind_a_held_request(lab: Lab, client: Any) -> tuple[asyncio.Event, Any, Any]:
+    """A request held after its preparation, then a swap to "good" asked for; returns once the unload has
+    begun (or the old engine is already closed): (go, the request's task, the swap's task)."""
+    reached, go = holding_generation(lab)
+    request = asyncio.create_task(client.post("/v1/chat/completions", json=chat()))
+    await reached.wait()
+    swap = asyncio.create_task(client.post("/v1/chat/completions", json=chat("good")))
+    while not lab.old.closed and await state(client, "fake") != "UNLOADING":
+        await asyncio.sleep(0.01)
+    return go, request, swap
+
+
 def test_a_swap_waits_for_a_request_between_its_preparation_and_its_generation(tmp_path):
     lab = Lab(tmp_path)
 
     async def scenario(client):
-        reached, go = holding_generation(lab)
-        request = asyncio.create_task(client.post("/v1/chat/completions", json=chat()))
-        await reached.wait()
-        swap = asyncio.create_task(client.post("/v1/chat/completions", json=chat("good")))
-        while not lab.old.closed and await state(client, "fake") != "UNLOADING":
-            await asyncio.sleep(0.01)
+        go, request, swap = await swap_behind_a_held_request(lab, client)
         await asyncio.sleep(0.3)  # room for an unload that does not wait to close the engine
         closed_early = lab.old.closed
         go.set()
@@ -79,12 +86,7 @@ def test_past_the_grace_period_a_request_still_to_be_admitted_is_refused(tmp_pat
     lab = Lab(tmp_path, graceful_unload_timeout=0)
 
     async def scenario(client):
-        reached, go = holding_generation(lab)
-        request = asyncio.create_task(client.post("/v1/chat/completions", json=chat()))
-        await reached.wait()
-        swap = asyncio.create_task(client.post("/v1/chat/completions", json=chat("good")))
-        while not lab.old.closed and await state(client, "fake") != "UNLOADING":
-            await asyncio.sleep(0.01)
+        go, request, swap = await swap_behind_a_held_request(lab, client)
         await asyncio.sleep(0.2)
         go.set()
         first, swapped = await answer(await request), await answer(await swap)
