@@ -77,7 +77,7 @@ def decide_fields(route: str, engine: str, body: Mapping[str, Any], strict: bool
     """Refuse what cannot be honoured (tools too, under MILLM_TOOLS=refuse); in strict mode refuse what is unused
     too; else log and return it."""
     overrides = TOOLS_REFUSED if limits is not None and limits.tools == "refuse" else None
-    locations = check_fields(route, engine, body, scoring, overrides)
+    locations = check_fields(route, engine, body, scoring, overrides, limits is not None and limits.gguf_steering)
     if locations and strict:
         raise UnusedFieldsRefused(f"{STRICT_HEADER} is set and these fields are not used: {', '.join(locations)}.",
                                   param=locations[0])
@@ -293,7 +293,7 @@ def build_completion(body: Any, engine_of: EngineOf, strict: bool = False, limit
     limits = limits or Limits.of()
     engine = engine_of(wire.model)
     scoring = engine == "transformers" and is_completion_scoring(body)
-    ignored = decide_fields("completions", engine, body, strict, scoring)
+    ignored = decide_fields("completions", engine, body, strict, scoring, limits)
     special = _bool(body, "add_special_tokens", True)
     prompts = completion_prompts(wire.prompt, special)
     check_prompts("prompt", len(prompts), limits)

@@ -111,18 +111,16 @@ def column(route: str, engine: str, scoring: bool = False) -> tuple[str, str]:
 GGUF_STEERING = {"profile": USE, "steering_intensity": USE}
 
 
-def policy(field: str, route: str, engine: str, scoring: bool = False) -> str:
+def policy(field: str, route: str, engine: str, scoring: bool = False, gguf_steering: bool = False) -> str:
     """What the table says for ``field`` on ``route`` with ``engine`` (unknown fields are reported), and what
-    MILLM_GGUF_STEERING makes of GGUF chat's steering fields."""
+    ``gguf_steering`` (the serving settings' MILLM_GGUF_STEERING, passed by the caller that holds them) makes of
+    GGUF chat's steering fields."""
     row = TABLE.get(field)
     if row is None:
         return REPORT
     where = column(route, engine, scoring)
-    if field in GGUF_STEERING and where == ("chat", "llama.cpp"):
-        from millm.config import get_settings
-
-        if get_settings().gguf_steering:
-            return GGUF_STEERING[field]
+    if gguf_steering and field in GGUF_STEERING and where == ("chat", "llama.cpp"):
+        return GGUF_STEERING[field]
     return row[COLUMNS.index(where)]
 
 
@@ -225,15 +223,16 @@ def is_no_change(field: str, value: Any) -> bool:
 
 
 def check_fields(route: str, engine: str, body: Mapping[str, Any], scoring: bool = False,
-                 overrides: Mapping[str, str] | None = None) -> list[str]:
-    """Refuse what cannot be honoured (``overrides``: what a server setting makes of fields the table uses);
-    return the locations of fields this request path does not use."""
+                 overrides: Mapping[str, str] | None = None, gguf_steering: bool = False) -> list[str]:
+    """Refuse what cannot be honoured (``overrides``: what a server setting makes of fields the table uses;
+    ``gguf_steering``: MILLM_GGUF_STEERING of the settings serving the request); return the locations of fields
+    this request path does not use."""
     ignored: list[str] = []
     refused: list[tuple[str, str]] = []
     for field, value in body.items():
         if is_no_change(field, value):
             continue
-        kind = policy(field, route, engine, scoring)
+        kind = policy(field, route, engine, scoring, gguf_steering)
         if overrides and field in overrides and kind == USE:
             kind = overrides[field]
         if kind == USE and field in USED_WITH and is_no_change(USED_WITH[field], body.get(USED_WITH[field])):

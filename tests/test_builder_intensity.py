@@ -59,3 +59,25 @@ def test_an_engine_without_hooks_refuses_the_dial(tmp_path):
     status, body = asyncio.run(scenario())
     assert status == 400 and body["error"]["code"] == "field_not_honoured"
     assert body["error"]["param"] == "steering_intensity"
+
+
+@pytest.mark.parametrize("served", [True, False])
+def test_gguf_steering_is_the_serving_settings_not_the_process_ones(served, monkeypatch):
+    """MILLM_GGUF_STEERING is read from the settings the request is served with (the server's Limits), whatever
+    the process-wide settings say: CI's server fixture set it on its own settings while the process-wide ones,
+    rebuilt by another test, said the opposite, and every profile on GGUF chat was refused."""
+    from millm import config
+    from millm.limits import Limits
+
+    monkeypatch.setattr(config, "get_settings", lambda: Settings(gguf_steering=not served))
+    limits = Limits.of(Settings(gguf_steering=served))
+    body = {"model": "m", "messages": MESSAGES, "profile": "p", "steering_intensity": 0.5}
+    if served:
+        built = build_chat(body, lambda _: "llama.cpp", limits=limits)
+        assert built.profile == "p" and built.intensity == 0.5 and built.ignored == []
+    else:
+        with pytest.raises(FieldNotHonoured) as exc:
+            build_chat(body, lambda _: "llama.cpp", limits=limits)
+        assert exc.value.param in ("profile", "steering_intensity")
+    with pytest.raises(FieldNotHonoured):  # completions keep the spec's refusal either way
+        build_completion({"model": "m", "prompt": "hi", "profile": "p"}, lambda _: "llama.cpp", limits=limits)

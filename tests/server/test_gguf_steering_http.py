@@ -5,7 +5,6 @@ scoring, read-outs and monitoring stay unsteered or refused."""
 from __future__ import annotations
 
 import json
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -15,6 +14,7 @@ from millm.engine.llama_engine import LlamaCppEngine
 from millm.server.app import create_app
 from tests.live import live_server
 from tests.saes import random_sae, write_saelens
+from tests.waiting import wait_idle, wait_running
 
 GGUF = "SmolLM2-135M-Instruct:Q4_1"
 LAYER, FEATURE, STRENGTH = 10, 3, 60.0
@@ -129,8 +129,7 @@ def test_profile_released_after_a_disconnect_and_operator_wins(base, sae_id):
         assert httpx.get(base + "/api/steering", timeout=10).json()["live"] is False
         r = steer(base, sae_id, {"9": 4.0})  # an operator change while the profile request runs
         assert r.status_code == 200 and r.json()["live"] is False
-    while httpx.get(base + "/api/health/inference", timeout=5).json()["in_flight"]:
-        time.sleep(0.02)
+    wait_idle(base)
     after = httpx.get(base + "/api/steering", timeout=10).json()
     assert after["live"] is True and after["saes"][sae_id]["values"] == {"9": 4.0}  # not undone
     httpx.delete(base + "/api/steering", timeout=30)
@@ -141,8 +140,7 @@ def test_operator_wins_on_a_running_request(base, sae_id):
     name = create_profile(base, "gguf-op", [{"sae": sae_id, "feature": FEATURE, "strength": STRENGTH}])
     with ThreadPoolExecutor(1) as pool:
         job = pool.submit(chat, base, profile=name, max_tokens=60)
-        while httpx.get(base + "/api/health/inference", timeout=5).json()["in_flight"] == 0:
-            time.sleep(0.01)
+        wait_running(base, job)
         r = steer(base, sae_id, {"9": 4.0})
         assert r.status_code == 200
         assert job.result().status_code == 200

@@ -1,7 +1,6 @@
 """The /v1 server over raw HTTP: headers, SSE framing, backpressure, cancellation, model swaps."""
 
 import json
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -9,6 +8,7 @@ import pytest
 
 from millm.server.app import create_app
 from tests.live import live_server
+from tests.waiting import wait_idle, wait_running
 
 MODEL = "SmolLM2-135M-Instruct"
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
@@ -145,9 +145,7 @@ def test_health_answers_during_generation(server):
 
     with ThreadPoolExecutor(1) as pool:
         job = pool.submit(long_generation)
-        while httpx.get(server + "/api/health/inference", timeout=5).json()["in_flight"] == 0:
-            assert not job.done(), "the generation ended before it was seen running"
-            time.sleep(0.01)
+        wait_running(server, job)
         for route in ("/api/health", "/api/health/ready", "/api/health/inference") * 3:
             assert httpx.get(server + route, timeout=30).status_code == 200
         busy = httpx.get(server + "/api/health/inference", timeout=5).json()
@@ -166,8 +164,7 @@ def test_disconnect_cancels_generation(server, engine):
                                    "temperature": 0, "stream": True}) as r:
                 lines = r.iter_lines()
                 assert next(lines).startswith("data: ")
-        while httpx.get(server + "/api/health/inference", timeout=5).json()["in_flight"]:
-            time.sleep(0.02)
+        wait_idle(server)
     finally:
         handle.remove()
     assert len(steps) < 100, "generation kept running after the client left"  # uncancelled: 2000 steps

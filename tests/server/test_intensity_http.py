@@ -7,7 +7,6 @@ which the answers show byte for byte (greedy decoding), and what the headers say
 import json
 import re
 import sqlite3
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -17,6 +16,7 @@ import torch
 from millm.server.app import create_app
 from tests.live import live_server
 from tests.saes import random_sae, write_saelens
+from tests.waiting import wait_running
 
 MODEL = "SmolLM2-135M-Instruct"
 PROMPT = [{"role": "user", "content": "Write one sentence about the weather."}]
@@ -379,8 +379,7 @@ def test_an_sae_replaced_mid_request_is_the_same_error_unstreamed(base, saes, do
     body = {"messages": LONG, "max_tokens": 400, "profile": docs["circuit"]}
     with ThreadPoolExecutor(1) as pool:
         job = pool.submit(chat, base, **body)
-        while httpx.get(base + "/api/health/inference", timeout=5).json()["in_flight"] == 0:
-            time.sleep(0.01)
+        wait_running(base, job)
         r = httpx.post(base + f"/api/saes/{saes[20]}/attach", json={"layer": 20}, timeout=30)  # a new attachment
         assert r.status_code == 200
         err = error(job.result())

@@ -1,6 +1,5 @@
 """Swapping models under load: requests naming another model load it; during the swap, model_busy."""
 
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -8,6 +7,7 @@ import pytest
 
 from millm.server.app import create_app
 from tests.live import live_server
+from tests.waiting import wait_for, wait_running
 
 MODEL = "SmolLM2-135M-Instruct"
 TINY = "tiny-random-llama"
@@ -42,11 +42,10 @@ def test_models_on_disk_are_listed(tiny_checkpoint, server):
 def test_swap_waits_for_in_flight_and_refuses_during_it(tiny_checkpoint, engine, settings):
     with live_server(create_app(settings, engine)) as base, ThreadPoolExecutor(2) as pool:
         running = pool.submit(post, base, MODEL, 40)
-        while httpx.get(base + "/api/health/inference", timeout=5).json()["in_flight"] == 0:
-            time.sleep(0.01)
+        wait_running(base, running)
         swap = pool.submit(post, base, TINY)
-        while httpx.get(base + "/api/health/inference", timeout=5).json()["state"] is None:
-            time.sleep(0.01)
+        wait_for(lambda: httpx.get(base + "/api/health/inference", timeout=5).json()["state"] is not None,
+                 "the swap to begin", swap)
         busy_same, busy_other = post(base, MODEL), post(base, TINY)
         assert running.result().status_code == 200  # the in-flight request finished on the old model
         swapped = swap.result()

@@ -1,7 +1,6 @@
 """Steering on the bundled model through the live server: SAEs, values, profiles, read-outs, monitoring."""
 
 import json
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -11,6 +10,7 @@ import torch
 from millm.server.app import create_app
 from tests.live import live_server
 from tests.saes import random_sae, write_saelens
+from tests.waiting import wait_for, wait_idle, wait_running
 
 MODEL = "SmolLM2-135M-Instruct"
 LAYER = 10
@@ -203,8 +203,7 @@ def test_profile_restored_after_error_and_disconnect(base, sae_id, engine, monke
         assert any_row(att, profile_row)  # the profile steers this request's row mid-request
         assert torch.equal(delta(engine, sae_id), expected)  # and the live values stay as they were
         assert httpx.get(base + "/api/steering", timeout=10).json()["live"] is False
-    while httpx.get(base + "/api/health/inference", timeout=5).json()["in_flight"]:
-        time.sleep(0.02)
+    wait_idle(base)
     assert torch.equal(delta(engine, sae_id), expected) and not any_row(att, profile_row)
     assert httpx.get(base + "/api/steering", timeout=10).json()["live"] is True
 
@@ -218,8 +217,7 @@ def test_operator_wins(base, sae_id, engine):
     name = create_profile(base, "weather-up", [{"sae": sae_id, "feature": FEATURE, "strength": STRENGTH}])
     with ThreadPoolExecutor(1) as pool:
         job = pool.submit(chat, base, profile=name, max_tokens=40)
-        while httpx.get(base + "/api/health/inference", timeout=5).json()["in_flight"] == 0:
-            time.sleep(0.01)
+        wait_running(base, job)
         r = steer(base, sae_id, {"9": 4.0})
         assert r.status_code == 200 and r.json()["live"] is False
         assert job.result().status_code == 200
@@ -430,9 +428,7 @@ def test_attach_during_a_generation_lands_between_steps(base, sae_dirs, engine, 
     try:
         with ThreadPoolExecutor(1) as pool:
             done = pool.submit(stream)
-            while "streaming" not in order:
-                assert not done.done(), done.result()
-                time.sleep(0.01)
+            wait_for(lambda: "streaming" in order, "the stream to start", done)
             attached = httpx.post(base + f"/api/saes/{sid}/attach", json={}, timeout=120)
             order.append("attached")
             done.result()
