@@ -74,13 +74,15 @@ def test_prompt_streams_its_answer(engine, monkeypatch):
     expected = greedy_answer(engine, max_tokens=12)
     import time as _time
 
-    forward = engine._forward
+    from millm.engine.scheduler import Scheduler
 
-    def paced(*args, **kwargs):  # each step lasts long enough for the screen to show it, on any machine
+    forward = Scheduler._forward
+
+    def paced(*args, **kwargs):  # each step of the one decode loop lasts long enough for the screen to show it
         _time.sleep(0.05)
         return forward(*args, **kwargs)
 
-    monkeypatch.setattr(engine, "_forward", paced)
+    monkeypatch.setattr(Scheduler, "_forward", paced)
 
     async def scenario(app, pilot) -> list[str]:
         await send(app, pilot, PROMPT)
