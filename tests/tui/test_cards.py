@@ -42,6 +42,10 @@ def test_i_on_a_search_result_shows_its_card_and_escape_closes_it():
         await pilot.press("escape")
         await settle(pilot)
         assert not isinstance(app.screen, CardScreen)
+        app.main.query_one(SteeredList).focus()
+        await pilot.press("i")
+        await settle(pilot)
+        assert isinstance(app.screen, CardScreen) and app.screen.card.index == 12  # the steered feature
 
     drive(client, scenario)
 

@@ -257,6 +257,9 @@ class MainScreen(Screen[None]):
     def on_feature_search_card(self, message: FeatureSearch.Card) -> None:
         self.show_card(message.feature)
 
+    def on_steered_list_card(self, message: SteeredList.Card) -> None:
+        self.show_card(message.feature)
+
     @work(group="card")
     async def show_card(self, feature: Feature) -> None:
         try:
