@@ -140,24 +140,26 @@ def train(
 
 def features(
     sae: Annotated[str, typer.Argument(help="SAE id (see `millm sae list`) or folder.")],
-    search: Annotated[str | None, typer.Option(help="Only features whose label contains this.")] = None,
+    index: Annotated[int | None, typer.Argument(help="A feature index: print its card (label, firing rate, "
+                                                     "max-activating examples, promoted tokens).")] = None,
+    search: Annotated[str | None, typer.Option(help="Only features whose label contains this: whole-word "
+                                                    "matches first, then features measured to steer.")] = None,
     limit: Annotated[int, typer.Option(help="Most features to list.")] = 50,
 ) -> None:
-    """List an SAE's labelled features, closest label matches first with --search."""
-    import json
-
-    from millm.sae.labels import FEATURES_FILE, LabelIndex
+    """List an SAE's labelled features (best label matches first with --search), or print one feature's card."""
+    from millm.render.card import card_text
+    from millm.sae.cards import feature_rows, read_card
+    from millm.sae.labels import LabelIndex
 
     folder, name = _sae_folder(sae)
-    index = LabelIndex.load(folder, name)
-    matches = index.rows(search, limit)
-    details: dict[int, dict[str, Any]] = {}
-    if (folder / FEATURES_FILE).is_file():
-        wanted = {m["index"] for m in matches}
-        for line in (folder / FEATURES_FILE).read_text().splitlines():
-            item = json.loads(line)
-            if item["index"] in wanted:
-                details[item["index"]] = item
+    if index is not None:
+        if search is not None:
+            raise InvalidParameter("Give a feature INDEX or --search, not both.", param="search")
+        out.print(card_text(read_card(folder, index, _width(sae, folder), name=name)))
+        return
+    label_index = LabelIndex.load(folder, name)
+    matches = label_index.rows(search, limit)
+    details = feature_rows(folder)
     table = Table("feature", "label", "fires on", "promotes")
     for m in matches:
         item = details.get(m["index"], {})
@@ -167,6 +169,16 @@ def features(
     out.print(table)
     if not matches:
         err.print(f"no feature label of {name} contains {search!r}" if search else f"{name} has no labels")
+
+
+def _width(ref: str, folder: Path) -> int:
+    """The SAE's number of features: its registry record's, or read from the SAE at ``folder``."""
+    from millm.sae.formats import load_sae
+
+    found = None if Path(ref).expanduser().exists() else steering_service().store.sae(ref)
+    if found is not None:
+        return int(found["d_sae"])
+    return load_sae(folder).sae.d_sae
 
 
 def register(sae_app: typer.Typer) -> None:

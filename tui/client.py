@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 from urllib.parse import unquote
 
+from millm.sae.cards import FeatureCard
 from millm.steering.rung import rung_language
 
 READOUT_TOP_K = 5
@@ -135,6 +136,8 @@ class Client(Protocol):
     async def search(self, sae_id: str, query: str) -> list[Feature]: ...
 
     async def labels(self, sae_id: str) -> dict[int, str]: ...
+
+    async def feature(self, sae_id: str, index: int) -> FeatureCard: ...
 
     async def steering(self) -> SteeringState: ...
 

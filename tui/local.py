@@ -23,6 +23,7 @@ from millm.engine.worker import EngineWorker
 from millm.errors import InvalidParameter
 from millm.generation import prepare
 from millm.limits import Limits
+from millm.sae.cards import FeatureCard, measured_features, read_card
 from millm.sae.labels import LabelIndex
 from millm.steering.rung import rung_language
 from millm.steering.target import SteeringTarget
@@ -78,15 +79,22 @@ class LocalClient:
         await self.worker.command(self.service.detach, self.target(), sae_id)
 
     async def search(self, sae_id: str, query: str) -> list[Feature]:
-        """As ``GET /api/saes/{id}/features?q=`` ranks them: label starts with it, has it as a term, contains it."""
+        """As ``GET /api/saes/{id}/features?q=`` ranks them (``millm.sae.labels.rank``)."""
         labels = await self.labels(sae_id)
-        rows = LabelIndex(labels, sae_id).rows(query or None)
+        measured = await asyncio.to_thread(measured_features, self.service.sae(sae_id)["path"])
+        rows = LabelIndex(labels, sae_id, measured).rows(query or None)
         return [Feature(sae_id, int(r["index"]), r["label"]) for r in rows]
 
     async def labels(self, sae_id: str) -> dict[int, str]:
         d_sae = int(self.service.sae(sae_id)["d_sae"])
         rows = await asyncio.to_thread(self.service.store.labels, sae_id, None, d_sae)
         return {int(r["index"]): r["label"] for r in rows}
+
+    async def feature(self, sae_id: str, index: int) -> FeatureCard:
+        record = self.service.sae(sae_id)
+        label = self.service.store.label(sae_id, index)
+        return await asyncio.to_thread(read_card, record["path"], index, int(record["d_sae"]), name=record["name"],
+                                       labels={index: label} if label is not None else {})
 
     # live values
     async def steering(self) -> SteeringState:

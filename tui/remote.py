@@ -18,6 +18,7 @@ import httpx
 from millm.builder import build_chat
 from millm.config import get_settings
 from millm.errors import MillmError
+from millm.sae.cards import FeatureCard
 from millm.steering.names import steering_label
 from tui.client import (
     ChatEvent,
@@ -116,8 +117,12 @@ class RemoteClient:
         return [Feature(sae_id, int(r["index"]), r["label"]) for r in rows]
 
     async def labels(self, sae_id: str) -> dict[int, str]:
+        """The first labels the server lists; others come by index from :meth:`feature`."""
         rows = (await self._call("GET", f"/api/saes/{_q(sae_id)}/features"))["features"]
         return {int(r["index"]): r["label"] for r in rows}
+
+    async def feature(self, sae_id: str, index: int) -> FeatureCard:
+        return FeatureCard.from_json(await self._call("GET", f"/api/saes/{_q(sae_id)}/features/{index}"))
 
     # live values
     async def steering(self) -> SteeringState:

@@ -10,6 +10,8 @@ written next to the SAE:
   activation, weighted top tokens, example contexts (the active token in «»), and the tokens the
   feature's decoder direction promotes through the unembedding (logit lens: what steering it says).
 
+Search (``millm sae features --search``, ``GET /api/saes/{id}/features?q=``, the TUI) ranks with :func:`rank`:
+whole-word label matches, then features measured to steer, then other substring matches.
 Name resolution (``--steer weather=60``) takes the first non-empty tier of: features whose label
 starts with the name, features with the name as one of their label's terms, features whose label
 contains it; exactly one feature must be in that tier, else the error lists the candidates.
@@ -19,8 +21,9 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,10 +31,8 @@ from typing import Any
 import torch
 
 from millm.errors import InvalidParameter
+from millm.sae.cards import FEATURES_FILE, LABELS_FILE, measured_features
 from millm.sae.model import SAE
-
-LABELS_FILE = "labels.json"
-FEATURES_FILE = "features.jsonl"
 
 
 @dataclass
@@ -133,16 +134,45 @@ class Match:
     label: str
 
 
-class LabelIndex:
-    """An SAE's feature labels, searchable, and the one rule that turns a name into a feature index."""
+def _terms(label: str) -> list[str]:
+    return [t.strip().lower() for t in label.split(",") if t.strip()]
 
-    def __init__(self, labels: dict[int, str], name: str = "this SAE") -> None:
+
+def rank(labels: Mapping[int, str], query: str, measured: Collection[int] = ()) -> list[Match]:
+    """Every feature whose label contains ``query`` (case-insensitively), best first: labels with it as a
+    whole word, then features measured to steer (their ``features.jsonl`` row has a ``recommended_strength``),
+    then the other substring matches. Within each group measured features come first, then labels whose
+    first term is the query, then labels with it as a term, then by index."""
+    q = query.strip().lower()
+    if not q:
+        return []
+    word = re.compile(rf"(?<!\w){re.escape(q)}(?!\w)")
+    keyed = []
+    for index, label in labels.items():
+        low = label.lower()
+        if q not in low:
+            continue
+        terms = _terms(label)
+        is_measured = index in measured
+        group = 0 if word.search(low) else 1 if is_measured else 2
+        closeness = 0 if terms and terms[0] == q else 1 if q in terms else 2
+        keyed.append(((group, not is_measured, closeness, index), Match(index, label)))
+    return [m for _, m in sorted(keyed, key=lambda km: km[0])]
+
+
+class LabelIndex:
+    """An SAE's feature labels, searchable, and the one rule that turns a name into a feature index.
+    ``measured`` are the features measured to steer, which :func:`rank` puts before other partial matches."""
+
+    def __init__(self, labels: dict[int, str], name: str = "this SAE", measured: Collection[int] = ()) -> None:
         self.labels = dict(sorted(labels.items()))
         self.name = name
+        self.measured = frozenset(measured)
 
     @classmethod
     def load(cls, folder: Path, name: str | None = None) -> LabelIndex:
-        """The index of ``folder/labels.json`` (empty when the SAE has no labels)."""
+        """The index of ``folder/labels.json`` (empty when the SAE has no labels), with the features its
+        ``features.jsonl`` marks as measured."""
         path = Path(folder) / LABELS_FILE
         if not path.is_file():
             return cls({}, name or Path(folder).name)
@@ -152,18 +182,14 @@ class LabelIndex:
         except (ValueError, AttributeError) as exc:
             raise InvalidParameter(f"{path}: labels must map feature index to label ({exc}).",
                                    param="labels") from None
-        return cls(labels, name or Path(folder).name)
-
-    @staticmethod
-    def _terms(label: str) -> list[str]:
-        return [t.strip().lower() for t in label.split(",") if t.strip()]
+        return cls(labels, name or Path(folder).name, measured_features(folder))
 
     def tiers(self, query: str) -> list[list[Match]]:
         """Matches by how closely the label fits: first term equal, any term equal, substring."""
         q = query.strip().lower()
         first, term, substring = [], [], []
         for index, label in self.labels.items():
-            terms = self._terms(label)
+            terms = _terms(label)
             if terms and terms[0] == q:
                 first.append(Match(index, label))
             elif q in terms:
@@ -173,8 +199,8 @@ class LabelIndex:
         return [first, term, substring]
 
     def search(self, query: str, limit: int = 50) -> list[Match]:
-        """Every feature whose label contains ``query``, closest fits first."""
-        return [m for tier in self.tiers(query) for m in tier][:limit]
+        """Every feature whose label contains ``query``, best first (:func:`rank`)."""
+        return rank(self.labels, query, self.measured)[:limit]
 
     def rows(self, query: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
         """``[{"index", "label"}]``: the search's matches, or the first ``limit`` features without a query

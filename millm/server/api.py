@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -13,6 +14,7 @@ from werkzeug.routing import BaseConverter, ValidationError
 
 from millm.errors import InvalidParameter, InvalidSAE, ModelNotLoaded
 from millm.paths import user_path
+from millm.sae.cards import measured_features, parse_index, read_card
 from millm.sae.labels import LabelIndex
 from millm.server import api_bodies
 from millm.server.auth import guard_management
@@ -156,13 +158,28 @@ async def detach_sae(sae_id: str) -> Any:
     return await command(services().steering.detach, engine(), sae_id)
 
 
+def _labels(sae_id: str) -> dict[int, str]:
+    return {row["index"]: row["label"] for row in services().steering.store.labels(sae_id, limit=1 << 30)}
+
+
 @bp.get("/saes/<sae_id>/features")
 async def sae_features(sae_id: str) -> Any:
-    """Feature labels, filtered by ?q=."""
-    svc = services()
-    svc.steering.sae(sae_id)
-    labels = {row["index"]: row["label"] for row in svc.steering.store.labels(sae_id, limit=1 << 30)}
-    return {"sae": sae_id, "features": LabelIndex(labels, sae_id).rows(request.args.get("q"))}
+    """Feature labels, filtered by ?q= (whole-word matches first, then features measured to steer)."""
+    record = services().steering.sae(sae_id)
+    measured = await asyncio.to_thread(measured_features, record["path"])
+    return {"sae": sae_id, "features": LabelIndex(_labels(sae_id), sae_id, measured).rows(request.args.get("q"))}
+
+
+@bp.get("/saes/<sae_id>/features/<index>")
+async def sae_feature_card(sae_id: str, index: str) -> Any:
+    """One feature's card: label, firing rate, max activation, top tokens, examples, promoted tokens."""
+    record = services().steering.sae(sae_id)
+    d_sae = int(record["d_sae"])
+    feature = parse_index(index, d_sae, sae_id)
+    label = services().steering.store.label(sae_id, feature)
+    card = await asyncio.to_thread(read_card, record["path"], feature, d_sae, name=sae_id,
+                                   labels={feature: label} if label is not None else {})
+    return card.to_json()
 
 
 @bp.delete("/saes/<sae_id>")

@@ -103,6 +103,11 @@ class Store:
         rows = self._rows(sql + " ORDER BY feature LIMIT ?", (*args, limit))
         return [{"index": r["feature"], "label": r["label"]} for r in rows]
 
+    def label(self, sae_id: str, feature: int) -> str | None:
+        """One feature's registered label (None when it has none)."""
+        rows = self._rows("SELECT label FROM sae_labels WHERE sae_id = ? AND feature = ?", (sae_id, feature))
+        return str(rows[0]["label"]) if rows else None
+
     # profiles
     def save_profile(self, profile: dict[str, Any], *, overwrite: bool) -> bool:
         """Insert (or replace when ``overwrite``); False when the name exists and overwrite is off."""

@@ -8,6 +8,7 @@ from typing import Any
 
 from millm.builder import build_chat
 from millm.errors import InvalidParameter, SAENotAttached
+from millm.sae.cards import Example, FeatureCard
 from tui.client import (
     ChatEvent,
     ChatResult,
@@ -41,6 +42,7 @@ class ScriptedClient:
                                                           "entries": [{"sae": SAE, "feature": 77, "strength": 30.0}]}}
         self.bodies: list[dict[str, Any]] = []
         self.watched: list[int] = []
+        self.cards_asked: list[tuple[str, int]] = []
 
     async def info(self) -> ModelInfo:
         return ModelInfo("SmolLM2-135M-Instruct", "transformers", True, "in-process")
@@ -60,6 +62,13 @@ class ScriptedClient:
 
     async def labels(self, sae_id: str) -> dict[int, str]:
         return dict(LABELS) if sae_id == SAE else {}
+
+    async def feature(self, sae_id: str, index: int) -> FeatureCard:
+        self.cards_asked.append((sae_id, index))
+        if sae_id != SAE:
+            return FeatureCard(sae_id, index, 1024, note="my-sae has no features.jsonl")
+        return FeatureCard(sae_id, index, 4608, LABELS.get(index, ""), True, 0.0125, 12.5, [("rain", 40.0)],
+                           [Example("the« rain» fell", 12.5)], [" storm", " wet"])
 
     async def steering(self) -> SteeringState:
         return SteeringState(self.enabled, self.active, {k: dict(v) for k, v in self.values.items()}, {SAE: 10})

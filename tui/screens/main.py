@@ -22,6 +22,7 @@ from millm.errors import MillmError
 from millm.steering.intensity import Dial
 from millm.steering.readout import SAE_ACTIVATIONS_MAX_ENTRIES
 from tui.client import READOUT_TOP_K, ChatResult, Client, Done, Feature, ModelInfo, SAEInfo, SteeringState
+from tui.screens.card import CardScreen
 from tui.screens.profiles import ProfilesOutcome, ProfilesScreen
 from tui.screens.prompt import TextPrompt
 from tui.session import Conversation, Steer, chat_body, compare_bodies, sampling_fields
@@ -73,6 +74,7 @@ class MainScreen(Screen[None]):
         self.saes: list[SAEInfo] = []
         self.labels: dict[str, dict[int, str]] = {}  # every label seen, per SAE
         self._labelled: set[str] = set()  # SAEs whose labels were all read
+        self._asked: set[tuple[str, int]] = set()  # features whose label was asked for by index
         self.loaded_profile: str | None = None
         self.circuit: str | None = None
         self.compare = False
@@ -129,6 +131,7 @@ class MainScreen(Screen[None]):
         """The steered list, the dial's value (unless a newer one is on its way) and the status line."""
         self.state = state
         self.query_one(SteeredList).show(state, self.labels)
+        self.fill_labels([(sae, index) for sae, values in state.values.items() for index in values])
         dial = self.query_one(StrengthDial)
         if dial.feature is not None and (dial.feature.sae_id, dial.feature.index) not in self.pending:
             dial.value = state.values.get(dial.feature.sae_id, {}).get(dial.feature.index, 0.0)
@@ -208,7 +211,7 @@ class MainScreen(Screen[None]):
         text = query.strip().removeprefix("#")
         if text.isdigit():
             index = int(text)
-            found = [Feature(sae.id, index, self.labels.get(sae.id, {}).get(index, ""))] if index < sae.d_sae else []
+            found = [Feature(sae.id, index, await self.label_of(sae.id, index))] if index < sae.d_sae else []
             search.show(found, f"{sae.name} has features 0-{sae.d_sae - 1}")
             return
         try:
@@ -218,6 +221,53 @@ class MainScreen(Screen[None]):
             return
         self.labels.setdefault(sae.id, {}).update({f.index: f.label for f in features})
         search.show(features, f"no label of {sae.name} contains {text!r}" if text else f"{sae.name} has no labels")
+
+    async def label_of(self, sae_id: str, index: int) -> str:
+        """A feature's label: known already, or read from its card (a remote server lists only its first
+        labels, so the others come by index from ``GET /api/saes/{id}/features/{index}``)."""
+        known = self.labels.get(sae_id, {}).get(index)
+        if known or (sae_id, index) in self._asked:
+            return known or ""
+        self._asked.add((sae_id, index))
+        try:
+            label = (await self.client.feature(sae_id, index)).label
+        except MillmError:
+            return ""
+        if label:
+            self.labels.setdefault(sae_id, {})[index] = label
+        return label
+
+    def fill_labels(self, features: list[tuple[str, int]]) -> None:
+        """Look up the labels of ``features`` not known yet (once each), then redraw the lists that show them."""
+        missing = [(sae, i) for sae, i in dict.fromkeys(features)
+                   if not self.labels.get(sae, {}).get(i) and (sae, i) not in self._asked]
+        if missing:
+            self._fill_labels(missing)
+
+    @work(group="labels")
+    async def _fill_labels(self, missing: list[tuple[str, int]]) -> None:
+        found = [await self.label_of(sae, i) for sae, i in missing]
+        if any(found):
+            self.query_one(SteeredList).show(self.state, self.labels)
+            strip = self.query_one(ActivationStrip)
+            if strip.sae_id is not None:
+                strip.labels = self.labels.get(strip.sae_id, {})
+                strip.refresh(layout=True)
+
+    def on_feature_search_card(self, message: FeatureSearch.Card) -> None:
+        self.show_card(message.feature)
+
+    def on_steered_list_card(self, message: SteeredList.Card) -> None:
+        self.show_card(message.feature)
+
+    @work(group="card")
+    async def show_card(self, feature: Feature) -> None:
+        try:
+            card = await self.client.feature(feature.sae_id, feature.index)
+        except MillmError as exc:
+            self.notify(exc.message, severity="error", title="no card")
+            return
+        await self.app.push_screen(CardScreen(card))
 
     def _dial(self, feature: Feature) -> None:
         value = self.state.values.get(feature.sae_id, {}).get(feature.index, 0.0)
@@ -413,6 +463,8 @@ class MainScreen(Screen[None]):
         self.query_one(IntensityDial).answered(result.intensity, result.rung)
         labels = self.labels.get(result.readout_sae, {}) if result.readout_sae else {}
         self.query_one(ActivationStrip).show(result.readout_sae, result.tokens, labels)
+        if result.readout_sae:
+            self.fill_labels([(result.readout_sae, index) for token in result.tokens for index, _ in token.features])
         if self.info.steerable:
             try:
                 self.show_state(await self.client.steering())

@@ -14,14 +14,19 @@ from tui.client import Feature
 
 
 class FeatureResults(OptionList):
-    """The matches of the search; Enter puts one on the dial, w watches it."""
+    """The matches of the search; Enter puts one on the dial, w watches it, i shows its card."""
 
-    BINDINGS = [Binding("w", "watch", "watch")]
+    BINDINGS = [Binding("w", "watch", "watch"), Binding("i", "card", "feature card")]
 
     def action_watch(self) -> None:
         parent = self.parent
         if isinstance(parent, FeatureSearch) and (feature := parent.highlighted()) is not None:
             self.post_message(FeatureSearch.Watch(feature))
+
+    def action_card(self) -> None:
+        parent = self.parent
+        if isinstance(parent, FeatureSearch) and (feature := parent.highlighted()) is not None:
+            self.post_message(FeatureSearch.Card(feature))
 
 
 class FeatureSearch(Vertical):
@@ -43,6 +48,13 @@ class FeatureSearch(Vertical):
 
     class Watch(Message):
         """Add (or remove) a feature among the monitored ones."""
+
+        def __init__(self, feature: Feature) -> None:
+            super().__init__()
+            self.feature = feature
+
+    class Card(Message):
+        """Show a feature's card."""
 
         def __init__(self, feature: Feature) -> None:
             super().__init__()

@@ -13,11 +13,12 @@ LABEL_WIDTH = 16
 
 
 class SteeredList(DataTable[Text]):
-    """One row per steered feature: layer, index, label, strength. Enter puts it on the dial."""
+    """One row per steered feature: layer, index, label, strength. Enter puts it on the dial, i shows its card."""
 
     BINDINGS = [
         Binding("delete,backspace", "remove", "remove"),
         Binding("w", "watch", "watch"),
+        Binding("i", "card", "feature card"),
     ]
 
     class Chosen(Message):
@@ -33,6 +34,13 @@ class SteeredList(DataTable[Text]):
             self.feature = feature
 
     class Watch(Message):
+        def __init__(self, feature: Feature) -> None:
+            super().__init__()
+            self.feature = feature
+
+    class Card(Message):
+        """Show a feature's card."""
+
         def __init__(self, feature: Feature) -> None:
             super().__init__()
             self.feature = feature
@@ -92,3 +100,7 @@ class SteeredList(DataTable[Text]):
     def action_watch(self) -> None:
         if (feature := self.current()) is not None:
             self.post_message(self.Watch(feature))
+
+    def action_card(self) -> None:
+        if (feature := self.current()) is not None:
+            self.post_message(self.Card(feature))

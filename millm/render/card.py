@@ -1,0 +1,53 @@
+"""A feature card as rich text: what ``millm sae features SAE INDEX`` prints and the TUI's card shows.
+
+Labels, tokens and examples are data, never markup: everything is assembled as ``Text`` spans.
+"""
+
+from __future__ import annotations
+
+import json
+
+from rich.text import Text
+
+from millm.sae.cards import FeatureCard, example_parts
+
+FIRING = "bold black on yellow"
+
+
+def _token(text: str) -> str:
+    """A token as shown: whitespace made visible, so " the" and "the" differ on screen."""
+    return text.replace("\n", "\\n").replace("\t", "\\t")
+
+
+def example_text(text: str) -> Text:
+    """A max-activating context with its firing token (between « and ») highlighted."""
+    before, firing, after = example_parts(text)
+    return Text.assemble(_token(before), (_token(firing), FIRING) if firing else "", _token(after))
+
+
+def card_text(card: FeatureCard) -> Text:
+    """The whole card: label and width, then what ``features.jsonl`` recorded (or why nothing is)."""
+    out = Text.assemble((f"#{card.index}", "bold cyan"), "  ", (card.label or "(no label)", "bold"),
+                        (f"   {card.sae}, {card.d_sae} features", "dim"))
+    if card.measured:
+        strength = "" if card.recommended_strength is None else f": recommended strength {card.recommended_strength:g}"
+        out.append(f"\nmeasured to steer{strength}", style="green")
+    if not card.recorded:
+        out.append(f"\n{card.note}", style="dim")
+        return out
+    if card.frequency is not None:
+        out.append(f"\nfires on {card.frequency:.3%} of labelling tokens")
+    if card.max_activation is not None:
+        out.append(f" · max activation {card.max_activation:g}")
+    if card.top_tokens:
+        out.append("\ntop tokens  ", style="bold")
+        for k, (token, weight) in enumerate(card.top_tokens):
+            out.append_text(Text.assemble("" if k == 0 else " · ", (_token(token), "cyan"), (f" {weight:g}", "dim")))
+    if card.examples:
+        out.append("\nmax-activating examples", style="bold")
+        for example in card.examples:
+            out.append_text(Text.assemble("\n", (f"{example.activation:8.2f}  ", "dim"), example_text(example.text)))
+    if card.promotes:
+        out.append("\npromotes  ", style="bold")
+        out.append_text(Text(" ").join(Text(json.dumps(t, ensure_ascii=False), "magenta") for t in card.promotes))
+    return out

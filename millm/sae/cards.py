@@ -1,0 +1,182 @@
+"""Feature cards: everything an SAE's ``features.jsonl`` records about one feature, read in one place.
+
+``millm sae features SAE INDEX``, ``GET /api/saes/{id}/features/{index}`` and the TUI's card all come
+from :func:`read_card`. A card always has the index, the SAE's width and the label (empty when there is
+none); the rest (firing rate, max activation, top tokens, max-activating examples with the firing token
+between « and », promoted tokens) is there when ``features.jsonl`` has the feature's row, and ``note``
+says why it is not otherwise (no ``features.jsonl`` beside the SAE, or a feature that never fired on the
+labelling set). A row with a ``recommended_strength`` key marks a feature measured to steer.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from millm.errors import InvalidFeatureIndex, InvalidParameter
+
+FEATURES_FILE = "features.jsonl"
+LABELS_FILE = "labels.json"
+MEASURED_KEY = "recommended_strength"
+_INDEX = re.compile(r"[+-]?[0-9]+")
+
+
+@dataclass(frozen=True)
+class Example:
+    """One max-activating context: ``before``, the firing token, ``after`` (the token was in «»)."""
+
+    text: str
+    activation: float
+
+    @property
+    def parts(self) -> tuple[str, str, str]:
+        return example_parts(self.text)
+
+
+@dataclass(frozen=True)
+class FeatureCard:
+    sae: str
+    index: int
+    d_sae: int
+    label: str = ""
+    recorded: bool = False  # features.jsonl has this feature's row
+    frequency: float | None = None  # fraction of labelling tokens it fires on
+    max_activation: float | None = None
+    top_tokens: list[tuple[str, float]] = field(default_factory=list)
+    examples: list[Example] = field(default_factory=list)
+    promotes: list[str] = field(default_factory=list)
+    recommended_strength: float | None = None
+    measured: bool = False  # the row has a recommended_strength key
+    note: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        """The body of ``GET /api/saes/{id}/features/{index}``."""
+        return {"sae": self.sae, "index": self.index, "d_sae": self.d_sae, "label": self.label,
+                "recorded": self.recorded, "frequency": self.frequency, "max_activation": self.max_activation,
+                "top_tokens": [{"token": t, "weight": w} for t, w in self.top_tokens],
+                "examples": [{"text": e.text, "activation": e.activation} for e in self.examples],
+                "promotes": list(self.promotes), "measured": self.measured,
+                "recommended_strength": self.recommended_strength, "note": self.note or None}
+
+    @classmethod
+    def from_json(cls, body: Mapping[str, Any]) -> FeatureCard:
+        """A card from :meth:`to_json`'s body (what the TUI's remote client reads)."""
+        return cls(str(body["sae"]), int(body["index"]), int(body["d_sae"]), str(body.get("label") or ""),
+                   bool(body.get("recorded")), _float(body.get("frequency")), _float(body.get("max_activation")),
+                   [(str(t["token"]), float(t["weight"])) for t in body.get("top_tokens") or []],
+                   [Example(str(e["text"]), float(e["activation"])) for e in body.get("examples") or []],
+                   [str(t) for t in body.get("promotes") or []], _float(body.get("recommended_strength")),
+                   bool(body.get("measured")), str(body.get("note") or ""))
+
+
+def _float(value: Any) -> float | None:
+    return None if value is None or isinstance(value, bool) else float(value)
+
+
+def example_parts(text: str) -> tuple[str, str, str]:
+    """``"a« b» c"`` as ``("a", " b", " c")``; a text without the marks is all ``before``."""
+    start = text.find("«")
+    end = text.find("»", start + 1) if start >= 0 else -1
+    if start < 0 or end < 0:
+        return text, "", ""
+    return text[:start], text[start + 1:end], text[end + 1:]
+
+
+def folder_of(path: str | Path) -> Path:
+    """The folder an SAE's files lie in (the path itself, or a Gemma Scope params.npz's folder)."""
+    path = Path(path)
+    return path.parent if path.is_file() else path
+
+
+@lru_cache(maxsize=8)
+def _rows_cached(path: str, _mtime_ns: int, _size: int) -> dict[int, dict[str, Any]]:
+    rows: dict[int, dict[str, Any]] = {}
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                rows[int(row["index"])] = row
+            except (ValueError, KeyError, TypeError) as exc:
+                raise InvalidParameter(f"{path} line {n}: not a feature row with an 'index' ({exc}).",
+                                       param="features") from None
+    return rows
+
+
+def feature_rows(folder: str | Path) -> dict[int, dict[str, Any]]:
+    """``features.jsonl`` of the SAE in ``folder`` by feature index (empty when it has none); read once per
+    version of the file."""
+    path = folder_of(folder) / FEATURES_FILE
+    try:
+        stat = path.stat()
+    except OSError:
+        return {}
+    return _rows_cached(str(path), stat.st_mtime_ns, stat.st_size)
+
+
+def measured_features(folder: str | Path) -> set[int]:
+    """The features whose ``features.jsonl`` row says they were measured to steer."""
+    return {i for i, row in feature_rows(folder).items() if MEASURED_KEY in row}
+
+
+def parse_index(text: str, d_sae: int, name: str) -> int:
+    """A feature index of the SAE from a path segment: a non-integer, or one outside ``0..d_sae-1``, is
+    refused naming the SAE's range."""
+    shown = json.dumps(text[:40] + ("…" if len(text) > 40 else ""), ensure_ascii=False)
+    if not _INDEX.fullmatch(text.strip()):
+        raise InvalidFeatureIndex(f"{shown} is not a feature index; {name} has features 0-{d_sae - 1}.",
+                                  param="index")
+    if len(text.strip()) > 20:  # past any width, and past what int() reads from a string
+        raise InvalidFeatureIndex(f"Feature {shown} is outside {name}'s 0-{d_sae - 1} (it has {d_sae} features).",
+                                  param="index")
+    return check_index(int(text), d_sae, name)
+
+
+def check_index(index: int, d_sae: int, name: str) -> int:
+    """``index`` when the SAE has it; else refused naming the index and the SAE's width."""
+    if not 0 <= index < d_sae:
+        raise InvalidFeatureIndex(f"Feature {index} is outside {name}'s 0-{d_sae - 1} (it has {d_sae} features).",
+                                  param="index")
+    return index
+
+
+def _labels_json(folder: Path) -> dict[int, str]:
+    path = folder / LABELS_FILE
+    try:
+        return {int(k): str(v) for k, v in json.loads(path.read_text()).items()}
+    except (OSError, ValueError, AttributeError):
+        return {}
+
+
+def read_card(folder: str | Path, index: int, d_sae: int, *, name: str,
+              labels: Mapping[int, str] | None = None) -> FeatureCard:
+    """The card of feature ``index`` of the SAE in ``folder`` (``d_sae`` wide, called ``name`` in messages).
+
+    ``labels`` are the SAE's registered labels (default: its ``labels.json``); they name the feature before
+    ``features.jsonl``'s row does. An index outside ``0..d_sae-1`` is refused naming the index and the width.
+    """
+    check_index(index, d_sae, name)
+    base = folder_of(folder)
+    rows = feature_rows(base)
+    row = rows.get(index)
+    label = (labels if labels is not None else _labels_json(base)).get(index) or ""
+    if row is None:
+        note = (f"{name} has no {FEATURES_FILE}: only its label is known; firing rate, examples and promoted "
+                "tokens are not recorded." if not rows else
+                f"Feature {index} never fired on {name}'s labelling set: nothing else is recorded about it.")
+        return FeatureCard(name, index, d_sae, label, note=note)
+    strength = row.get(MEASURED_KEY)
+    return FeatureCard(
+        name, index, d_sae, label or str(row.get("label") or ""), recorded=True,
+        frequency=_float(row.get("frequency")), max_activation=_float(row.get("max_activation")),
+        top_tokens=[(str(t), float(w)) for t, w in row.get("top_tokens") or []],
+        examples=[Example(str(e.get("text", "")), float(e.get("activation", 0.0))) for e in row.get("examples") or []],
+        promotes=[str(t) for t in row.get("promotes") or []],
+        recommended_strength=float(strength) if isinstance(strength, (int, float)) and not isinstance(strength, bool)
+        else None, measured=MEASURED_KEY in row)
