@@ -1,6 +1,8 @@
-"""What steered each ``millm chat`` answer (one stderr line), and ``chat --sae`` taking its layer over whatever
-is attached or active for that chat only. On the real model with the bundled SAEs (``smollm2-135m-res-L10``:
-feature 2375 is "music, melody")."""
+"""What steered each ``millm chat`` answer (one stderr line), labels on ``steer set`` / ``profiles create``, and
+``chat --sae`` taking its layer over whatever is attached or active for that chat only. On the real model with
+the bundled SAEs (``smollm2-135m-res-L10``: feature 2375 is "music, melody")."""
+
+import json
 
 import pytest
 from typer.testing import CliRunner
@@ -59,6 +61,23 @@ def test_each_answer_says_what_steered_it(engine, clean):
     assert lines(chat("--intensity", "off")) == ["steering: none (intensity off)"]
     talk = run("chat", "-i", "--temperature", "0", "--max-tokens", "2", input="Hi.\nHello.\n/exit\n")
     assert lines(talk) == [f'steering: profile "cli26-music" on {L10} (L10): {MUSIC}'] * 2
+
+
+def test_steer_set_and_profiles_create_take_labels(engine, clean):
+    nowhere = run("steer", "set", "music=40", ok=False)
+    assert nowhere.exit_code == 1 and "give --sae" in nowhere.stderr
+    run("sae", "attach", L10)
+    shown = json.loads(run("steer", "set", "music=40").stdout)
+    assert shown["saes"][L10]["values"] == {"2375": 40.0}
+    ambiguous = run("steer", "set", "weather=40", ok=False)
+    assert ambiguous.exit_code == 1 and "ambiguous" in ambiguous.stderr and "1604 (weather" in ambiguous.stderr
+    assert engine.steering.attachments[L10].values == {2375: 40.0}
+    run("profiles", "create", "cli26-music", "music=40", "--sae", L10)
+    assert json.loads(run("profiles", "show", "cli26-music").stdout)["entries"] == [
+        {"sae": L10, "feature": 2375, "strength": 40.0}]
+    refused = run("profiles", "create", "cli26-far", "weather=40", "--sae", L10, ok=False)
+    assert refused.exit_code == 1 and "ambiguous" in refused.stderr
+    assert steering_service().store.profile("cli26-far") is None
 
 
 def test_chat_sae_overrides_for_that_chat_only(engine, clean):
