@@ -81,7 +81,8 @@ def steering_line(engine: Engine, prepared: Prepared, chat: ChatSteering) -> str
 
     target = engine.steering_target()
     if target is None:
-        return f"steering: none ({engine.model_id} runs on {engine.engine_name}, which is not steered here)"
+        why = " without MILLM_GGUF_STEERING=true" if engine.engine_name == "llama.cpp" else ""
+        return f"steering: none ({engine.model_id} runs on {engine.engine_name}, which is not steered{why})"
     steering = target.steering
     aside = f"; {', '.join(chat.set_aside)} set aside for this chat" if chat.set_aside else ""
     if prepared.label == "none":

@@ -128,12 +128,12 @@ def chat_steering(service: SteeringService, engine: SteeringTarget, sae: str | N
                   assignments: dict[int, float], profile: str | None, dial: Dial = None) -> Iterator[ChatSteering]:
     """Steering for one chat, undone afterwards, never persisted.
 
-    ``sae`` is attached for the chat at ``layer`` (default: its hint); it takes that layer over whatever
-    is attached or active: an SAE already there is set aside, an ``sae`` attached elsewhere is moved, and
-    both are put back after. ``assignments`` add values over the live ones on ``sae`` (or the one attached
-    SAE); ``profile`` replaces the live values; ``dial`` scales whichever is the base (as
-    ``steering_intensity`` does on a request). With ``sae`` given, a profile that does not fit the SAEs
-    attached for the chat steers nothing (``unfit`` says why) instead of being refused.
+    ``sae`` is attached for the chat at ``layer`` (default: where it is attached, else its hint); it takes
+    that layer over whatever is attached or active: an SAE already there is set aside, an ``sae`` attached
+    elsewhere is moved, and both are put back after. ``assignments`` add values over the live ones on
+    ``sae`` (or the one attached SAE); ``profile`` replaces the live values; ``dial`` scales whichever is
+    the base (as ``steering_intensity`` does on a request). With ``sae`` given, a profile that does not fit
+    the SAEs attached for the chat steers nothing (``unfit`` says why) instead of being refused.
     """
     from millm.errors import InvalidParameter
     from millm.sae.formats import load_sae
@@ -147,7 +147,8 @@ def chat_steering(service: SteeringService, engine: SteeringTarget, sae: str | N
     placed: AbstractContextManager[tuple[str, ...]] = nullcontext(())
     if sae is not None:
         record = service.sae(sae)
-        at = layer if layer is not None else record["layer_hint"]
+        current = steering.attachments.get(sae)
+        at = layer if layer is not None else current.layer if current is not None else record["layer_hint"]
         if at is None:
             raise InvalidParameter(f"SAE {sae} has no layer hint; give --layer.", param="layer")
         placed = _on_layer(steering, sae, lambda: load_sae(record["path"]).sae, at)

@@ -101,3 +101,5 @@ def test_chat_sae_overrides_for_that_chat_only(engine, clean):
     assert engine.steering.snapshot() == before
     assert service.store.get_state(f"steering:{engine.model_id}") == stored
     assert lines(chat()) == [f'steering: profile "cli26-music" on {L10} (L10): {MUSIC}']
+    run("sae", "attach", L10, "--layer", 12)  # --sae without --layer leaves an attached SAE where it is
+    assert lines(chat("--sae", L10)) == [f'steering: profile "cli26-music" on {L10} (L12): {MUSIC}']
