@@ -87,6 +87,8 @@ def steering_line(engine: Engine, prepared: Prepared, chat: ChatSteering) -> str
     aside = f"; {', '.join(chat.set_aside)} set aside for this chat" if chat.set_aside else ""
     if prepared.label == "none":
         return f"steering: none ({why_unsteered(target, prepared, chat)}{aside})"
+    if chat.unfit is not None:  # the dial went to the live values instead of the active profile
+        aside += f"; {chat.unfit}"
     override = prepared.steer.override
     values = override.values if override is not None else {a.sae_id: a.values for a in steering.attachments.values()}
     service = steering_service()
@@ -149,7 +151,8 @@ def chat(
                                               help="Chat turn by turn even when stdin is piped.")] = False,
     sae: Annotated[str | None, typer.Option(help="SAE id to steer this chat through, attached for it only; an SAE "
                                                  "already on its layer is set aside meanwhile.")] = None,
-    layer: Annotated[int | None, typer.Option(help="Layer for --sae (default: its layer hint).")] = None,
+    layer: Annotated[int | None, typer.Option(help="Layer for --sae (default: where it is attached, else its "
+                                                   "layer hint).")] = None,
     steer: Annotated[list[str] | None, typer.Option(help="FEATURE=STRENGTH on --sae, or the one attached SAE; "
                                                           "FEATURE is an index or a label such as weather "
                                                           "(repeatable).")] = None,

@@ -90,6 +90,9 @@ def test_chat_sae_overrides_for_that_chat_only(engine, clean):
     taken = chat("--sae", L20, "--layer", 10, "--steer", "5=40")
     assert lines(taken) == [f'steering: this chat\'s values on {L20} (L10): 5 "value, child, item" = 40; '
                             f"{L10} set aside for this chat"]
+    dialled = chat("--sae", L20, "--layer", 10, "--intensity", "0.5")  # the active profile's SAE is set aside
+    assert lines(dialled) == [f'steering: none (profile "cli26-music" names SAE {L10}, which is not attached; '
+                              f"{L10} set aside for this chat)"]
     # L10 moved to layer 12 for one chat
     assert lines(chat("--sae", L10, "--layer", 12)) == [f'steering: profile "cli26-music" on {L10} (L12): {MUSIC}']
     # a profile on an SAE this chat does not have steers nothing (said why) rather than refusing the chat
