@@ -18,10 +18,12 @@ from cli.common import engine_for, engine_of, err, loaded_ids, out, reports_erro
 from cli.sae_train import steer_assignments
 from millm.config import get_settings
 from millm.errors import MillmError
+from millm.local import ChatSteering, chat_steering, profile_unfit
 
 if TYPE_CHECKING:
     from millm.engine.base import Engine
-    from millm.steering.controller import Override
+    from millm.generation import Prepared
+    from millm.steering.target import SteeringTarget
 
 app = typer.Typer(help="miLLM: run a local language model, steer it by SAE features, serve it over OpenAI's API.",
                   no_args_is_help=True, pretty_exceptions_enable=False)
@@ -40,18 +42,20 @@ def chat_body(model: str, messages: list[dict[str, Any]], fields: dict[str, Any]
 
 
 def stream_answer(engine: Engine, messages: list[dict[str, Any]], fields: dict[str, Any],
-                  override: Override | None = None) -> str:
+                  chat: ChatSteering | None = None) -> str:
     """Print the answer as it is generated; return its full text. Prepared as the server prepares a
-    request (``millm.generation.prepare``: the same limits), steered by ``override``."""
+    request (``millm.generation.prepare``: the same limits), steered as ``chat`` decided; one line on
+    stderr says what steered it."""
     from millm.builder import build_chat
     from millm.engine.events import Delta, Finish
     from millm.engine.plan import run_each
     from millm.generation import prepare
     from millm.limits import Limits
-    from millm.steering.bases import RequestSteering
 
+    chat = chat or ChatSteering()
     built = build_chat(chat_body(engine.model_id, messages, fields), lambda _: engine.engine_name)
-    prepared = prepare(engine, built, Limits.of(get_settings()), steer=RequestSteering(override))
+    prepared = prepare(engine, built, Limits.of(get_settings()), steer=chat.steer)
+    err.print(steering_line(engine, prepared, chat), markup=False)
     pieces = []
     finish = None
     for event in run_each(engine.run, prepared.plans):
@@ -64,6 +68,72 @@ def stream_answer(engine: Engine, messages: list[dict[str, Any]], fields: dict[s
     if finish == "length":
         err.print("[dim](stopped at max_tokens)[/]")
     return "".join(pieces)
+
+
+SHOWN_FEATURES = 8  # per SAE on the steering line; the rest are counted
+
+
+def steering_line(engine: Engine, prepared: Prepared, chat: ChatSteering) -> str:
+    """What steered an answer, as X-miLLM-Steering says it but in full: the name (``prepared.label``) and the
+    values (the override the answer was prepared with, else the live values its hooks hold) per SAE and
+    layer, each feature with its label; or ``none`` and why."""
+    from millm.steering.bases import LIVE
+
+    target = engine.steering_target()
+    if target is None:
+        why = " without MILLM_GGUF_STEERING=true" if engine.engine_name == "llama.cpp" else ""
+        return f"steering: none ({engine.model_id} runs on {engine.engine_name}, which is not steered{why})"
+    steering = target.steering
+    aside = f"; {', '.join(chat.set_aside)} set aside for this chat" if chat.set_aside else ""
+    if prepared.label == "none":
+        return f"steering: none ({why_unsteered(target, prepared, chat)}{aside})"
+    if chat.unfit is not None:  # the dial went to the live values instead of the active profile
+        aside += f"; {chat.unfit}"
+    override = prepared.steer.override
+    values = override.values if override is not None else {a.sae_id: a.values for a in steering.attachments.values()}
+    service = steering_service()
+    if prepared.label != LIVE:
+        backing = service.store.backing(prepared.label)
+        source = f'profile "{prepared.label}"' + (f" ({backing})" if backing else "")
+    else:
+        source = "this chat's values" if chat.own else "live values"
+    if prepared.steer.echo is not None:
+        source += f" at intensity {prepared.steer.echo}"
+    if prepared.steer.rung is not None:
+        source += f", circuit rung {prepared.steer.rung}"
+    parts = []
+    for sae_id, features in values.items():
+        steered = sorted((f, s) for f, s in features.items() if s)
+        if not steered or sae_id not in steering.attachments:
+            continue
+        att = steering.attachments[sae_id]
+        labels = {r["index"]: r["label"] for r in service.store.labels(sae_id, limit=att.sae.d_sae)}
+        shown = [f'{f} "{labels[f]}" = {s:g}' if f in labels else f"{f} = {s:g}" for f, s in steered[:SHOWN_FEATURES]]
+        more = f" and {len(steered) - SHOWN_FEATURES} more" if len(steered) > SHOWN_FEATURES else ""
+        parts.append(f"on {sae_id} (L{att.layer}): {', '.join(shown)}{more}")
+    return f"steering: {source} {'; '.join(parts)}{aside}"
+
+
+def why_unsteered(target: SteeringTarget, prepared: Prepared, chat: ChatSteering) -> str:
+    """Why an answer whose X-miLLM-Steering is ``none`` ran unsteered."""
+    from millm.steering.bases import LIVE
+
+    steering, override = target.steering, prepared.steer.override
+    if chat.unfit is not None:
+        return chat.unfit
+    if not steering.attachments:
+        named = override.name if override is not None and override.name != LIVE else None
+        unfit = profile_unfit(steering_service(), steering, named) if named is not None else None
+        return unfit or "no SAE attached"
+    if override is None:
+        if not steering.enabled and any(a.values for a in steering.attachments.values()):
+            return "steering is disabled"
+        return "no live values on the attached SAEs"
+    if prepared.steer.echo is not None and float(prepared.steer.echo) == 0.0:
+        return "intensity off"
+    if override.name != LIVE:
+        return f'profile "{override.name}" steers nothing through the attached SAEs'
+    return "every strength of this chat is 0" if chat.own else "no live values on the attached SAEs"
 
 
 @app.command()
@@ -79,8 +149,10 @@ def chat(
     stop: Annotated[list[str] | None, typer.Option(help="Stop sequence (repeatable).")] = None,
     interactive: Annotated[bool, typer.Option("--interactive", "-i",
                                               help="Chat turn by turn even when stdin is piped.")] = False,
-    sae: Annotated[str | None, typer.Option(help="SAE id to attach for this chat.")] = None,
-    layer: Annotated[int | None, typer.Option(help="Layer for --sae (default: its layer hint).")] = None,
+    sae: Annotated[str | None, typer.Option(help="SAE id to steer this chat through, attached for it only; an SAE "
+                                                 "already on its layer is set aside meanwhile.")] = None,
+    layer: Annotated[int | None, typer.Option(help="Layer for --sae (default: where it is attached, else its "
+                                                   "layer hint).")] = None,
     steer: Annotated[list[str] | None, typer.Option(help="FEATURE=STRENGTH on --sae, or the one attached SAE; "
                                                           "FEATURE is an index or a label such as weather "
                                                           "(repeatable).")] = None,
@@ -89,7 +161,8 @@ def chat(
                                                        "max; scales --profile, else the active profile, else the "
                                                        "live values.")] = None,
 ) -> None:
-    """Chat with a model: one answer, stdin, or an interactive session (/reset, /exit)."""
+    """Chat with a model: one answer, stdin, or an interactive session (/reset, /exit). Each answer goes to
+    stdout; one line on stderr says what steered it."""
     from millm.builder import build_chat
 
     fields = {"temperature": temperature, "top_p": top_p, "max_tokens": max_tokens, "seed": seed, "stop": stop,
@@ -103,11 +176,11 @@ def chat(
     built = build_chat(chat_body(name, first, fields), engine_of)  # refuse bad values before loading anything
     engine = engine_for(model)
     if sae is None and not assignments and profile is None and built.intensity is None:
-        run_chat(engine, prompt, preamble, fields, None)
+        run_chat(engine, prompt, preamble, fields, ChatSteering())
         return
-    with steering_service().session(steerable(engine), sae, layer, assignments, profile,
-                                    built.intensity) as override:
-        run_chat(engine, prompt, preamble, fields, override)
+    with chat_steering(steering_service(), steerable(engine), sae, layer, assignments, profile,
+                       built.intensity) as steered:
+        run_chat(engine, prompt, preamble, fields, steered)
 
 
 def dial_value(text: str | None) -> float | str | None:
@@ -121,15 +194,15 @@ def dial_value(text: str | None) -> float | str | None:
 
 
 def run_chat(engine: Engine, prompt: str | None, preamble: list[dict[str, Any]], fields: dict[str, Any],
-             override: Override | None) -> None:
+             chat: ChatSteering) -> None:
     if prompt is not None:
-        stream_answer(engine, preamble + [{"role": "user", "content": prompt}], fields, override)
+        stream_answer(engine, preamble + [{"role": "user", "content": prompt}], fields, chat)
     else:
-        converse(engine, preamble, fields, override)
+        converse(engine, preamble, fields, chat)
 
 
 def converse(engine: Engine, preamble: list[dict[str, Any]], fields: dict[str, Any],
-             override: Override | None) -> None:
+             chat: ChatSteering) -> None:
     """The interactive loop: history kept until /reset, left with /exit or end of input."""
     history = list(preamble)
     err.print(f"[dim]{engine.model_id} - /reset clears the history, /exit leaves[/]")
@@ -148,7 +221,7 @@ def converse(engine: Engine, preamble: list[dict[str, Any]], fields: dict[str, A
             continue
         history.append({"role": "user", "content": line})
         try:
-            answer = stream_answer(engine, history, fields, override)
+            answer = stream_answer(engine, history, fields, chat)
         except MillmError:
             history.pop()
             raise

@@ -15,9 +15,9 @@ from rich.table import Column, Table
 
 from cli import sae_train as sae_train_cli
 from cli.common import engine_for, out, reports_errors, steerable, steering_service
+from cli.sae_train import steer_assignments
 from millm.config import get_settings
 from millm.errors import InvalidParameter
-from millm.steering.values import parse_assignments
 
 sae_app = typer.Typer(help="Sparse autoencoders: register, list, attach, detach.", no_args_is_help=True)
 steer_app = typer.Typer(help="Live steering values of the attached SAEs.", no_args_is_help=True)
@@ -80,13 +80,27 @@ def sae_detach(sae_id: str, model: ModelOption = None) -> None:
 
 @steer_app.command("set")
 @reports_errors
-def steer_set(assignments: Annotated[list[str], typer.Argument(help="FEATURE=STRENGTH, e.g. 123=40 456=-20")],
+def steer_set(assignments: Annotated[list[str], typer.Argument(help="FEATURE=STRENGTH, e.g. 123=40 music=40 "
+                                                                   "(FEATURE: an index or a label, as chat --steer)")],
               sae: Annotated[str | None, typer.Option(help="SAE id (needed when several are attached).")] = None,
               replace: Annotated[bool, typer.Option(help="Replace the SAE's values instead of merging.")] = False,
               model: ModelOption = None) -> None:
     """Set live strengths (merged into the current ones; 0 removes a feature)."""
     target = steerable(engine_for(model))
-    steering_service().set_values(target, sae, parse_assignments(assignments), merge=not replace)
+    attached = list(target.steering.attachments)
+    lookup = sae or (attached[0] if len(attached) == 1 else None)
+    if lookup is not None:
+        values = steer_assignments(assignments, lookup, target.model_id)  # labels looked up as chat --steer does
+    else:  # no one SAE to look a label up in: indices only (set_values then says which SAE is missing)
+        from millm.sae.labels import LabelIndex
+
+        named = [item for item in assignments if "=" in item
+                 and not item.rpartition("=")[0].strip().removeprefix("#").isdigit()]
+        if named:
+            raise InvalidParameter(f"'{named[0]}' names a feature by label: give --sae to look it up in "
+                                   f"({len(attached)} SAEs are attached).", param="sae")
+        values = LabelIndex({}, "the SAE").resolve_assignments(assignments)
+    steering_service().set_values(target, sae, values, merge=not replace)
     _print_json(target.steering.snapshot())
 
 
@@ -126,7 +140,8 @@ def profiles_show(name: str) -> None:
 @profiles_app.command("create")
 @reports_errors
 def profiles_create(name: str,
-                    entries: Annotated[list[str] | None, typer.Argument(help="FEATURE=STRENGTH on --sae")] = None,
+                    entries: Annotated[list[str] | None, typer.Argument(help="FEATURE=STRENGTH on --sae (FEATURE: an "
+                                                                        "index or a label, as chat --steer)")] = None,
                     sae: Annotated[str | None, typer.Option(help="SAE id the entries are on.")] = None,
                     description: Annotated[str, typer.Option(help="What the profile does.")] = "",
                     from_current: Annotated[bool, typer.Option(help="Save the live values instead.")] = False,
@@ -139,7 +154,8 @@ def profiles_create(name: str,
         if sae is None or not entries:
             raise InvalidParameter("Give --sae and FEATURE=STRENGTH entries, or --from-current.", param="entries")
         service.sae(sae)
-        items = [{"sae": sae, "feature": f, "strength": s} for f, s in parse_assignments(entries).items()]
+        values = steer_assignments(entries, sae, model or get_settings().default_model)
+        items = [{"sae": sae, "feature": f, "strength": s} for f, s in values.items()]
         saved = service.save_profile({"name": name, "description": description, "model": model,
                                       "entries": items}, overwrite=False)
     out.print(f"saved profile {saved['name']} ({len(saved['entries'])} entries)", markup=False)

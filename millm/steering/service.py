@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
@@ -21,14 +19,12 @@ from millm.paths import user_path
 from millm.sae.bundled import register_bundled
 from millm.sae.formats import load_sae
 from millm.steering.bases import Bases, RequestSteering, circuit_serving, profile_row, registered, stored_profile
-from millm.steering.controller import Override
 from millm.steering.documents import Document, Registered, Serving, ServingMode
 from millm.steering.imports import import_document, stored_cluster
 from millm.steering.intensity import Dial, IntensitySettings, check_stored_dial
 from millm.steering.monitor import MonitorConfig, parse_monitor_config
 from millm.steering.profiles import ProfileDoc, parse_profile
 from millm.steering.target import SteeringTarget
-from millm.steering.values import check_values
 from millm.store import Store
 
 Kind = Literal["cluster", "circuit"]
@@ -305,37 +301,6 @@ class SteeringService:
         if engine.steering.active_profile is None:
             return
         self.clear(engine)
-
-    # one chat's own steering (CLI, TUI)
-    @contextmanager
-    def session(self, engine: SteeringTarget, sae: str | None, layer: int | None, assignments: dict[int, float],
-                profile: str | None, intensity: Dial = None) -> Iterator[Override | None]:
-        """Steering for one chat, undone afterwards: ``sae`` attaches (then detaches), ``assignments`` add
-        values over the persisted ones, ``profile`` replaces them, ``intensity`` dials whichever is the base
-        (as ``steering_intensity`` does on a request). Yields the override to run with."""
-        if sae is None and layer is not None:
-            raise InvalidParameter("--layer goes with --sae.", param="layer")
-        steering = engine.steering
-        attached_here = sae is not None and sae not in steering.attachments
-        if sae is not None:
-            record = self.sae(sae)
-            steering.attach(sae, load_sae(record["path"]).sae, layer if layer is not None else record["layer_hint"])
-        try:
-            if profile is not None or (intensity is not None and not assignments):
-                yield self.for_request(engine, profile, intensity).override
-            elif assignments:
-                target = sae or (next(iter(steering.attachments)) if len(steering.attachments) == 1 else None)
-                if target is None:
-                    raise InvalidParameter("--steer needs --sae when zero or several SAEs are attached.", param="steer")
-                values = {a.sae_id: dict(a.values) for a in steering.attachments.values()}
-                width = steering.attachments[target].sae.d_sae
-                values[target] = {**values[target], **check_values(assignments, width, "steer")}
-                yield self.bases(engine).request(None, intensity, own=values).override
-            else:
-                yield None
-        finally:
-            if attached_here and sae is not None:
-                steering.detach(sae)
 
     # monitoring
     def configure_monitor(self, engine: SteeringTarget, data: dict[str, Any]) -> dict[str, Any]:

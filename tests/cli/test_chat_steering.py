@@ -1,0 +1,108 @@
+"""What steered each ``millm chat`` answer (one stderr line), labels on ``steer set`` / ``profiles create``, and
+``chat --sae`` taking its layer over whatever is attached or active for that chat only. On the real model with
+the bundled SAEs (``smollm2-135m-res-L10``: feature 2375 is "music, melody")."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from cli.common import steering_service
+from cli.main import app
+
+runner = CliRunner()
+L10, L20 = "smollm2-135m-res-L10", "smollm2-135m-res-L20"
+MUSIC = '2375 "music, melody" = 40'
+
+
+def run(*args, ok=True, input=None):
+    result = runner.invoke(app, [str(a) for a in args], env={"COLUMNS": "200"}, input=input)
+    if ok:
+        assert result.exit_code == 0, result.output
+    return result
+
+
+def chat(*extra, ok=True):
+    return run("chat", "Hi.", "--temperature", "0", "--max-tokens", "2", *extra, ok=ok)
+
+
+def lines(result):
+    """The steering lines on stderr (stdout is the answer alone)."""
+    assert "steering:" not in result.stdout
+    return [line for line in result.stderr.splitlines() if line.startswith("steering:")]
+
+
+@pytest.fixture
+def clean(engine):
+    """Nothing attached or set before; attachments, values and the test's profiles gone after."""
+    assert not engine.steering.attachments, "another test left an SAE attached"
+    yield
+    service = steering_service()
+    run("steer", "clear")
+    for sid in list(engine.steering.attachments):
+        run("sae", "detach", sid)
+    for name in ("cli26-music", "cli26-far"):
+        if service.store.profile(name) is not None:
+            service.delete_profile(name)
+
+
+def test_each_answer_says_what_steered_it(engine, clean):
+    assert lines(chat()) == ["steering: none (no SAE attached)"]
+    steered = chat("--sae", L10, "--steer", "music=40")
+    assert lines(steered) == [f"steering: this chat's values on {L10} (L10): {MUSIC}"]
+    run("profiles", "create", "cli26-music", "2375=40", "--sae", L10)
+    assert lines(chat("--profile", "cli26-music")) == [
+        f'steering: none (profile "cli26-music" names SAE {L10}, which is not attached)']
+    run("sae", "attach", L10)
+    run("profiles", "activate", "cli26-music")
+    assert lines(chat()) == [f'steering: profile "cli26-music" on {L10} (L10): {MUSIC}']
+    assert lines(chat("--intensity", "0.5")) == [
+        f'steering: profile "cli26-music" at intensity 0.5 on {L10} (L10): 2375 "music, melody" = 20']
+    assert lines(chat("--intensity", "off")) == ["steering: none (intensity off)"]
+    talk = run("chat", "-i", "--temperature", "0", "--max-tokens", "2", input="Hi.\nHello.\n/exit\n")
+    assert lines(talk) == [f'steering: profile "cli26-music" on {L10} (L10): {MUSIC}'] * 2
+
+
+def test_steer_set_and_profiles_create_take_labels(engine, clean):
+    nowhere = run("steer", "set", "music=40", ok=False)
+    assert nowhere.exit_code == 1 and "give --sae" in nowhere.stderr
+    run("sae", "attach", L10)
+    shown = json.loads(run("steer", "set", "music=40").stdout)
+    assert shown["saes"][L10]["values"] == {"2375": 40.0}
+    ambiguous = run("steer", "set", "weather=40", ok=False)
+    assert ambiguous.exit_code == 1 and "ambiguous" in ambiguous.stderr and "1604 (weather" in ambiguous.stderr
+    assert engine.steering.attachments[L10].values == {2375: 40.0}
+    run("profiles", "create", "cli26-music", "music=40", "--sae", L10)
+    assert json.loads(run("profiles", "show", "cli26-music").stdout)["entries"] == [
+        {"sae": L10, "feature": 2375, "strength": 40.0}]
+    refused = run("profiles", "create", "cli26-far", "weather=40", "--sae", L10, ok=False)
+    assert refused.exit_code == 1 and "ambiguous" in refused.stderr
+    assert steering_service().store.profile("cli26-far") is None
+
+
+def test_chat_sae_overrides_for_that_chat_only(engine, clean):
+    service = steering_service()
+    run("profiles", "create", "cli26-music", "2375=40", "--sae", L10)
+    run("sae", "attach", L10)
+    run("profiles", "activate", "cli26-music")
+    before, stored = engine.steering.snapshot(), service.store.get_state(f"steering:{engine.model_id}")
+    # L20 on layer 10, where L10 and the active profile are: L10 is set aside for this chat
+    taken = chat("--sae", L20, "--layer", 10, "--steer", "5=40")
+    assert lines(taken) == [f'steering: this chat\'s values on {L20} (L10): 5 "value, child, item" = 40; '
+                            f"{L10} set aside for this chat"]
+    dialled = chat("--sae", L20, "--layer", 10, "--intensity", "0.5")  # the active profile's SAE is set aside
+    assert lines(dialled) == [f'steering: none (profile "cli26-music" names SAE {L10}, which is not attached; '
+                              f"{L10} set aside for this chat)"]
+    # L10 moved to layer 12 for one chat
+    assert lines(chat("--sae", L10, "--layer", 12)) == [f'steering: profile "cli26-music" on {L10} (L12): {MUSIC}']
+    # a profile on an SAE this chat does not have steers nothing (said why) rather than refusing the chat
+    run("profiles", "create", "cli26-far", "5=40", "--sae", L20)
+    far = chat("--sae", L10, "--profile", "cli26-far")
+    assert lines(far) == [f'steering: none (profile "cli26-far" names SAE {L20}, which is not attached)']
+    refused = chat("--profile", "cli26-far", ok=False)  # without --sae it is refused, as the server does
+    assert refused.exit_code == 1 and L20 in refused.stderr
+    assert engine.steering.snapshot() == before
+    assert service.store.get_state(f"steering:{engine.model_id}") == stored
+    assert lines(chat()) == [f'steering: profile "cli26-music" on {L10} (L10): {MUSIC}']
+    run("sae", "attach", L10, "--layer", 12)  # --sae without --layer leaves an attached SAE where it is
+    assert lines(chat("--sae", L10)) == [f'steering: profile "cli26-music" on {L10} (L12): {MUSIC}']
