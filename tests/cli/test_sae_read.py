@@ -92,6 +92,20 @@ def test_an_attached_sae_is_read_where_it_is_and_stays(engine):
         engine.steering.detach(SAE)
 
 
+def test_a_registered_sae_by_name_with_its_labels(untouched, tmp_path):
+    from cli.common import steering_service
+    from tests.saes import random_sae, write_saelens
+
+    folder = write_saelens(tmp_path / "read-l12", random_sae(576, 256, seed=21), layer=12)
+    (folder / "labels.json").write_text(json.dumps({str(i): f"even {i}" for i in range(0, 256, 2)}))
+    record = steering_service().register_sae(folder, "sae-read-test")
+    data = json.loads(run("sae-read-test", TEXT, "--json", "--top-k", "8").stdout)
+    assert data["sae_id"] == record["id"] and data["layer"] == 12
+    feats = [f for p in data["positions"] for f in p["features"]]
+    assert all(f["label"] == (f"even {f['index']}" if f["index"] % 2 == 0 else None) for f in feats)
+    assert {f["index"] % 2 for f in feats} == {0, 1}  # labelled features and unlabelled ones (null) both shown
+
+
 def test_refusals(untouched, engine):
     missing = run("no-such-sae", TEXT, ok=False)
     assert missing.exit_code == 1 and "no-such-sae" in missing.output
