@@ -13,13 +13,14 @@ from typing import Annotated
 import typer
 from rich.table import Column, Table
 
+from cli import sae_read as sae_read_cli
 from cli import sae_train as sae_train_cli
 from cli.common import engine_for, out, reports_errors, steerable, steering_service
 from cli.sae_train import steer_assignments
 from millm.config import get_settings
 from millm.errors import InvalidParameter
 
-sae_app = typer.Typer(help="Sparse autoencoders: register, list, attach, detach.", no_args_is_help=True)
+sae_app = typer.Typer(help="Sparse autoencoders: register, list, attach, detach, train, read.", no_args_is_help=True)
 steer_app = typer.Typer(help="Live steering values of the attached SAEs.", no_args_is_help=True)
 profiles_app = typer.Typer(help="Saved steering profiles.", no_args_is_help=True)
 
@@ -28,6 +29,7 @@ ModelOption = Annotated[str | None, typer.Option(help="Model id (default: the co
 
 def register(app: typer.Typer) -> None:
     sae_train_cli.register(sae_app)
+    sae_read_cli.register(sae_app)
     app.add_typer(sae_app, name="sae")
     app.add_typer(steer_app, name="steer")
     app.add_typer(profiles_app, name="profiles")

@@ -75,7 +75,8 @@ NO_CHANGE: dict[str, list[Any]] = {
     "parallel_tool_calls": [True],
 }
 
-READOUT_KEYS = {"sae_id", "features", "top_k", "positions", "read_point"}  # return_sae_activations
+# return_sae_activations
+READOUT_KEYS = {"sae_id", "features", "top_k", "positions", "read_point", "token_text", "labels"}
 MESSAGE_KEYS = ("role", "content")  # what a chat template receives of each message; any other key is reported
 # and on the transformers engine, by role: the calls and results of tool calling (rendered by millm.engine.templates)
 TOOL_MESSAGE_KEYS = {"assistant": ("tool_calls",), "tool": ("tool_call_id", "name"), "function": ("name",)}

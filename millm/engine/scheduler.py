@@ -343,7 +343,7 @@ class Scheduler:
                 job.monitored_sae = config.sae
             readout = job.plans[0].readout
             if readout is not None:
-                job.recorder = ReadoutRecorder(readout, engine.steering)
+                job.recorder = ReadoutRecorder(readout, engine.steering, engine.tokenizer)
         except Exception as exc:  # this request's own setup failed: it ends, the others go on
             self._finish(job, exc)
 

@@ -32,7 +32,7 @@ def whole_body(shape: CompletionShape, events: Iterable[Event]) -> dict[str, Any
         elif isinstance(event, Finish):
             finishes[event.index] = event.reason
         elif isinstance(event, Activations):
-            extension["sae_activations"] = event.body
+            extension["sae_activations"] = shape.sae_activations(event.body)
         elif isinstance(event, Usage):
             whole = shape.whole(texts, finishes, event)
             return {**whole, "millm": extension} if extension else whole
@@ -47,7 +47,7 @@ def score_body(shape: CompletionShape, engine: Engine, built: Built, results: li
     body = (scoring.chat_body(shape, engine, results, params) if shape.chat
             else scoring.completion_body(shape, engine, built.prompt_texts, results, params))
     if readout is not None:
-        body["millm"] = {"sae_activations": readout}
+        body["millm"] = {"sae_activations": shape.sae_activations(readout)}
     return body
 
 

@@ -32,7 +32,7 @@ def score_reading(engine: Engine, request: ScoreRequest,
     prompt_ids = engine.tokenize(request.rows[0].prompt)
     spec = parse_readout(readout, target.steering, rows=len(request.rows), prompt_tokens=len(prompt_ids),
                          max_tokens=0)
-    recorder = ReadoutRecorder(spec, target.steering)
+    recorder = ReadoutRecorder(spec, target.steering, getattr(engine, "tokenizer", None))
     with target.steering.reading(spec.sae_id, recorder, UNSTEERED):
         results = engine.score(request)
     ids = list(results[0].prompt_ids) or prompt_ids

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from millm.engine.events import Usage
+from millm.steering.readout import LabelSource, asks_labels, with_labels
 from millm.structured.tools import ToolConstraint, split
 
 if TYPE_CHECKING:
@@ -34,6 +35,7 @@ class CompletionShape:
     id: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
     constraint: Any = None  # the request's constraint: a ToolConstraint's text is rendered as content and tool_calls
+    readout_labels: LabelSource | None = None  # where the read-out's labels come from, when its ask has labels
 
     @property
     def tools(self) -> ToolConstraint | None:
@@ -44,10 +46,18 @@ class CompletionShape:
         self.id = ("chatcmpl-" if self.chat else "cmpl-") + uuid.uuid4().hex
 
     @classmethod
-    def of(cls, built: Built, fingerprint: str) -> CompletionShape:
+    def of(cls, built: Built, fingerprint: str, labels: LabelSource | None = None) -> CompletionShape:
         """The shape of ``built``'s response: its route, the model name it asked for, its constraint (a
-        tool-call constraint's text renders as content and tool_calls)."""
-        return cls(chat=built.route == "chat", model=built.model, fingerprint=fingerprint, constraint=built.constraint)
+        tool-call constraint's text renders as content and tool_calls), and, when its return_sae_activations
+        asks for labels, ``labels`` to read them from (the SAE registry's; none given: every label is null)."""
+        ask = built.readout or next((g.readout for g in built.generations if g.readout is not None), None)
+        source = (labels or (lambda _: {})) if asks_labels(ask) else None
+        return cls(chat=built.route == "chat", model=built.model, fingerprint=fingerprint, constraint=built.constraint,
+                   readout_labels=source)
+
+    def sae_activations(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The read-out as the response carries it: with each feature's label when the ask has labels."""
+        return body if self.readout_labels is None else with_labels(body, self.readout_labels(body["sae_id"]))
 
     def _envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}

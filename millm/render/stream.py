@@ -53,7 +53,7 @@ async def sse_events(shape: CompletionShape, events: AsyncIterator[Event], choic
             elif isinstance(event, Usage) and held is not None:
                 yield sse.data(shape.chunk(held.index, finish=held.reason, usage=event if include_usage else None))
         if readout is not None:
-            yield sse.data(shape.extension({"sae_activations": readout.body}))
+            yield sse.data(shape.extension({"sae_activations": shape.sae_activations(readout.body)}))
     except MillmError as exc:
         yield sse.error(exc.body())
     except Exception as exc:  # the status is already 200: report in-stream, never drop the stream silently

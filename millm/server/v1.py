@@ -26,6 +26,7 @@ from millm.server.auth import require_api_key
 from millm.server.bodies import read_json
 from millm.server.headers import strict_mode
 from millm.server.state import services
+from millm.steering.readout import registry_labels
 
 bp = Blueprint("v1", __name__, url_prefix="/v1")
 
@@ -93,7 +94,7 @@ async def generate(built: Built, entry: ModelEntry) -> Any:
     async with engine_held(entry) as engine:
         prepared = await svc.worker.call(prepare, engine, built, Limits.of(svc.settings), svc.steering)
         events = metrics.observed(await svc.worker.generate(engine, prepared.plans, prepared.check))
-    shape = CompletionShape.of(built, engine.fingerprint)
+    shape = CompletionShape.of(built, engine.fingerprint, registry_labels(svc.steering.store))
     return await respond(shape, events, built, prepared.headers(built))
 
 
@@ -103,7 +104,7 @@ async def score(built: Built, entry: ModelEntry) -> Any:
     assert built.score is not None
     async with engine_held(entry) as engine:
         results, readout = await svc.worker.call(scoring.score_reading, engine, built.score, built.readout)
-    shape = CompletionShape.of(built, engine.fingerprint)
+    shape = CompletionShape.of(built, engine.fingerprint, registry_labels(svc.steering.store))
     return score_body(shape, engine, built, results, readout), 200, miLLM_headers(built)
 
 

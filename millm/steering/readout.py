@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from millm.engine.detok import IncrementalDetokenizer
 from millm.errors import InvalidFeatureIndex, InvalidParameter
 from millm.fields import READOUT_KEYS
 
@@ -18,6 +20,7 @@ SAE_ACTIVATIONS_MAX_ENTRIES = 65_536
 DEFAULT_TOP_K = 8
 POSITION_MODES = ("last", "prompt", "completion", "all")
 READ_POINTS = ("post_steering", "pre_steering")
+FLAGS = ("token_text", "labels")  # opt-in additions to each position (token) and each feature (label)
 FIELD = "return_sae_activations"
 NOTES = {
     "post_steering": "post_steering is what the model computed at this layer for this request; it is not an "
@@ -48,6 +51,8 @@ class ReadoutSpec:
     top_k: int
     positions: str | tuple[int, int]
     read_point: str
+    token_text: bool = False  # each position also carries its decoded token text ("token")
+    labels: bool = False  # each feature also carries its label ("label", null where the SAE has none)
 
 
 def parse_readout(raw: Any, steering: Steering, *, rows: int, prompt_tokens: int, max_tokens: int) -> ReadoutSpec:
@@ -103,10 +108,56 @@ def parse_readout(raw: Any, steering: Steering, *, rows: int, prompt_tokens: int
     read_point = raw.get("read_point", "post_steering")
     if read_point not in READ_POINTS:
         raise _bad(f"'{FIELD}.read_point' must be post_steering or pre_steering.", "read_point")
+    flags = {key: raw.get(key, False) for key in FLAGS}
+    for key, value in flags.items():
+        if not isinstance(value, bool):
+            raise _bad(f"'{FIELD}.{key}' must be true or false.", key)
     if count * top_k > SAE_ACTIVATIONS_MAX_ENTRIES:
         raise _bad(f"'{FIELD}' could return {count} positions x top_k {top_k} = {count * top_k} entries, over "
                    f"SAE_ACTIVATIONS_MAX_ENTRIES ({SAE_ACTIVATIONS_MAX_ENTRIES}); narrow positions or top_k.")
-    return ReadoutSpec(sae_id, att.layer, features, top_k, positions, read_point)
+    return ReadoutSpec(sae_id, att.layer, features, top_k, positions, read_point, **flags)
+
+
+class _KeepSpecial:
+    """A tokenizer whose decode keeps special tokens: a read-out's texts cover every position it reports
+    (a chat template's ``<|im_start|>`` included), so they join to the text the model read."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return str(self.tokenizer.decode(ids, skip_special_tokens=False))
+
+
+def token_texts(tokenizer: Any, ids: list[int]) -> list[str]:
+    """Each token's text in context, joining to the decoded ``ids``: decoded incrementally as generation is
+    (``millm.engine.detok``), so a SentencePiece token keeps the leading space its neighbour gives it, and a
+    token that ends mid-way through a character has "" while the token completing it carries the character."""
+    detok = IncrementalDetokenizer(_KeepSpecial(tokenizer))
+    texts = [detok.push(token) for token in ids]
+    if texts:
+        texts[-1] += detok.flush()
+    return texts
+
+
+def with_labels(body: dict[str, Any], labels: Mapping[int, str]) -> dict[str, Any]:
+    """A read-out body whose every feature also carries its ``label`` (None where ``labels`` has none)."""
+    positions = [{**p, "features": [{**f, "label": labels.get(f["index"])} for f in p["features"]]}
+                 for p in body["positions"]]
+    return {**body, "positions": positions}
+
+
+LabelSource = Callable[[str], Mapping[int, str]]  # an SAE id's feature labels
+
+
+def asks_labels(ask: Any) -> bool:
+    """Whether a ``return_sae_activations`` ask (already checked by :func:`parse_readout`) wants labels."""
+    return isinstance(ask, dict) and ask.get("labels") is True
+
+
+def registry_labels(store: Any) -> LabelSource:
+    """The labels the SAE registry holds for an SAE (what ``GET /api/saes/{id}/features`` lists)."""
+    return lambda sae_id: {row["index"]: row["label"] for row in store.labels(sae_id, limit=1 << 30)}
 
 
 @dataclass
@@ -115,6 +166,7 @@ class ReadoutRecorder:
 
     spec: ReadoutSpec
     steering: Steering
+    tokenizer: Any = None  # decodes the positions' texts when the ask has token_text
     values: list[torch.Tensor] = field(default_factory=list)
     indices: list[torch.Tensor] = field(default_factory=list)
 
@@ -150,10 +202,16 @@ class ReadoutRecorder:
         values = torch.cat(self.values) if self.values else torch.zeros(0, 0)
         indices = torch.cat(self.indices) if self.indices else torch.zeros(0, 0, dtype=torch.long)
         keep_zeros = self.spec.features is not None
+        selected = self.selected(values.shape[0], prompt_tokens)
+        texts: list[str] = []
+        if self.spec.token_text and selected:
+            assert self.tokenizer is not None, "a read-out with token_text needs the engine's tokenizer"
+            texts = token_texts(self.tokenizer, token_ids[:selected[-1] + 1])
         positions = []
-        for p in self.selected(values.shape[0], prompt_tokens):
+        for p in selected:
             feats = [{"index": int(i), "value": round(float(v), 6)}
                      for v, i in zip(values[p].tolist(), indices[p].tolist()) if keep_zeros or v > 0]
-            positions.append({"position": p, "token_id": token_ids[p], "features": feats})
+            text = {"token": texts[p]} if self.spec.token_text else {}
+            positions.append({"position": p, "token_id": token_ids[p], **text, "features": feats})
         return {"sae_id": self.spec.sae_id, "layer": self.spec.layer, "read_point": self.spec.read_point,
                 "positions": positions, "note": NOTES[self.spec.read_point]}
