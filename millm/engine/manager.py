@@ -103,8 +103,11 @@ class ModelManager:
         return "ERROR" if model_id in self.errors else "READY"
 
     def check_not_busy(self) -> None:
+        """model_busy while a swap unloads or loads, naming the model that is doing so."""
         if self.state is not None:
-            raise ModelBusy(f"The model '{self._target}' is {self.state.lower()}; retry once it finishes.")
+            unloading = self.state == "UNLOADING" and self.engine is not None
+            model = self.engine.model_id if unloading and self.engine is not None else self._target
+            raise ModelBusy(f"The model '{model}' is {self.state.lower()}; retry once it finishes.")
 
     async def engine_for(self, entry: ModelEntry) -> Engine:
         """The engine serving ``entry``, loading it first (in place of the loaded model) if needed."""

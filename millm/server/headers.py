@@ -10,7 +10,7 @@ def strict_mode(value: str | None) -> bool:
     """X-miLLM-Strict: true/1 refuse unused fields, false/0 (or absent) report them; anything else is a 400."""
     if value is None:
         return False
-    normalised = value.strip().lower()
+    normalised = value.strip()  # the spec's four values as written: TRUE or yes is "any other value"
     if normalised in ("true", "1"):
         return True
     if normalised in ("false", "0"):

@@ -28,14 +28,17 @@ async def ready() -> Any:
 
 @bp.get("/inference")
 async def inference() -> Any:
-    """Which backend serves generation (``serial``, or ``cbm`` with continuous batching), and how busy it is.
+    """Which backend serves generation (``serial``, or ``cbm`` with continuous batching on an engine that batches:
+    a llama.cpp model is served serially either way), and how busy it is.
 
     With batching: rows decoding in the batch, requests waiting for it, the batch's tokens/s over the
     last few seconds, how many generations it served, and the ones served serially by reason."""
     svc = services()
     worker, manager = svc.worker, svc.manager
+    engine = manager.engine
+    batching = worker.batching is not None and (engine is None or engine.capabilities.batchable)  # not llama.cpp
     body: dict[str, Any] = {
-        "backend": "serial" if worker.batching is None else "cbm",
+        "backend": "cbm" if batching else "serial",
         "model": manager.engine.model_id if manager.engine is not None else None,
         "engine": manager.engine.engine_name if manager.engine is not None else None,
         "state": manager.state,
@@ -43,7 +46,7 @@ async def inference() -> Any:
         "queue_depth": worker.pending - worker.running,
         "max_queue": worker.max_queue,
     }
-    if worker.batching is not None:
+    if batching and worker.batching is not None:
         scheduler = worker.scheduler
         body["batch"] = {
             "active_rows": scheduler.active_rows if scheduler is not None else 0,

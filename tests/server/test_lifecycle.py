@@ -4,6 +4,7 @@ graceful-unload timeout, out-of-memory errors, the lock and /api/models (fast ti
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import threading
 from pathlib import Path
@@ -319,3 +320,20 @@ def test_registering_paths_refuses_taken_ids_and_forgets_missing_files(tmp_path)
     (elsewhere / "config.json").unlink()
     elsewhere.rmdir()
     assert registered(settings) == [] and unregister("mine", settings)
+
+
+@pytest.mark.parametrize("engine_name,backend", [("llama.cpp", "serial"), ("transformers", "cbm")])
+def test_the_health_route_names_the_backend_that_serves_the_loaded_model(tmp_path, engine_name, backend):
+    """With batching on, a llama.cpp model is still served one request at a time: the route says serial."""
+    engine = FakeEngine(engine_name=engine_name)
+    if engine_name == "transformers":
+        engine.capabilities = dataclasses.replace(engine.capabilities, batchable=True)
+    app = create_app(Settings(home=tmp_path, batching=True), engine)
+
+    async def scenario() -> dict[str, Any]:
+        async with app.test_app():
+            return await (await app.test_client().get("/api/health/inference")).get_json()
+
+    body = asyncio.run(scenario())
+    assert body["backend"] == backend and body["engine"] == engine_name
+    assert ("batch" in body) == (backend == "cbm")

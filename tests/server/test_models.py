@@ -54,6 +54,8 @@ def test_swap_waits_for_in_flight_and_refuses_during_it(tiny_checkpoint, engine,
     for busy in (busy_same, busy_other):
         assert busy.status_code == 503
         assert busy.json()["error"]["code"] == "model_busy" and busy.json()["error"]["type"] == "server_error"
+        message = busy.json()["error"]["message"]  # names the model that is unloading, or the one loading
+        assert f"'{MODEL}' is unloading" in message or f"'{TINY}' is loading" in message, message
     assert swapped.status_code == 200 and swapped.json()["model"] == TINY
     assert swapped.json()["system_fingerprint"].startswith(f"millm:{TINY}@unrecorded:float32/")
     assert after["model"] == TINY
