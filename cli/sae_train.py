@@ -79,6 +79,33 @@ class _Bar:
                                               f"FVU {stats.fvu:.4f}  dead {stats.dead_fraction:.1%}")
 
 
+def _check_new_sae_name(name: str, written: Path | None = None) -> None:
+    """Refuse a ``--name`` that breaks the name rule or that a registered SAE already has (as id or name)."""
+    from millm.steering.names import check_name
+
+    check_name(name, "name")
+    service = steering_service()
+    holder = service.store.sae(name) or next((r for r in service.store.saes() if r["name"] == name), None)
+    if holder is None:
+        return
+    where = f"The SAE is written to {written} but not registered; register it with `millm sae add`. " if written else ""
+    raise InvalidParameter(f"An SAE named '{name}' is already registered (id {holder['id']}, {holder['path']}); "
+                           f"{where}choose another --name (see `millm sae list`).", param="name")
+
+
+def heldout_line(heldout: dict[str, Any]) -> str:
+    """The held-out figures ``millm sae train`` prints (``train.json``'s ``heldout``)."""
+    from millm.sae.quality import CE_SHARE_TARGET, FVU_TARGET
+
+    if "skipped" in heldout:
+        return f"held-out FVU and CE share: {heldout['skipped']}"
+    return (f"held-out ({heldout['windows']} windows, {heldout['tokens']} tokens): FVU {heldout['fvu']:.4f} "
+            f"(target <= {FVU_TARGET:g}); CE share of the zero-ablation gap {heldout['ce_share']:.2%} "
+            f"(target <= {CE_SHARE_TARGET:.0%}; next-token loss clean {heldout['ce_clean']:.4f}, SAE spliced "
+            f"{heldout['ce_spliced']:.4f}, layer zeroed {heldout['ce_zeroed']:.4f}); dead features "
+            f"{heldout['dead_fraction']:.1%}")
+
+
 def train(
     layer: Annotated[int, typer.Option(help="Decoder layer whose output (resid_post) the SAE reads.")],
     model: Annotated[str | None, typer.Option(help="Model id (default: the bundled one).")] = None,
@@ -101,21 +128,34 @@ def train(
                           ] = "float32",
     resume: Annotated[bool, typer.Option(help="Continue the unfinished run in --output.")] = False,
     register: Annotated[bool, typer.Option(help="Register the finished SAE (see `millm sae list`).")] = True,
+    name: Annotated[str | None, typer.Option(help="Register the SAE under this name, its id: `millm chat --sae "
+                                                  "NAME` and `millm sae features NAME` work with it (default "
+                                                  "--output: MILLM_HOME/saes/NAME). A taken name is refused "
+                                                  "before training.")] = None,
+    eval_windows: Annotated[int, typer.Option("--eval-windows", min=0, help="Held-out windows (of --context "
+                                              "tokens) the FVU and CE share are measured on after training "
+                                              "(0: not measured).")] = 24,
 ) -> None:
-    """Train a TopK SAE on a model's residual stream at LAYER; writes SAELens files and labels."""
+    """Train a TopK SAE on a model's residual stream at LAYER; writes SAELens files and labels, then measures
+    its held-out FVU and CE share of the zero-ablation gap (also in train.json)."""
     from millm.engine.loader import load
     from millm.registry import resolve
     from millm.sae import recipe
 
+    if name is not None:
+        if not register:
+            raise InvalidParameter("--name registers the SAE under that name; drop --no-register or --name.",
+                                   param="name")
+        _check_new_sae_name(name)  # before any model or file work: a taken name wastes no run
     settings = get_settings()
     if device is not None:
         settings = settings.model_copy(update={"device": device})
     entry = resolve(model or settings.default_model, settings)
-    folder = output or settings.home / "saes" / f"{entry.id.replace('/', '--')}-L{layer}"
+    folder = output or settings.home / "saes" / (name or f"{entry.id.replace('/', '--')}-L{layer}")
     spec = recipe.RunSpec(model_id=entry.id, layer=layer, output=folder, width=width, k=k, tokens=tokens,
                           epochs=epochs, batch_size=batch_size, context=context, lr=lr, seed=seed,
                           corpus_paths=tuple(corpus or ()), generated_documents=generated_docs,
-                          save_dtype=save_dtype, resume=resume)
+                          save_dtype=save_dtype, resume=resume, eval_windows=eval_windows)
     started = time.monotonic()
     with err.status(f"loading {entry.id} ..."):
         loaded, tokenizer, _, _ = load(entry, settings)
@@ -132,8 +172,11 @@ def train(
     out.print(f"SAE written to {result.output}: d_sae={result.summary['train_config']['d_sae']} "
               f"k={k} tokens={result.summary['tokens']} FVU(last batch)={final.get('fvu', float('nan')):.4f} "
               f"live features={result.summary['live_features']}", markup=False)
+    out.print(heldout_line(result.summary["heldout"]), markup=False)
     if register:
-        record = steering_service().register_sae(result.output)
+        if name is not None:
+            _check_new_sae_name(name, written=result.output)  # taken while this run trained
+        record = steering_service().register_sae(result.output, name, sae_id=name)
         out.print(f"registered as {record['id']}", markup=False)
     out.print(f"wall time {time.monotonic() - started:.0f} s", markup=False)
 

@@ -1,5 +1,9 @@
 """``millm sae train`` end to end: corpus, activations, training, SAELens files, labels.
 
+After labelling, the SAE's reconstruction is measured on the held-out split (at most ``eval_windows``
+windows of it; :mod:`millm.sae.quality`): FVU and the CE share of the zero-ablation gap, recorded in
+``train.json`` under ``heldout``.
+
 Work files (token windows, the activation buffer, the trainer checkpoint) live in ``OUT/.work`` and are
 written so that a killed run resumes where it stopped (``resume=True``); they are removed when the SAE,
 its labels and ``train.json`` are written. Every random choice follows ``seed``.
@@ -17,7 +21,7 @@ from typing import Any
 
 import torch
 
-from millm.sae import activations, corpus, labels, saelens
+from millm.sae import activations, corpus, labels, quality, saelens
 from millm.sae.train import CHECKPOINT, ShuffledBatches, StepStats, TopKTrainer, TrainConfig, train
 
 WORK = ".work"
@@ -42,6 +46,7 @@ class RunSpec:
     corpus_paths: tuple[Path, ...] = ()
     generated_documents: int = 256  # the default corpus: documents the model writes (1-2 per topic)
     holdout_fraction: float = 0.1
+    eval_windows: int = 24  # held-out windows the FVU and CE figures are measured on (0: not measured)
     save_dtype: str = "float32"
     resume: bool = False
 
@@ -78,6 +83,34 @@ def documents(spec: RunSpec, model: Any, tokenizer: Any, cache_dir: Path,
     gen_train, gen_held = corpus.split_documents(generated, spec.holdout_fraction, spec.seed)
     doc_train, doc_held = corpus.split_documents(corpus.python_documentation(), spec.holdout_fraction, spec.seed)
     return gen_train + doc_train, gen_held + doc_held
+
+
+def heldout_windows(spec: RunSpec, tokenizer: Any, held_docs: list[str]) -> dict[str, Any]:
+    """``{"windows": [n, context]}``, the first ``eval_windows`` windows of the held-out documents (the
+    bench's held-out windows), or ``{"skipped": why}`` when there is nothing to measure on."""
+    if spec.eval_windows < 1:
+        return {"skipped": "not measured (eval_windows is 0)"}
+    if not held_docs:
+        return {"skipped": "no held-out documents"}
+    try:
+        return {"windows": corpus.token_windows(tokenizer, held_docs, spec.context, spec.eval_windows)}
+    except ValueError as exc:
+        return {"skipped": f"the held-out split is too small: {exc}"}
+
+
+def _measure(spec: RunSpec, model: Any, tokenizer: Any, cache_dir: Path, work: Path,
+             progress: Progress) -> dict[str, Any]:
+    """The held-out figures for ``train.json`` (``heldout``): as :class:`quality.Reconstruction`, or ``skipped``."""
+    path = work / "heldout.pt"
+    if path.is_file():
+        held = torch.load(path, weights_only=True)
+    else:  # a run resumed from work files written before held-out windows were kept
+        held = heldout_windows(spec, tokenizer, documents(spec, model, tokenizer, cache_dir, progress)[1])
+    if "windows" not in held:
+        return {"skipped": held["skipped"]}
+    progress.phase("held-out FVU and CE", 4)
+    figures = quality.measure(model, saelens.load(spec.output), spec.layer, held["windows"], progress.advance)
+    return asdict(figures)
 
 
 def _buffer(spec: RunSpec, work: Path, model: Any, windows: torch.Tensor, progress: Progress) -> torch.Tensor:
@@ -181,8 +214,9 @@ def run(spec: RunSpec, model: Any, tokenizer: Any, cache_dir: Path, progress: Pr
     if windows_path.is_file():
         windows = torch.load(windows_path, weights_only=True)
     else:
-        train_docs, _ = documents(spec, model, tokenizer, cache_dir, progress)
+        train_docs, held_docs = documents(spec, model, tokenizer, cache_dir, progress)
         windows = corpus.token_windows(tokenizer, train_docs, spec.context, _windows_needed(spec))
+        torch.save(heldout_windows(spec, tokenizer, held_docs), work / "heldout.pt")
         torch.save(windows, windows_path)
     buffer = _buffer(spec, work, model, windows, progress)
     collected = time.monotonic()
@@ -208,14 +242,17 @@ def run(spec: RunSpec, model: Any, tokenizer: Any, cache_dir: Path, progress: Pr
     saelens.save(spec.output, sae, meta, spec.save_dtype)
     records = _label(model, tokenizer, saelens.load(spec.output), buffer, windows, progress)
     labels.write_labels(spec.output, records)
+    labelled = time.monotonic()
+    heldout = _measure(spec, model, tokenizer, cache_dir, work, progress)
     summary = {"spec": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(spec).items()
                         if k not in ("output", "resume")},
                "train_config": asdict(trainer.config), "windows": windows.shape[0], "tokens": buffer.shape[0],
                "first": asdict(first[0]) if first else None, "final": asdict(last[0]) if last else None,
-               "live_features": len(records),
+               "live_features": len(records), "heldout": heldout,
                "seconds": {"corpus_and_activations": round(collected - started, 1),
                            "training": round(trained - collected, 1),
-                           "labelling": round(time.monotonic() - trained, 1)}}
+                           "labelling": round(labelled - trained, 1),
+                           "heldout": round(time.monotonic() - labelled, 1)}}
     summary["spec"]["corpus_paths"] = [str(p) for p in spec.corpus_paths]
     (spec.output / "train.json").write_text(json.dumps(summary, indent=2))
     del buffer

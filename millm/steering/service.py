@@ -61,8 +61,10 @@ class SteeringService:
 
     # SAEs
     def register_sae(self, path: str | Path, name: str | None = None,
-                     labels: str | Path | None = None) -> dict[str, Any]:
-        """Read the SAE (so a malformed one is refused now) and record it; returns the SAE object."""
+                     labels: str | Path | None = None, sae_id: str | None = None) -> dict[str, Any]:
+        """Read the SAE (so a malformed one is refused now) and record it; returns the SAE object. Its id is
+        ``sae_id`` when given (``millm sae train --name``: the name is the id, as bundled SAEs' are), else
+        derived from the path."""
         path = user_path(path).resolve()
         loaded = load_sae(path)
         label_file = Path(labels) if labels else (path if path.is_dir() else path.parent) / "labels.json"
@@ -71,9 +73,9 @@ class SteeringService:
         except (ValueError, KeyError, TypeError) as exc:
             raise InvalidParameter(f"{label_file}: labels must map feature index to label ({exc}).",
                                    param="labels") from None
-        record = {"id": sae_id_for(path), "name": name or path.name, "path": str(path), "format": loaded.format,
-                  "architecture": loaded.sae.architecture, "d_in": loaded.sae.d_in, "d_sae": loaded.sae.d_sae,
-                  "layer_hint": loaded.layer_hint, "model_hint": loaded.model_hint}
+        record = {"id": sae_id or sae_id_for(path), "name": name or path.name, "path": str(path),
+                  "format": loaded.format, "architecture": loaded.sae.architecture, "d_in": loaded.sae.d_in,
+                  "d_sae": loaded.sae.d_sae, "layer_hint": loaded.layer_hint, "model_hint": loaded.model_hint}
         self.store.add_sae(record, label_map)
         return record
 
