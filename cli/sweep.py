@@ -81,26 +81,18 @@ def sweep(
 ) -> None:
     """Sweep a feature over strengths: how often answers to neutral prompts mention its concept, what it costs
     in fluency (log-prob under the unsteered model, bound -1.5 nats/token), and the recommended strength."""
-    from millm.local import chat_steering
     from millm.sae.cards import check_index, folder_of
     from millm.sae.labels import LabelIndex
     from millm.steering.sweep import (
-        NEUTRAL_PROMPTS,
-        Measure,
         bar_lines,
-        isolated,
-        label_words,
         parse_strengths,
-        run_sweep,
         save_recommendation,
+        saveable,
+        sweep_feature,
         write_png,
     )
 
     values = parse_strengths(strengths)
-    if not 1 <= prompts <= len(NEUTRAL_PROMPTS):
-        raise InvalidParameter(f"--prompts must be 1-{len(NEUTRAL_PROMPTS)}.", param="prompts")
-    if not 1 <= tokens <= 512:
-        raise InvalidParameter("--tokens must be 1-512.", param="tokens")
     service = steering_service()
     engine = engine_for(model)
     target = steerable(engine)
@@ -109,16 +101,15 @@ def sweep(
     (index,) = steer_assignments([f"{feature}=1"], sae_id, target.model_id)  # labels as chat --steer reads them
     check_index(index, int(service.sae(sae_id)["d_sae"]), sae_id)
     label = LabelIndex.load(folder, sae_id).labels.get(index, "")
-    words = tuple(w.strip().lower() for w in concept or [] if w.strip()) or label_words(label)
+    if save:
+        saveable(folder)  # refused before the sweep runs, not after
+    words = tuple(w.strip().lower() for w in concept or [] if w.strip())
     model_obj, tokenizer = getattr(engine, "model", None), getattr(engine, "tokenizer", None)
     if model_obj is None or tokenizer is None:
         raise InvalidParameter(f"'{engine.model_id}' has no transformers model to sweep.", param="model")
-    steering = target.steering
-    with chat_steering(service, target, sae_id, layer, {}, None), isolated(steering):
-        at = steering.attachments[sae_id].layer
-        with err.status(f"sweeping feature {index} on {sae_id} ..."):
-            measure = Measure(model_obj, tokenizer, steering, NEUTRAL_PROMPTS[:prompts], seed, tokens)
-            result = run_sweep(measure, sae_id, at, index, label, words, values)
+    with err.status(f"sweeping feature {index} on {sae_id} ..."):
+        result = sweep_feature(service, target, model_obj, tokenizer, sae_id, index, label=label, words=words,
+                               strengths=values, prompts=prompts, seed=seed, tokens=tokens, layer=layer)
     recommended = result.recommended
     if as_json:
         out.print(json.dumps(result.to_json(), indent=2), markup=False)

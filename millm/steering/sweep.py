@@ -223,6 +223,32 @@ def run_sweep(measure: Measure, sae_id: str, layer: int, feature: int, label: st
     return result
 
 
+def sweep_feature(service: Any, target: Any, model: Any, tokenizer: Any, sae_id: str, feature: int, *,
+                  label: str = "", words: Sequence[str] = (), strengths: Sequence[float] = STRENGTHS,
+                  prompts: int = 8, seed: int = SEED, tokens: int = MAX_NEW_TOKENS, layer: int | None = None,
+                  on_point: Callable[[Point], None] | None = None) -> SweepResult:
+    """A sweep on a loaded model (``target``, a ``SteeringTarget`` of ``service``'s registry): ``sae_id`` is
+    attached for the sweep only (``millm chat --sae``'s session: at ``layer``, default where it is attached,
+    else its hint; an SAE on that layer set aside), every live value is cleared meanwhile, and afterwards
+    attachments, values, the enabled flag and the active profile are as they were; nothing is persisted.
+    ``words`` default to the label's (:func:`label_words`)."""
+    from millm.local import chat_steering
+
+    if not 1 <= prompts <= len(NEUTRAL_PROMPTS):
+        raise InvalidParameter(f"--prompts must be 1-{len(NEUTRAL_PROMPTS)}.", param="prompts")
+    if not 1 <= tokens <= 512:
+        raise InvalidParameter("--tokens must be 1-512.", param="tokens")
+    words = tuple(words) or label_words(label)
+    if not words:
+        raise InvalidParameter(f"Feature {feature} has no label words to look for; name them with --concept.",
+                               param="concept")
+    steering = target.steering
+    with chat_steering(service, target, sae_id, layer, {}, None), isolated(steering):
+        measure = Measure(model, tokenizer, steering, NEUTRAL_PROMPTS[:prompts], seed, tokens)
+        return run_sweep(measure, sae_id, steering.attachments[sae_id].layer, feature, label, words, strengths,
+                         on_point)
+
+
 def parse_strengths(text: str) -> list[float]:
     """``"0,20,40"`` as strengths (each within ±200, no repeats)."""
     try:
@@ -236,18 +262,32 @@ def parse_strengths(text: str) -> list[float]:
 
 
 # the recommendation, stored
-def save_recommendation(folder: str | Path, feature: int, strength: float, label: str = "") -> Path:
-    """Write ``recommended_strength`` into feature ``feature``'s row of the SAE's ``features.jsonl`` (a row is
-    added for a feature that has none); refused for an SAE without the file or a folder not writable."""
-    from millm.sae.cards import FEATURES_FILE, MEASURED_KEY, folder_of
+def saveable(folder: str | Path) -> Path:
+    """The ``features.jsonl`` a recommended strength can be written into; refused for an SAE without the file,
+    a folder or file not writable, or an SAE shipped inside the package (measure a copy of it instead)."""
+    from millm.sae.bundled import BUNDLED_DIR
+    from millm.sae.cards import FEATURES_FILE, folder_of
 
     base = folder_of(folder)
     path = base / FEATURES_FILE
+    if base.resolve().is_relative_to(BUNDLED_DIR.resolve()):
+        raise InvalidParameter(f"{base.name} ships inside the package and is not changed by --save: copy its folder "
+                               f"({base}) somewhere of yours and sweep it with --sae FOLDER --save.", param="save")
     if not path.is_file():
         raise InvalidParameter(f"{base} has no {FEATURES_FILE} to record the recommended strength in.", param="save")
     if not (os.access(base, os.W_OK) and os.access(path, os.W_OK)):
         raise InvalidParameter(f"{path} is not writable here: the recommended strength was not saved "
                                "(copy the SAE to a folder of yours and register that).", param="save")
+    return path
+
+
+def save_recommendation(folder: str | Path, feature: int, strength: float, label: str = "") -> Path:
+    """Write ``recommended_strength`` into feature ``feature``'s row of the SAE's ``features.jsonl`` (a row is
+    added for a feature that has none); refused where :func:`saveable` refuses."""
+    from millm.sae.cards import MEASURED_KEY
+
+    path = saveable(folder)
+    base = path.parent
     lines = path.read_text(encoding="utf-8").splitlines()
     found = False
     for n, line in enumerate(lines):

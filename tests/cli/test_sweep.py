@@ -96,3 +96,10 @@ def test_save_writes_the_recommended_strength_into_a_copy(engine, untouched, tmp
 def test_unknown_label_refused(engine, untouched):
     result = run("zzzzqq", "--strengths", "0,20", "--prompts", 1, "--tokens", 4, ok=False)
     assert result.exit_code == 1 and "matches no feature label" in result.output
+
+
+def test_save_on_the_bundled_sae_is_refused_before_sweeping(engine, untouched):
+    before = (BUNDLED_DIR / SAE / "features.jsonl").read_bytes()
+    result = run("music", "--save", "--strengths", "0,20", "--prompts", 1, "--tokens", 4, ok=False)
+    assert result.exit_code == 1 and "ships inside the package" in result.output
+    assert (BUNDLED_DIR / SAE / "features.jsonl").read_bytes() == before

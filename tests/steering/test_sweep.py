@@ -148,3 +148,13 @@ def test_save_recommendation_refuses_a_folder_it_cannot_write(tmp_path, monkeypa
     with pytest.raises(InvalidParameter, match="not writable"):
         save_recommendation(tmp_path, 1, 20.0)
     assert (tmp_path / "features.jsonl").read_text() == '{"index": 1}\n'
+
+
+def test_save_recommendation_refuses_the_bundled_saes():
+    from millm.sae.bundled import BUNDLED_DIR
+
+    folder = BUNDLED_DIR / "smollm2-135m-res-L10"
+    before = (folder / "features.jsonl").read_bytes()
+    with pytest.raises(InvalidParameter, match="ships inside the package"):
+        save_recommendation(folder, 2375, 40.0)
+    assert (folder / "features.jsonl").read_bytes() == before
