@@ -14,9 +14,11 @@ same seeded split ``millm sae train`` made):
 - dead: features that never fire on any held-out token (target <= 5%);
 - steering: for each concept feature in CONCEPTS (resolved by label, as ``--steer NAME=S`` does), 20
   seeded sampled answers to 20 neutral prompts, steered at the documented strength and unsteered: the
-  share that mention the concept (a word from MENTIONS) (targets >= 60% steered, <= 10% unsteered), and
-  fluency: the steered answers' mean token log-probability under the unsteered model, minus the
-  unsteered answers' own (bound: >= -FLUENCY_BOUND nats/token);
+  share that mention the concept (one of the feature's top tokens that is a word, from its features.jsonl
+  row) (targets >= 60% steered, <= 10% unsteered), and fluency: the steered answers' mean token
+  log-probability under the unsteered model, minus the unsteered answers' own (bound: >= -FLUENCY_BOUND
+  nats/token). The prompts, the sampling and both measures are ``millm.steering.sweep``'s, which
+  ``millm steer sweep`` and bench/sweep.py use too;
 - throughput: training steps/s and tokens/s at this SAE's width on this machine now, beside the wall
   time its one documented command took (from its train.json).
 """
