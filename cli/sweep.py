@@ -29,15 +29,17 @@ DEFAULT_SAE = "smollm2-135m-res-L10"
 
 
 def sweep_sae(service: SteeringService, target: SteeringTarget, ref: str | None) -> str:
-    """The SAE to sweep: ``--sae`` (an id or name, or an SAE folder, registered as ``millm sae add`` does), else
-    the one attached SAE, else the bundled ``smollm2-135m-res-L10``."""
+    """The SAE to sweep: ``--sae`` (an id or name, or an SAE folder: its registration, else registered now as
+    ``millm sae add`` does), else the one attached SAE, else the bundled ``smollm2-135m-res-L10``."""
     from cli.sae_read import sae_id_of
     from millm.sae.bundled import register_bundled
 
     register_bundled(service.store)
     if ref is not None:
         if service.store.sae(ref) is None and Path(ref).expanduser().exists():
-            return str(service.register_sae(Path(ref).expanduser())["id"])
+            path = str(Path(ref).expanduser().resolve())
+            known = [r["id"] for r in service.store.saes() if r["path"] == path]  # registered already, any id
+            return str(known[0]) if known else str(service.register_sae(path)["id"])
         return sae_id_of(service, ref)
     attached = list(target.steering.attachments)
     if len(attached) > 1:

@@ -91,6 +91,10 @@ def test_save_writes_the_recommended_strength_into_a_copy(engine, untouched, tmp
     assert sum("recommended_strength" in r for r in rows.values()) == 1
     bundled = (BUNDLED_DIR / SAE / "features.jsonl").read_text()
     assert "recommended_strength" not in bundled  # the bundled SAE itself is left as it was
+    run("music", "--sae", copy, "--strengths", "5", "--prompts", 1, "--tokens", 4, "--json")  # the folder again
+    from cli.common import steering_service
+
+    assert [r["path"] for r in steering_service().store.saes()].count(str(copy.resolve())) == 1  # registered once
 
 
 def test_unknown_label_refused(engine, untouched):
