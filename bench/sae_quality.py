@@ -14,9 +14,11 @@ same seeded split ``millm sae train`` made):
 - dead: features that never fire on any held-out token (target <= 5%);
 - steering: for each concept feature in CONCEPTS (resolved by label, as ``--steer NAME=S`` does), 20
   seeded sampled answers to 20 neutral prompts, steered at the documented strength and unsteered: the
-  share that mention the concept (a word from MENTIONS) (targets >= 60% steered, <= 10% unsteered), and
-  fluency: the steered answers' mean token log-probability under the unsteered model, minus the
-  unsteered answers' own (bound: >= -FLUENCY_BOUND nats/token);
+  share that mention the concept (one of the feature's top tokens that is a word, from its features.jsonl
+  row) (targets >= 60% steered, <= 10% unsteered), and fluency: the steered answers' mean token
+  log-probability under the unsteered model, minus the unsteered answers' own (bound: >= -FLUENCY_BOUND
+  nats/token). The prompts, the sampling and both measures are ``millm.steering.sweep``'s, which
+  ``millm steer sweep`` and bench/sweep.py use too;
 - throughput: training steps/s and tokens/s at this SAE's width on this machine now, beside the wall
   time its one documented command took (from its train.json).
 """
@@ -25,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import time
 from pathlib import Path
 from typing import Any
@@ -37,30 +38,28 @@ from millm.engine.loader import load
 from millm.registry import BUNDLED_ID, resolve
 from millm.sae import activations, corpus, recipe
 from millm.sae.bundled import bundled_saes
+from millm.sae.cards import feature_rows
 from millm.sae.formats import load_sae
 from millm.sae.labels import LabelIndex
 from millm.sae.model import SAE
 from millm.sae.train import ShuffledBatches, TopKTrainer, TrainConfig, fraction_unexplained
 from millm.steering.controller import Steering
-
-NEUTRAL_PROMPTS = (
-    "Tell me about your day.", "What should I do this weekend?", "Write a short paragraph about anything you like.",
-    "Give me some advice for tomorrow.", "Tell me a short story.", "What is your favourite thing?",
-    "What did you learn today?", "Write a few sentences about life.", "What makes a good morning?",
-    "Tell me something interesting.", "How do you relax?", "What would you do with a free afternoon?",
-    "Write a short note to a friend.", "What are you thinking about?", "Describe an ordinary day.",
-    "Tell me about a memory.", "What is something you like?", "Write about something that makes you smile.",
-    "Plan a simple day for me.", "Say something nice.",
+from millm.steering.sweep import (
+    FLUENCY_BOUND,
+    MAX_NEW_TOKENS,
+    NEUTRAL_PROMPTS,
+    SEED,
+    Measure,
+    concept_rate,
+    top_token_words,
 )
+
 # per SAE: (label name, resolved on its labels as --steer NAME=S is, or an index where the name is ambiguous:
 # 1604 'weather, forecast, hurricane', 436 'dreams, dream, dreamed'; and the documented strength)
 CONCEPTS: dict[str, list[tuple[str, float]]] = {
     "smollm2-135m-res-L10": [("music", 40.0), ("ocean", 60.0), ("1604", 60.0), ("trees", 50.0), ("waves", 50.0)],
     "smollm2-135m-res-L20": [("ship", 60.0), ("ocean", 80.0), ("planet", 80.0), ("436", 60.0), ("fire", 80.0)],
 }
-FLUENCY_BOUND = 1.5  # nats/token the steered answers may lose against the unsteered answers' own log-prob
-SEED = 0
-MAX_NEW_TOKENS = 48
 
 
 def held_out(model: Any, tokenizer: Any, settings: Any, context: int, generated_documents: int) -> torch.Tensor:
@@ -111,32 +110,7 @@ def reconstruction(model: Any, sae: SAE, layer: int, windows: torch.Tensor, ce_w
 
 def concept_words(folder: Path, feature: int) -> tuple[str, ...]:
     """The words that count as mentioning a feature's concept: its top tokens (features.jsonl) that are words."""
-    for line in (folder / "features.jsonl").read_text().splitlines():
-        item = json.loads(line)
-        if item["index"] == feature:
-            return tuple(t for t, _ in item["top_tokens"] if t.isalpha() and len(t) >= 3)
-    return ()
-
-
-def mentions(text: str, words: tuple[str, ...]) -> bool:
-    """A word, or its plural, as a whole word."""
-    return any(re.search(rf"\b{re.escape(w)}(s|es)?\b", text, re.IGNORECASE) for w in words)
-
-
-@torch.inference_mode()
-def mean_logprob(model: Any, tokenizer: Any, prompts: tuple[str, ...], answers: list[str]) -> float:
-    """Mean log-probability per answer token under ``model`` as it is now (teacher forced)."""
-    total, count = 0.0, 0
-    for prompt, answer in zip(prompts, answers):
-        head = tokenizer(corpus._chat_text(tokenizer, prompt), add_special_tokens=False)["input_ids"]
-        body = tokenizer(answer, add_special_tokens=False)["input_ids"]
-        if not body:
-            continue
-        ids = torch.tensor([head + body])
-        logp = model(input_ids=ids, use_cache=False).logits[0, len(head) - 1:-1].float().log_softmax(-1)
-        total += float(logp.gather(-1, torch.tensor(body).unsqueeze(-1)).sum())
-        count += len(body)
-    return total / max(1, count)
+    return top_token_words(feature_rows(folder).get(feature, {}))
 
 
 def steering(model: Any, tokenizer: Any, sae_id: str, sae: SAE, layer: int, folder: Path,
@@ -145,25 +119,20 @@ def steering(model: Any, tokenizer: Any, sae_id: str, sae: SAE, layer: int, fold
     if not concepts:
         print("  steering: no concept features listed for this SAE")
         return
-    plain = corpus.sample_answers(model, tokenizer, list(prompts), SEED, MAX_NEW_TOKENS)
-    plain_lp = mean_logprob(model, tokenizer, prompts, plain)
-    print(f"  unsteered answers: mean log-prob {plain_lp:.3f} nats/token")
     control = Steering(model)
+    measure = Measure(model, tokenizer, control, prompts, SEED, MAX_NEW_TOKENS)
+    print(f"  unsteered answers: mean log-prob {measure.plain_logprob:.3f} nats/token")
     control.attach(sae_id, sae, layer)
     try:
         for name, strength in concepts:
             feature = index.resolve(name)
             words = concept_words(folder, feature)
-            control.set_values(sae_id, {feature: strength}, merge=False)
-            steered = corpus.sample_answers(model, tokenizer, list(prompts), SEED, MAX_NEW_TOKENS)
-            control.clear()
-            lp = mean_logprob(model, tokenizer, prompts, steered)
-            hit = sum(mentions(t, words) for t in steered) / len(steered)
-            base = sum(mentions(t, words) for t in plain) / len(plain)
+            point = measure.at(sae_id, feature, strength, words)
+            base = concept_rate(measure.plain, words)
             print(f"  steer {name}={strength:g} (feature {feature}: {index.labels[feature]}; words "
-                  f"{', '.join(words)}): mentions {hit:.0%} "
-                  f"steered vs {base:.0%} unsteered; log-prob {lp:.3f} ({lp - plain_lp:+.3f} vs unsteered, "
-                  f"bound -{FLUENCY_BOUND}); e.g. {steered[0][:90]!r}")
+                  f"{', '.join(words)}): mentions {point.rate:.0%} "
+                  f"steered vs {base:.0%} unsteered; log-prob {point.logprob:.3f} ({point.fluency:+.3f} vs "
+                  f"unsteered, bound -{FLUENCY_BOUND}); e.g. {point.example[:90]!r}")
     finally:
         control.detach_all()
 

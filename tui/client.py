@@ -11,14 +11,19 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import unquote
 
 from millm.sae.cards import FeatureCard
 from millm.steering.rung import rung_language
 
+if TYPE_CHECKING:
+    from millm.steering.sweep import SweepResult
+
 READOUT_TOP_K = 5
 """Features kept per generated token for the activation strip."""
+SWEEP_STRENGTHS, SWEEP_PROMPTS, SWEEP_TOKENS = (0.0, 20.0, 40.0, 60.0, 80.0), 4, 24
+"""The TUI's short sweep (``s`` on the strength dial); ``millm steer sweep`` measures at length."""
 
 
 @dataclass(frozen=True)
@@ -138,6 +143,8 @@ class Client(Protocol):
     async def labels(self, sae_id: str) -> dict[int, str]: ...
 
     async def feature(self, sae_id: str, index: int) -> FeatureCard: ...
+
+    async def sweep(self, sae_id: str, index: int) -> SweepResult: ...
 
     async def steering(self) -> SteeringState: ...
 

@@ -12,7 +12,7 @@ import math
 
 from millm.errors import InvalidParameter
 from millm.steering.intensity import DEFAULT_DIAL, ENVELOPE, Dial, Symbol, parse_intensity
-from millm.steering.values import clamp
+from millm.steering.values import STRENGTH_LIMIT, clamp
 
 STRENGTH_STEP = 5.0
 STRENGTH_LARGE_STEP = 25.0
@@ -39,6 +39,14 @@ def edit_typed(typed: str, key: str, character: str | None,
 def step_strength(strength: float, delta: float) -> float:
     """One arrow press on a strength: moved by ``delta`` and clamped as the engine clamps."""
     return clamp(round(strength + delta, 6))
+
+
+def large_step(recommended: float | None) -> float:
+    """The dial's ⇧ step for a feature: the size of its recommended strength (``millm steer sweep --save``), so
+    one ⇧→ from 0 lands on it; STRENGTH_LARGE_STEP for a feature never measured."""
+    if recommended is None or not math.isfinite(recommended) or recommended == 0:
+        return STRENGTH_LARGE_STEP
+    return min(abs(clamp(recommended)), STRENGTH_LIMIT)
 
 
 def parse_strength(text: str) -> float:

@@ -28,6 +28,9 @@ from millm.sae.labels import LabelIndex
 from millm.steering.rung import rung_language
 from millm.steering.target import SteeringTarget
 from tui.client import (
+    SWEEP_PROMPTS,
+    SWEEP_STRENGTHS,
+    SWEEP_TOKENS,
     ChatEvent,
     ChatResult,
     Done,
@@ -42,6 +45,7 @@ from tui.client import (
 
 if TYPE_CHECKING:
     from millm.steering.service import SteeringService
+    from millm.steering.sweep import SweepResult
 
 class LocalClient:
     """miLLM in this process, on ``engine`` (steering persisted through ``service``)."""
@@ -95,6 +99,20 @@ class LocalClient:
         label = self.service.store.label(sae_id, index)
         return await asyncio.to_thread(read_card, record["path"], index, int(record["d_sae"]), name=record["name"],
                                        labels={index: label} if label is not None else {})
+
+    async def sweep(self, sae_id: str, index: int) -> SweepResult:
+        """The TUI's short sweep of one feature (``SWEEP_*``), as a command on the engine thread: no answer runs
+        meanwhile, and afterwards the attachments and values are as they were."""
+        from millm.steering.sweep import sweep_feature
+
+        target, engine = self.target(), self.engine
+        label = self.service.store.label(sae_id, index) or ""
+        model, tokenizer = getattr(engine, "model", None), getattr(engine, "tokenizer", None)
+        if model is None or tokenizer is None:
+            raise InvalidParameter(f"'{engine.model_id}' has no transformers model to sweep.", param="sweep")
+        return await self.worker.command(lambda: sweep_feature(
+            self.service, target, model, tokenizer, sae_id, index, label=label, strengths=SWEEP_STRENGTHS,
+            prompts=SWEEP_PROMPTS, tokens=SWEEP_TOKENS))
 
     # live values
     async def steering(self) -> SteeringState:

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 import httpx
 
 from millm.builder import build_chat
 from millm.config import get_settings
-from millm.errors import MillmError
+from millm.errors import InvalidParameter, MillmError
 from millm.sae.cards import FeatureCard
 from millm.steering.names import steering_label
 from tui.client import (
@@ -33,6 +33,9 @@ from tui.client import (
     readout_tokens,
     rung_phrase,
 )
+
+if TYPE_CHECKING:
+    from millm.steering.sweep import SweepResult
 
 INTENSITY_HEADER = "x-millm-steering-intensity"
 RUNG_HEADER = "x-millm-circuit-rung"
@@ -123,6 +126,10 @@ class RemoteClient:
 
     async def feature(self, sae_id: str, index: int) -> FeatureCard:
         return FeatureCard.from_json(await self._call("GET", f"/api/saes/{_q(sae_id)}/features/{index}"))
+
+    async def sweep(self, sae_id: str, index: int) -> SweepResult:
+        raise InvalidParameter("A sweep runs the model in this process: use `millm tui` without --url, or "
+                               f"`millm steer sweep {index} --sae {sae_id}` where the server runs.", param="sweep")
 
     # live values
     async def steering(self) -> SteeringState:

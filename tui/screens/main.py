@@ -25,6 +25,7 @@ from tui.client import READOUT_TOP_K, ChatResult, Client, Done, Feature, ModelIn
 from tui.screens.card import CardScreen
 from tui.screens.profiles import ProfilesOutcome, ProfilesScreen
 from tui.screens.prompt import TextPrompt
+from tui.screens.sweep import SweepScreen
 from tui.session import Conversation, Steer, chat_body, compare_bodies, sampling_fields
 from tui.widgets.activation_strip import ActivationStrip
 from tui.widgets.chat_log import ChatLog
@@ -274,6 +275,38 @@ class MainScreen(Screen[None]):
         dial = self.query_one(StrengthDial)
         dial.show(feature, value)
         dial.focus()
+        self.recommended_step(feature)
+
+    @work(exclusive=True, group="recommended")
+    async def recommended_step(self, feature: Feature) -> None:
+        """The dial's ⇧ step from the feature's recommended strength, when its card has one."""
+        try:
+            card = await self.client.feature(feature.sae_id, feature.index)
+        except MillmError:
+            return
+        dial = self.query_one(StrengthDial)
+        if dial.feature == feature:
+            dial.recommended = card.recommended_strength
+
+    def on_strength_dial_sweep(self, message: StrengthDial.Sweep) -> None:
+        if self.busy:
+            self.notify(f"wait until {self.busy} is done", severity="warning", title="not swept")
+            return
+        self._busy("sweeping")
+        self.run_sweep(message.feature)
+
+    @work(exclusive=True, group="answer")
+    async def run_sweep(self, feature: Feature) -> None:
+        """A short sweep of the feature (no answer runs meanwhile), shown in a modal."""
+        self.notify(f"sweeping feature {feature.index} ...", title="sweep")
+        try:
+            result = await self.client.sweep(feature.sae_id, feature.index)
+        except MillmError as exc:
+            self.notify(exc.message, severity="error", title="not swept")
+            return
+        finally:
+            self._busy("")
+        await self.app.push_screen(SweepScreen(result))
 
     def on_feature_search_chosen(self, message: FeatureSearch.Chosen) -> None:
         self._dial(message.feature)

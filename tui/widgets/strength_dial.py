@@ -16,7 +16,7 @@ from textual.widget import Widget
 from millm.errors import InvalidParameter
 from millm.steering.values import STRENGTH_LIMIT
 from tui.client import Feature
-from tui.dials import STRENGTH_LARGE_STEP, STRENGTH_STEP, edit_typed, parse_strength, step_strength
+from tui.dials import STRENGTH_LARGE_STEP, STRENGTH_STEP, edit_typed, large_step, parse_strength, step_strength
 from tui.widgets.gauge import gauge
 
 TYPED = frozenset("0123456789.-+")
@@ -28,15 +28,17 @@ class StrengthDial(Widget, can_focus=True):
     BINDINGS = [
         Binding("right,up", f"step({STRENGTH_STEP})", f"+{STRENGTH_STEP:g}"),
         Binding("left,down", f"step({-STRENGTH_STEP})", f"-{STRENGTH_STEP:g}"),
-        Binding("shift+right,shift+up", f"step({STRENGTH_LARGE_STEP})", f"+{STRENGTH_LARGE_STEP:g}"),
-        Binding("shift+left,shift+down", f"step({-STRENGTH_LARGE_STEP})", f"-{STRENGTH_LARGE_STEP:g}"),
+        Binding("shift+right,shift+up", "step_large(1)", f"+{STRENGTH_LARGE_STEP:g}"),
+        Binding("shift+left,shift+down", "step_large(-1)", f"-{STRENGTH_LARGE_STEP:g}"),
         Binding("delete,backspace", "remove", "remove"),
+        Binding("s", "sweep", "sweep its strengths", show=False),
     ]
     TYPING = "type a number and Enter to set it (0 removes); Esc drops it"
 
     feature: reactive[Feature | None] = reactive(None)
     value: reactive[float] = reactive(0.0)
     typed: reactive[str] = reactive("")
+    recommended: reactive[float | None] = reactive(None)  # the feature's measured strength, when known
 
     class Set(Message):
         """Set ``feature``'s strength (0 removes it)."""
@@ -45,6 +47,13 @@ class StrengthDial(Widget, can_focus=True):
             super().__init__()
             self.feature = feature
             self.strength = strength
+
+    class Sweep(Message):
+        """Sweep ``feature`` over strengths (``millm steer sweep``'s measures)."""
+
+        def __init__(self, feature: Feature) -> None:
+            super().__init__()
+            self.feature = feature
 
     class Refused(Message):
         """A typed value that is not a strength."""
@@ -58,6 +67,7 @@ class StrengthDial(Widget, can_focus=True):
         self.feature = feature
         self.value = value
         self.typed = ""
+        self.recommended = None
 
     def _set(self, strength: float) -> None:
         if self.feature is None:
@@ -67,6 +77,13 @@ class StrengthDial(Widget, can_focus=True):
 
     def action_step(self, delta: float) -> None:
         self._set(step_strength(self.value, delta))
+
+    def action_step_large(self, sign: int) -> None:
+        self._set(step_strength(self.value, sign * large_step(self.recommended)))
+
+    def action_sweep(self) -> None:
+        if self.feature is not None:
+            self.post_message(self.Sweep(self.feature))
 
     def action_remove(self) -> None:
         self._set(0.0)
@@ -103,6 +120,9 @@ class StrengthDial(Widget, can_focus=True):
                             (f" +{limit} ", "dim"), (value, style))
         if self.typed:
             foot = Text.assemble(("set: ", "bold"), (self.typed + "▏", "reverse"), ("  Enter sets, Esc drops", "dim"))
+        elif self.recommended is not None:
+            foot = Text(f"←→ ±{STRENGTH_STEP:g}  ⇧ ±{large_step(self.recommended):g} (recommended "
+                        f"{self.recommended:g})  0-9 set  Del removes  s sweep", style="dim")
         else:
             foot = Text(f"←→ ±{STRENGTH_STEP:g}  ⇧ ±{STRENGTH_LARGE_STEP:g}  0-9 set  Del removes", style="dim")
         return Text("\n").join([head, bar, foot])

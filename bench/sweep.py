@@ -1,0 +1,92 @@
+"""Strength sweeps for ten everyday concepts on the bundled layer-10 SAE: how many reach the steering target.
+
+    python bench/sweep.py                                   # the figures: 20 prompts, 48 tokens
+    python bench/sweep.py --prompts 2 --tokens 16 --concept rain --concept dog   # a quick check
+
+For each concept in CONCEPTS (fixed before any result was seen), the top label-search hit on
+smollm2-135m-res-L10 (``LabelIndex.search``, what ``millm sae features --search`` lists first) is swept at
+STRENGTHS with ``millm.steering.sweep`` (the measures of ``millm steer sweep`` and bench/sae_quality.py:
+seeded sampled answers to the neutral prompts, concept rate over the label's words, fluency against the
+unsteered answers, bound -1.5 nats/token). Printed per concept: the feature, its label, the recommended
+strength and the rate and fluency at it; last, how many of the ten reach >= 60% inside the fluency bound.
+The SAE is attached to the loaded model for the run only; nothing is registered or persisted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from millm.config import get_settings
+from millm.engine.loader import load
+from millm.registry import BUNDLED_ID, resolve
+from millm.sae.bundled import bundled_saes
+from millm.sae.formats import load_sae
+from millm.sae.labels import LabelIndex
+from millm.steering.controller import Steering
+from millm.steering.sweep import (
+    FLUENCY_BOUND,
+    MAX_NEW_TOKENS,
+    NEUTRAL_PROMPTS,
+    SEED,
+    TARGET_RATE,
+    Measure,
+    label_words,
+    run_sweep,
+)
+
+SAE = "smollm2-135m-res-L10"
+# ten everyday concepts, none of bench/sae_quality.py's (music, ocean, weather, trees, waves, ship, planet,
+# dreams, fire), written down before any sweep was run
+CONCEPTS = ("rain", "dog", "food", "money", "car", "city", "winter", "book", "sport", "garden")
+STRENGTHS = (20.0, 40.0, 60.0, 80.0, 100.0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--prompts", type=int, default=len(NEUTRAL_PROMPTS), help="first N neutral prompts")
+    parser.add_argument("--tokens", type=int, default=MAX_NEW_TOKENS, help="tokens per answer")
+    parser.add_argument("--seed", type=int, default=SEED)
+    parser.add_argument("--concept", action="append", choices=CONCEPTS,
+                        help="only this concept of the list (repeatable; a quick check, not the figure)")
+    args = parser.parse_args()
+    concepts = [c for c in CONCEPTS if not args.concept or c in args.concept]
+    settings = get_settings()
+    model, tokenizer, _, _ = load(resolve(BUNDLED_ID, settings), settings)
+    bundled = next(b for b in bundled_saes() if b.id == SAE)
+    index = LabelIndex.load(bundled.path, SAE)
+    control = Steering(model)
+    started = time.perf_counter()
+    measure = Measure(model, tokenizer, control, NEUTRAL_PROMPTS[:args.prompts], args.seed, args.tokens)
+    control.attach(SAE, load_sae(bundled.path).sae, bundled.layer)
+    print(f"{SAE} (layer {bundled.layer}): {len(measure.prompts)} prompts, {args.tokens} tokens, seed {args.seed}, "
+          f"strengths {', '.join(f'{s:g}' for s in STRENGTHS)}; unsteered log-prob {measure.plain_logprob:.3f}")
+    reached = 0
+    try:
+        for concept in concepts:
+            hits = index.search(concept, 1)
+            if not hits:
+                print(f"  {concept}: no feature label contains it")
+                continue
+            hit = hits[0]
+            result = run_sweep(measure, SAE, bundled.layer, hit.index, hit.label, label_words(hit.label) or (concept,),
+                               STRENGTHS)
+            best = result.point(result.recommended)
+            rates = " ".join(f"{p.strength:g}:{p.rate:.0%}/{p.fluency:+.2f}" for p in result.points)
+            if best is None:
+                print(f"  {concept}: feature {hit.index} ({hit.label}): no recommended strength "
+                      f"(unsteered {result.unsteered_rate:.0%}; {rates})")
+                continue
+            ok = best.rate >= TARGET_RATE and best.inside
+            reached += ok
+            print(f"  {concept}: feature {hit.index} ({hit.label}): recommended {best.strength:g}: "
+                  f"rate {best.rate:.0%} (unsteered {result.unsteered_rate:.0%}), fluency {best.fluency:+.2f}"
+                  f"{'' if ok else ' (below the target)'}; all: {rates}")
+    finally:
+        control.detach_all()
+    print(f"{reached} of {len(concepts)} reach >= {TARGET_RATE:.0%} inside the fluency bound (-{FLUENCY_BOUND:g} "
+          f"nats/token); {time.perf_counter() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

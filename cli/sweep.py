@@ -1,0 +1,139 @@
+"""``millm steer sweep``: one feature at a range of strengths; concept rate, fluency and a recommended strength.
+
+The measures are ``millm.steering.sweep``'s (the ones ``bench/sae_quality.py`` reports). The SAE is attached
+for the sweep only (``millm chat --sae``'s session, ``millm.local.chat_steering``), every live value is
+cleared meanwhile, and afterwards attachments, values, the enabled flag and the active profile are as
+before; nothing is persisted, except the recommended strength with ``--save``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.table import Column, Table
+from rich.text import Text
+
+from cli.common import engine_for, err, out, reports_errors, steerable, steering_service
+from cli.sae_train import steer_assignments
+from millm.errors import InvalidParameter
+
+if TYPE_CHECKING:
+    from millm.steering.service import SteeringService
+    from millm.steering.sweep import SweepResult
+    from millm.steering.target import SteeringTarget
+
+DEFAULT_SAE = "smollm2-135m-res-L10"
+
+
+def sweep_sae(service: SteeringService, target: SteeringTarget, ref: str | None) -> str:
+    """The SAE to sweep: ``--sae`` (an id or name, or an SAE folder: its registration, else registered now as
+    ``millm sae add`` does), else the one attached SAE, else the bundled ``smollm2-135m-res-L10``."""
+    from cli.sae_read import sae_id_of
+    from millm.sae.bundled import register_bundled
+
+    register_bundled(service.store)
+    if ref is not None:
+        if service.store.sae(ref) is None and Path(ref).expanduser().exists():
+            path = str(Path(ref).expanduser().resolve())
+            known = [r["id"] for r in service.store.saes() if r["path"] == path]  # registered already, any id
+            return str(known[0]) if known else str(service.register_sae(path)["id"])
+        return sae_id_of(service, ref)
+    attached = list(target.steering.attachments)
+    if len(attached) > 1:
+        raise InvalidParameter(f"{len(attached)} SAEs are attached ({', '.join(attached)}); name one with --sae.",
+                               param="sae")
+    return attached[0] if attached else DEFAULT_SAE
+
+
+def result_table(result: SweepResult) -> Table:
+    recommended = result.recommended
+    title = (f"feature {result.feature} ({result.label or 'no label'}) on {result.sae} L{result.layer}: "
+             f"{result.prompts} prompts, {result.tokens} tokens, seed {result.seed}")
+    table = Table("strength", "concept rate", "fluency Δ", "inside bound?",
+                  Column("e.g. (first answer)", no_wrap=True, overflow="ellipsis", max_width=60),
+                  title=Text(title))  # labels and answers are never markup
+    for p in result.points:
+        mark = " ←" if p.strength == recommended else ""
+        table.add_row(f"{p.strength:g}{mark}", f"{p.rate:.0%}", f"{p.fluency:+.2f}",
+                      "yes" if p.inside else "no", Text(p.example.replace("\n", " ")))
+    return table
+
+
+def sweep(
+    feature: Annotated[str, typer.Argument(help="Feature index or label (as chat --steer names it).")],
+    strengths: Annotated[str, typer.Option(help="Comma-separated strengths.")] = "0,20,40,60,80",
+    prompts: Annotated[int, typer.Option(help="Neutral prompts, one seeded sampled answer each (1-20).")] = 8,
+    sae: Annotated[str | None, typer.Option(help="SAE id, name or folder (default: the one attached, else "
+                                                 f"{DEFAULT_SAE}).")] = None,
+    layer: Annotated[int | None, typer.Option(help="Layer for --sae (default: where it is attached, else its "
+                                                   "hint).")] = None,
+    tokens: Annotated[int, typer.Option(help="Tokens per answer.")] = 48,
+    seed: Annotated[int, typer.Option(help="Sampling seed.")] = 0,
+    concept: Annotated[list[str] | None, typer.Option(help="A word that counts as mentioning the concept "
+                                                           "(repeatable; default: the label's words).")] = None,
+    png: Annotated[Path | None, typer.Option("--out", help="Write a PNG bar chart of the concept rates here.")
+                   ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the sweep as JSON.")] = False,
+    save: Annotated[bool, typer.Option(help="Store the recommended strength in the SAE's features.jsonl "
+                                            "(writable SAE folders only).")] = False,
+    model: Annotated[str | None, typer.Option(help="Model id (default: the configured one).")] = None,
+) -> None:
+    """Sweep a feature over strengths: how often answers to neutral prompts mention its concept, what it costs
+    in fluency (log-prob under the unsteered model, bound -1.5 nats/token), and the recommended strength."""
+    from millm.sae.cards import check_index, folder_of
+    from millm.sae.labels import LabelIndex
+    from millm.steering.sweep import (
+        bar_lines,
+        parse_strengths,
+        save_recommendation,
+        saveable,
+        sweep_feature,
+        write_png,
+    )
+
+    values = parse_strengths(strengths)
+    service = steering_service()
+    engine = engine_for(model)
+    target = steerable(engine)
+    sae_id = sweep_sae(service, target, sae)
+    folder = folder_of(service.sae(sae_id)["path"])
+    (index,) = steer_assignments([f"{feature}=1"], sae_id, target.model_id)  # labels as chat --steer reads them
+    check_index(index, int(service.sae(sae_id)["d_sae"]), sae_id)
+    label = LabelIndex.load(folder, sae_id).labels.get(index, "")
+    if save:
+        saveable(folder)  # refused before the sweep runs, not after
+    words = tuple(w.strip().lower() for w in concept or [] if w.strip())
+    model_obj, tokenizer = getattr(engine, "model", None), getattr(engine, "tokenizer", None)
+    if model_obj is None or tokenizer is None:
+        raise InvalidParameter(f"'{engine.model_id}' has no transformers model to sweep.", param="model")
+    with err.status(f"sweeping feature {index} on {sae_id} ..."):
+        result = sweep_feature(service, target, model_obj, tokenizer, sae_id, index, label=label, words=words,
+                               strengths=values, prompts=prompts, seed=seed, tokens=tokens, layer=layer)
+    recommended = result.recommended
+    if as_json:
+        out.print(json.dumps(result.to_json(), indent=2), markup=False)
+    else:
+        out.print(result_table(result))
+        for line in bar_lines(result.points, bound=result.bound):
+            out.print(line, markup=False)
+        out.print(f"unsteered: concept rate {result.unsteered_rate:.0%}, log-prob {result.unsteered_logprob:.3f} "
+                  f"nats/token; concept words: {', '.join(result.words)}", markup=False)
+        out.print(f"recommended strength: {recommended:g}" if recommended is not None else
+                  f"recommended strength: none (no strength mentions the concept inside the fluency bound "
+                  f"-{result.bound:g})", markup=False)
+    if png is not None:
+        write_png(png, result.points, result.target)
+        err.print(f"plot written to {png}", markup=False)
+    if save:
+        if recommended is None:
+            raise InvalidParameter("Nothing saved: this sweep recommends no strength.", param="save")
+        path = save_recommendation(folder, index, recommended, label)
+        err.print(f"recommended_strength {recommended:g} saved for feature {index} in {path}", markup=False)
+
+
+def register(steer_app: typer.Typer) -> None:
+    """Add ``sweep`` to ``millm steer``."""
+    steer_app.command("sweep")(reports_errors(sweep))

@@ -1,0 +1,372 @@
+"""Strength sweeps: how often a steered feature's concept shows up in answers, and what it costs in fluency.
+
+The one place these measures live (``millm steer sweep``, ``bench/sae_quality.py`` and ``bench/sweep.py``
+all use them):
+
+- answers: one seeded sampled answer per neutral prompt (``NEUTRAL_PROMPTS``), as one batch, sampled by
+  ``millm.sae.corpus.sample_answers`` (temperature 0.8, top-p 0.95, repetition penalty 1.15), with whatever
+  steering the model's hooks hold;
+- concept rate: the share of answers that mention a concept word (:func:`mentions`: the word, or its plural,
+  as a whole word, any case);
+- fluency: the steered answers' mean token log-probability under the unsteered model, minus the unsteered
+  answers' own (nats/token); inside the bound when it is >= ``-FLUENCY_BOUND``;
+- the recommended strength (:func:`recommend`): the lowest steering strength whose rate reaches
+  ``TARGET_RATE`` inside the fluency bound, else the one with the highest (non-zero) rate inside the bound,
+  else none.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import struct
+import tempfile
+import zlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from millm.errors import InvalidParameter
+
+NEUTRAL_PROMPTS = (
+    "Tell me about your day.", "What should I do this weekend?", "Write a short paragraph about anything you like.",
+    "Give me some advice for tomorrow.", "Tell me a short story.", "What is your favourite thing?",
+    "What did you learn today?", "Write a few sentences about life.", "What makes a good morning?",
+    "Tell me something interesting.", "How do you relax?", "What would you do with a free afternoon?",
+    "Write a short note to a friend.", "What are you thinking about?", "Describe an ordinary day.",
+    "Tell me about a memory.", "What is something you like?", "Write about something that makes you smile.",
+    "Plan a simple day for me.", "Say something nice.",
+)
+FLUENCY_BOUND = 1.5  # nats/token the steered answers may lose against the unsteered answers' own log-prob
+TARGET_RATE = 0.6  # share of answers that should mention the concept
+SEED = 0
+MAX_NEW_TOKENS = 48
+STRENGTHS = (0.0, 20.0, 40.0, 60.0, 80.0)
+
+
+# concept words and mentions
+def _is_word(term: str) -> bool:
+    return term.isalpha() and len(term) >= 3
+
+
+def label_words(label: str) -> tuple[str, ...]:
+    """A label's terms (``"rain, storm, weather"``) that are words: what counts as mentioning its concept."""
+    terms = (t.strip().lower() for t in label.split(","))
+    return tuple(dict.fromkeys(t for t in terms if _is_word(t)))
+
+
+def top_token_words(row: dict[str, Any]) -> tuple[str, ...]:
+    """A ``features.jsonl`` row's top tokens that are words (what bench/sae_quality.py counts as mentions)."""
+    return tuple(str(t) for t, _ in row.get("top_tokens") or [] if _is_word(str(t)))
+
+
+def mentions(text: str, words: Iterable[str]) -> bool:
+    """A word, or its plural, as a whole word (any case)."""
+    return any(re.search(rf"\b{re.escape(w)}(s|es)?\b", text, re.IGNORECASE) for w in words)
+
+
+def concept_rate(answers: Sequence[str], words: Iterable[str]) -> float:
+    """The share of ``answers`` that mention one of ``words``."""
+    words = tuple(words)
+    return sum(mentions(a, words) for a in answers) / len(answers) if answers else 0.0
+
+
+# measuring
+def mean_logprob(model: Any, tokenizer: Any, prompts: Sequence[str], answers: Sequence[str]) -> float:
+    """Mean log-probability per answer token under ``model`` as its hooks are now (teacher forced)."""
+    import torch
+
+    from millm.sae.corpus import _chat_text
+
+    total, count = 0.0, 0
+    with torch.inference_mode():
+        device = next(model.parameters()).device
+        for prompt, answer in zip(prompts, answers):
+            head = tokenizer(_chat_text(tokenizer, prompt), add_special_tokens=False)["input_ids"]
+            body = tokenizer(answer, add_special_tokens=False)["input_ids"]
+            if not body:
+                continue
+            ids = torch.tensor([head + body], device=device)
+            logp = model(input_ids=ids, use_cache=False).logits[0, len(head) - 1:-1].float().log_softmax(-1)
+            total += float(logp.gather(-1, torch.tensor(body, device=device).unsqueeze(-1)).sum())
+            count += len(body)
+    return total / max(1, count)
+
+
+@dataclass(frozen=True)
+class Point:
+    """One strength of a sweep."""
+
+    strength: float
+    rate: float  # share of answers that mention the concept
+    logprob: float  # the answers' mean token log-prob under the unsteered model
+    fluency: float  # logprob minus the unsteered answers' own (nats/token; 0 unsteered)
+    inside: bool  # fluency >= -FLUENCY_BOUND
+    example: str = ""  # the first answer
+
+
+@dataclass
+class SweepResult:
+    sae: str
+    layer: int
+    feature: int
+    label: str
+    words: tuple[str, ...]
+    prompts: int
+    tokens: int
+    seed: int
+    unsteered_rate: float
+    unsteered_logprob: float
+    points: list[Point] = field(default_factory=list)
+    bound: float = FLUENCY_BOUND
+    target: float = TARGET_RATE
+
+    @property
+    def recommended(self) -> float | None:
+        return recommend(self.points, self.target, self.bound)
+
+    def point(self, strength: float | None) -> Point | None:
+        return next((p for p in self.points if p.strength == strength), None)
+
+    def to_json(self) -> dict[str, Any]:
+        body = asdict(self)
+        body["words"] = list(self.words)
+        body["recommended_strength"] = self.recommended
+        return body
+
+
+def recommend(points: Sequence[Point], target: float = TARGET_RATE, bound: float = FLUENCY_BOUND) -> float | None:
+    """The lowest strength (by size; 0 steers nothing and is never recommended) whose concept rate reaches
+    ``target`` with fluency inside ``-bound``; else the strength with the highest non-zero rate inside the
+    bound (the lower on a tie); else None."""
+    steered = sorted((p for p in points if p.strength != 0 and p.fluency >= -bound), key=lambda p: abs(p.strength))
+    reached = [p for p in steered if p.rate >= target]
+    if reached:
+        return reached[0].strength
+    best = max(steered, key=lambda p: p.rate, default=None)  # max keeps the first (lowest) of equals
+    return best.strength if best is not None and best.rate > 0 else None
+
+
+class Measure:
+    """Answers to the first ``prompts`` neutral prompts, steered however the hooks are set, measured against
+    the unsteered answers (sampled and scored once, with every SAE's steering suppressed)."""
+
+    def __init__(self, model: Any, tokenizer: Any, steering: Any, prompts: Sequence[str] = NEUTRAL_PROMPTS,
+                 seed: int = SEED, tokens: int = MAX_NEW_TOKENS, bound: float = FLUENCY_BOUND) -> None:
+        self.model, self.tokenizer, self.steering = model, tokenizer, steering
+        self.prompts, self.seed, self.tokens, self.bound = tuple(prompts), seed, tokens, bound
+        with steering.suppressed():
+            self.plain = self.answers()
+            self.plain_logprob = self.unsteered_logprob(self.plain)
+
+    def answers(self) -> list[str]:
+        from millm.sae.corpus import sample_answers
+
+        return sample_answers(self.model, self.tokenizer, list(self.prompts), self.seed, self.tokens)
+
+    def unsteered_logprob(self, answers: Sequence[str]) -> float:
+        with self.steering.suppressed():
+            return mean_logprob(self.model, self.tokenizer, self.prompts, answers)
+
+    def at(self, sae_id: str, feature: int, strength: float, words: Iterable[str]) -> Point:
+        """``feature`` alone steered at ``strength`` on ``sae_id`` (every other value cleared), then cleared."""
+        self.steering.clear()
+        self.steering.set_values(sae_id, {feature: strength} if strength else {}, merge=False)
+        try:
+            steered = self.answers()
+        finally:
+            self.steering.clear()
+        lp = self.unsteered_logprob(steered)
+        fluency = lp - self.plain_logprob
+        return Point(strength, concept_rate(steered, words), lp, fluency, fluency >= -self.bound,
+                     steered[0] if steered else "")
+
+
+@contextmanager
+def isolated(steering: Any) -> Iterator[None]:
+    """Every live value cleared and steering enabled for the block; afterwards the values, the enabled flag
+    and the active profile are what they were (on the controller only: nothing is persisted)."""
+    values = {a.sae_id: dict(a.values) for a in steering.attachments.values()}
+    active, enabled = steering.active_profile, steering.enabled
+    steering.clear()
+    steering.set_enabled(True)
+    try:
+        yield
+    finally:
+        steering.clear()
+        if active is not None:
+            steering.activate(active, {s: v for s, v in values.items() if s in steering.attachments})
+        else:
+            for sae_id, vals in values.items():
+                if sae_id in steering.attachments and vals:
+                    steering.set_values(sae_id, vals, merge=False)
+        steering.set_enabled(enabled)
+
+
+def run_sweep(measure: Measure, sae_id: str, layer: int, feature: int, label: str, words: Sequence[str],
+              strengths: Sequence[float], on_point: Callable[[Point], None] | None = None) -> SweepResult:
+    """``feature`` of ``sae_id`` (attached at ``layer`` on ``measure``'s steering) at each strength."""
+    if not words:
+        raise InvalidParameter(f"Feature {feature} has no label words to look for; name them with --concept.",
+                               param="concept")
+    words = tuple(w.lower() for w in words)
+    result = SweepResult(sae_id, layer, feature, label, words, len(measure.prompts), measure.tokens, measure.seed,
+                         concept_rate(measure.plain, words), measure.plain_logprob, bound=measure.bound)
+    for strength in strengths:
+        point = measure.at(sae_id, feature, strength, words)
+        result.points.append(point)
+        if on_point is not None:
+            on_point(point)
+    return result
+
+
+def sweep_feature(service: Any, target: Any, model: Any, tokenizer: Any, sae_id: str, feature: int, *,
+                  label: str = "", words: Sequence[str] = (), strengths: Sequence[float] = STRENGTHS,
+                  prompts: int = 8, seed: int = SEED, tokens: int = MAX_NEW_TOKENS, layer: int | None = None,
+                  on_point: Callable[[Point], None] | None = None) -> SweepResult:
+    """A sweep on a loaded model (``target``, a ``SteeringTarget`` of ``service``'s registry): ``sae_id`` is
+    attached for the sweep only (``millm chat --sae``'s session: at ``layer``, default where it is attached,
+    else its hint; an SAE on that layer set aside), every live value is cleared meanwhile, and afterwards
+    attachments, values, the enabled flag and the active profile are as they were; nothing is persisted.
+    ``words`` default to the label's (:func:`label_words`)."""
+    from millm.local import chat_steering
+
+    if not 1 <= prompts <= len(NEUTRAL_PROMPTS):
+        raise InvalidParameter(f"--prompts must be 1-{len(NEUTRAL_PROMPTS)}.", param="prompts")
+    if not 1 <= tokens <= 512:
+        raise InvalidParameter("--tokens must be 1-512.", param="tokens")
+    words = tuple(words) or label_words(label)
+    if not words:
+        raise InvalidParameter(f"Feature {feature} has no label words to look for; name them with --concept.",
+                               param="concept")
+    steering = target.steering
+    with chat_steering(service, target, sae_id, layer, {}, None), isolated(steering):
+        measure = Measure(model, tokenizer, steering, NEUTRAL_PROMPTS[:prompts], seed, tokens)
+        return run_sweep(measure, sae_id, steering.attachments[sae_id].layer, feature, label, words, strengths,
+                         on_point)
+
+
+def parse_strengths(text: str) -> list[float]:
+    """``"0,20,40"`` as strengths (each within ±200, no repeats)."""
+    try:
+        values = [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise InvalidParameter(f"--strengths '{text}' is not a comma-separated list of numbers.",
+                               param="strengths") from None
+    if not values or any(not -200 <= v <= 200 for v in values) or len(set(values)) != len(values):
+        raise InvalidParameter(f"--strengths '{text}': give distinct numbers within -200..200.", param="strengths")
+    return values
+
+
+# the recommendation, stored
+def saveable(folder: str | Path) -> Path:
+    """The ``features.jsonl`` a recommended strength can be written into; refused for an SAE without the file,
+    a folder or file not writable, or an SAE shipped inside the package (measure a copy of it instead)."""
+    from millm.sae.bundled import BUNDLED_DIR
+    from millm.sae.cards import FEATURES_FILE, folder_of
+
+    base = folder_of(folder)
+    path = base / FEATURES_FILE
+    if base.resolve().is_relative_to(BUNDLED_DIR.resolve()):
+        raise InvalidParameter(f"{base.name} ships inside the package and is not changed by --save: copy its folder "
+                               f"({base}) somewhere of yours and sweep it with --sae FOLDER --save.", param="save")
+    if not path.is_file():
+        raise InvalidParameter(f"{base} has no {FEATURES_FILE} to record the recommended strength in.", param="save")
+    if not (os.access(base, os.W_OK) and os.access(path, os.W_OK)):
+        raise InvalidParameter(f"{path} is not writable here: the recommended strength was not saved "
+                               "(copy the SAE to a folder of yours and register that).", param="save")
+    return path
+
+
+def save_recommendation(folder: str | Path, feature: int, strength: float, label: str = "") -> Path:
+    """Write ``recommended_strength`` into feature ``feature``'s row of the SAE's ``features.jsonl`` (a row is
+    added for a feature that has none); refused where :func:`saveable` refuses."""
+    from millm.sae.cards import MEASURED_KEY
+
+    path = saveable(folder)
+    base = path.parent
+    lines = path.read_text(encoding="utf-8").splitlines()
+    found = False
+    for n, line in enumerate(lines):
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        if int(row.get("index", -1)) == feature:
+            row[MEASURED_KEY] = strength
+            lines[n] = json.dumps(row, ensure_ascii=False)
+            found = True
+    if not found:
+        lines.append(json.dumps({"index": feature, "label": label, MEASURED_KEY: strength}, ensure_ascii=False))
+    fd, tmp = tempfile.mkstemp(dir=base, prefix=".features-", suffix=".jsonl")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write("\n".join(lines) + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+# plots
+def bar_lines(points: Sequence[Point], width: int = 30, bound: float = FLUENCY_BOUND) -> list[str]:
+    """A text plot: one bar per strength, its length the concept rate."""
+    shown = [f"{p.strength:g}" for p in points]
+    pad = max((len(s) for s in shown), default=1)
+    lines = []
+    for s, p in zip(shown, points):
+        bar = "█" * round(p.rate * width)
+        mark = "inside" if p.inside else f"past -{bound:g}"
+        lines.append(f"{s:>{pad}} │{bar:<{width}}│ {p.rate:4.0%}  fluency {p.fluency:+.2f} ({mark})")
+    return lines
+
+
+def _chunk(kind: bytes, data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+
+def png_bytes(pixels: Sequence[Sequence[tuple[int, int, int]]]) -> bytes:
+    """An 8-bit RGB PNG of ``pixels`` (rows of (r, g, b))."""
+    height, width = len(pixels), len(pixels[0]) if pixels else 0
+    raw = b"".join(b"\x00" + bytes(c for px in row for c in px) for row in pixels)
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    body = _chunk(b"IHDR", header) + _chunk(b"IDAT", zlib.compress(raw, 9)) + _chunk(b"IEND", b"")
+    return b"\x89PNG\r\n\x1a\n" + body
+
+
+GREEN, RED, GREY, WHITE, BLUE = (46, 160, 67), (207, 34, 46), (200, 200, 200), (255, 255, 255), (9, 105, 218)
+
+
+def bar_chart(points: Sequence[Point], target: float = TARGET_RATE, bar: int = 40, gap: int = 16,
+              height: int = 200, margin: int = 20) -> list[list[tuple[int, int, int]]]:
+    """Pixels of a bar chart: a bar per strength (in order), its height the concept rate, green inside the
+    fluency bound and red past it; a grey line at 0% and 100%, a blue line at the target rate."""
+    width = margin * 2 + len(points) * bar + max(0, len(points) - 1) * gap
+    total = height + margin * 2
+    img = [[WHITE] * width for _ in range(total)]
+    floor, top = margin + height, margin
+
+    def hline(y: int, colour: tuple[int, int, int]) -> None:
+        for x in range(margin // 2, width - margin // 2):
+            img[y][x] = colour
+
+    hline(floor, GREY)
+    hline(top, GREY)
+    for i, p in enumerate(points):
+        x0 = margin + i * (bar + gap)
+        rise = round(max(0.0, min(1.0, p.rate)) * height)
+        colour = GREEN if p.inside else RED
+        for y in range(floor - rise, floor):
+            for x in range(x0, x0 + bar):
+                img[y][x] = colour
+    hline(floor - round(target * height), BLUE)
+    return img
+
+
+def write_png(path: str | Path, points: Sequence[Point], target: float = TARGET_RATE) -> Path:
+    path = Path(path)
+    path.write_bytes(png_bytes(bar_chart(points, target)))
+    return path

@@ -1,0 +1,160 @@
+"""Pure parts of ``millm.steering.sweep``: concept matching, the recommendation rule, the PNG writer, --save."""
+
+import json
+import struct
+import zlib
+
+import pytest
+
+from millm.errors import InvalidParameter
+from millm.steering.sweep import (
+    FLUENCY_BOUND,
+    Point,
+    bar_chart,
+    bar_lines,
+    concept_rate,
+    label_words,
+    mentions,
+    parse_strengths,
+    png_bytes,
+    recommend,
+    save_recommendation,
+    write_png,
+)
+
+
+def point(strength, rate, fluency):
+    return Point(strength, rate, -2.0 + fluency, fluency, fluency >= -FLUENCY_BOUND)
+
+
+def test_label_words_are_the_label_terms_that_are_words():
+    assert label_words("rain, Storm, weather") == ("rain", "storm", "weather")
+    assert label_words("paris, rome, ctrl") == ("paris", "rome", "ctrl")
+    assert label_words("\\n, 's, to, music") == ("music",)  # escapes, fragments and 2-letter terms are not words
+    assert label_words("") == ()
+
+
+def test_mentions_whole_words_and_plurals_any_case():
+    assert mentions("The Rain fell.", ("rain",))
+    assert mentions("two dogs and three foxes", ("dog",)) and mentions("foxes", ("fox",))
+    assert not mentions("the rainbow and the drain", ("rain",))
+    assert not mentions("anything", ())
+
+
+def test_concept_rate_is_the_share_of_answers_that_mention_a_word():
+    answers = ["I love music.", "A quiet day.", "Melody and song", "Musical chairs"]
+    assert concept_rate(answers, ("music", "melody")) == 0.5
+    assert concept_rate([], ("music",)) == 0.0
+
+
+def test_recommend_lowest_strength_reaching_the_target_inside_the_bound():
+    table = [point(0, 0.0, 0.0), point(20, 0.3, -0.2), point(40, 0.6, -0.8), point(60, 0.9, -1.2),
+             point(80, 1.0, -1.9)]
+    assert recommend(table) == 40
+    assert recommend(list(reversed(table))) == 40  # order of the table does not matter
+
+
+def test_recommend_skips_strengths_past_the_fluency_bound():
+    table = [point(0, 0.0, 0.0), point(20, 0.7, -1.6), point(40, 0.8, -1.4)]
+    assert recommend(table) == 40
+    assert recommend(table, bound=1.3) is None  # 40 falls outside a tighter bound too, and 20 already was
+
+
+def test_recommend_falls_back_to_the_highest_rate_inside_the_bound():
+    table = [point(0, 0.1, 0.0), point(20, 0.2, -0.3), point(40, 0.5, -1.0), point(60, 0.5, -1.1),
+             point(80, 0.95, -2.5)]
+    assert recommend(table) == 40  # the lower of two equal rates
+
+
+def test_recommend_none_when_nothing_mentions_the_concept_inside_the_bound():
+    assert recommend([point(0, 0.7, 0.0), point(20, 0.0, -0.5), point(40, 0.9, -2.0)]) is None
+    assert recommend([point(0, 0.8, 0.0)]) is None  # strength 0 steers nothing: never recommended
+    assert recommend([]) is None
+
+
+def test_recommend_orders_negative_strengths_by_size():
+    assert recommend([point(-60, 0.7, -0.5), point(-20, 0.65, -0.4)]) == -20
+
+
+def test_parse_strengths():
+    assert parse_strengths("0,20, 40") == [0.0, 20.0, 40.0]
+    for bad in ("", "a,b", "0,0", "0,300"):
+        with pytest.raises(InvalidParameter):
+            parse_strengths(bad)
+
+
+def chunks(data):
+    at, found = 8, []
+    while at < len(data):
+        (length,) = struct.unpack(">I", data[at:at + 4])
+        kind, body = data[at + 4:at + 8], data[at + 8:at + 8 + length]
+        (crc,) = struct.unpack(">I", data[at + 8 + length:at + 12 + length])
+        assert crc == zlib.crc32(kind + body) & 0xFFFFFFFF
+        found.append((kind, body))
+        at += 12 + length
+    return found
+
+
+def test_png_writer_writes_a_valid_png(tmp_path):
+    pixels = [[(255, 0, 0), (0, 255, 0), (0, 0, 255)], [(0, 0, 0), (255, 255, 255), (1, 2, 3)]]
+    data = png_bytes(pixels)
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    found = chunks(data)
+    assert [k for k, _ in found] == [b"IHDR", b"IDAT", b"IEND"]
+    width, height, depth, colour, _, _, _ = struct.unpack(">IIBBBBB", found[0][1])
+    assert (width, height, depth, colour) == (3, 2, 8, 2)
+    raw = zlib.decompress(found[1][1])
+    rows = [bytes([255, 0, 0, 0, 255, 0, 0, 0, 255]), bytes([0, 0, 0, 255, 255, 255, 1, 2, 3])]
+    assert raw == b"".join(b"\x00" + row for row in rows)  # filter type 0, then the row's RGB bytes
+
+
+def test_sweep_plot_png_has_a_bar_per_strength(tmp_path):
+    table = [point(0, 0.0, 0.0), point(40, 0.5, -0.5), point(80, 1.0, -2.0)]
+    path = write_png(tmp_path / "plot.png", table)
+    data = path.read_bytes()
+    width, height = struct.unpack(">II", chunks(data)[0][1][:8])
+    img = bar_chart(table)
+    assert (width, height) == (len(img[0]), len(img)) and width == 20 * 2 + 3 * 40 + 2 * 16
+    floor = 20 + 200 - 1  # the row just above the 0% line
+    middle = [img[floor][20 + i * 56 + 20] for i in range(3)]
+    assert middle[0] == (255, 255, 255)  # rate 0: no bar
+    assert middle[1] == (46, 160, 67) and middle[2] == (207, 34, 46)  # inside the bound green, past it red
+    assert img[20 + 5][20 + 2 * 56 + 20] == (207, 34, 46) and img[20 + 5][20 + 56 + 20] == (255, 255, 255)
+
+
+def test_bar_lines_one_per_strength():
+    lines = bar_lines([point(0, 0.0, 0.0), point(40, 0.5, -0.5), point(80, 1.0, -2.0)], width=10)
+    assert len(lines) == 3 and lines[1].startswith("40 │█████     │  50%")
+    assert "inside" in lines[1] and "past -1.5" in lines[2]
+
+
+def test_save_recommendation_writes_the_key_into_the_row(tmp_path):
+    rows = [{"index": 3, "label": "rain, storm"}, {"index": 7, "label": "dog, dogs", "top_tokens": [["dog", 1.0]]}]
+    (tmp_path / "features.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    save_recommendation(tmp_path, 7, 40.0)
+    saved = [json.loads(line) for line in (tmp_path / "features.jsonl").read_text().splitlines()]
+    assert saved[0] == rows[0] and saved[1] == {**rows[1], "recommended_strength": 40.0}
+    save_recommendation(tmp_path, 9, 60.0, "cat")  # a feature without a row gets one
+    assert json.loads((tmp_path / "features.jsonl").read_text().splitlines()[-1]) == {
+        "index": 9, "label": "cat", "recommended_strength": 60.0}
+
+
+def test_save_recommendation_refuses_a_folder_it_cannot_write(tmp_path, monkeypatch):
+    with pytest.raises(InvalidParameter, match="no features.jsonl"):
+        save_recommendation(tmp_path, 1, 20.0)
+    (tmp_path / "features.jsonl").write_text('{"index": 1}\n')
+    # the tests may run as root, who may write anywhere: a read-only folder as os.access reports it
+    monkeypatch.setattr("millm.steering.sweep.os.access", lambda path, mode: False)
+    with pytest.raises(InvalidParameter, match="not writable"):
+        save_recommendation(tmp_path, 1, 20.0)
+    assert (tmp_path / "features.jsonl").read_text() == '{"index": 1}\n'
+
+
+def test_save_recommendation_refuses_the_bundled_saes():
+    from millm.sae.bundled import BUNDLED_DIR
+
+    folder = BUNDLED_DIR / "smollm2-135m-res-L10"
+    before = (folder / "features.jsonl").read_bytes()
+    with pytest.raises(InvalidParameter, match="ships inside the package"):
+        save_recommendation(folder, 2375, 40.0)
+    assert (folder / "features.jsonl").read_bytes() == before
