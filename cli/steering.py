@@ -15,6 +15,7 @@ from rich.table import Column, Table
 
 from cli import sae_read as sae_read_cli
 from cli import sae_train as sae_train_cli
+from cli import sweep as sweep_cli
 from cli.common import engine_for, out, reports_errors, steerable, steering_service
 from cli.sae_train import steer_assignments
 from millm.config import get_settings
@@ -30,6 +31,7 @@ ModelOption = Annotated[str | None, typer.Option(help="Model id (default: the co
 def register(app: typer.Typer) -> None:
     sae_train_cli.register(sae_app)
     sae_read_cli.register(sae_app)
+    sweep_cli.register(steer_app)
     app.add_typer(sae_app, name="sae")
     app.add_typer(steer_app, name="steer")
     app.add_typer(profiles_app, name="profiles")
