@@ -3,10 +3,9 @@
 import json
 
 import pytest
-import typer
 from typer.testing import CliRunner
 
-from cli import sae_read
+from cli.main import app
 from millm.sae.bundled import BUNDLED_DIR
 
 SAE = "smollm2-135m-res-L10"
@@ -14,11 +13,7 @@ LAYER = 10
 TEXT = "It was raining in Paris."
 PARIS = 1833  # labelled "paris, rome, ctrl"; the strongest feature on " Paris" in TEXT
 
-app = typer.Typer()
-sae_app = typer.Typer()
-app.add_typer(sae_app, name="sae")
-sae_read.register(sae_app)
-runner = CliRunner()
+runner = CliRunner()  # the millm command as installed: the command is reached through its group
 
 
 def run(*args, ok=True):

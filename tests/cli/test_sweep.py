@@ -4,10 +4,9 @@ import json
 import shutil
 
 import pytest
-import typer
 from typer.testing import CliRunner
 
-from cli import sweep as sweep_cli
+from cli.main import app
 from millm.sae.bundled import BUNDLED_DIR
 from millm.sae.formats import load_sae
 
@@ -15,11 +14,7 @@ SAE = "smollm2-135m-res-L10"
 LAYER = 10
 MUSIC = 2375  # "music, melody"
 
-app = typer.Typer()
-steer_app = typer.Typer()
-app.add_typer(steer_app, name="steer")
-sweep_cli.register(steer_app)
-runner = CliRunner()
+runner = CliRunner()  # the millm command as installed: the command is reached through its group
 
 
 def run(*args, ok=True):

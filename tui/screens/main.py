@@ -15,17 +15,15 @@ from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.screen import Screen
 from textual.widgets import ContentSwitcher, Footer, Header, Input
 
 from millm.errors import MillmError
 from millm.steering.intensity import Dial
 from millm.steering.readout import SAE_ACTIVATIONS_MAX_ENTRIES
 from tui.client import READOUT_TOP_K, ChatResult, Client, Done, Feature, ModelInfo, SAEInfo, SteeringState
-from tui.screens.card import CardScreen
+from tui.screens.features import FeatureActions
 from tui.screens.profiles import ProfilesOutcome, ProfilesScreen
 from tui.screens.prompt import TextPrompt
-from tui.screens.sweep import SweepScreen
 from tui.session import Conversation, Steer, chat_body, compare_bodies, sampling_fields
 from tui.widgets.activation_strip import ActivationStrip
 from tui.widgets.chat_log import ChatLog
@@ -47,7 +45,7 @@ CHAT_COMMANDS = {"Enter": "send the prompt (in compare mode: answer it unsteered
                  "/system TEXT": "set the system prompt (and forget the history)"}
 
 
-class MainScreen(Screen[None]):
+class MainScreen(FeatureActions):
     """Steer on the left, talk on the right."""
 
     BINDINGS = [
@@ -223,90 +221,12 @@ class MainScreen(Screen[None]):
         self.labels.setdefault(sae.id, {}).update({f.index: f.label for f in features})
         search.show(features, f"no label of {sae.name} contains {text!r}" if text else f"{sae.name} has no labels")
 
-    async def label_of(self, sae_id: str, index: int) -> str:
-        """A feature's label: known already, or read from its card (a remote server lists only its first
-        labels, so the others come by index from ``GET /api/saes/{id}/features/{index}``)."""
-        known = self.labels.get(sae_id, {}).get(index)
-        if known or (sae_id, index) in self._asked:
-            return known or ""
-        self._asked.add((sae_id, index))
-        try:
-            label = (await self.client.feature(sae_id, index)).label
-        except MillmError:
-            return ""
-        if label:
-            self.labels.setdefault(sae_id, {})[index] = label
-        return label
-
-    def fill_labels(self, features: list[tuple[str, int]]) -> None:
-        """Look up the labels of ``features`` not known yet (once each), then redraw the lists that show them."""
-        missing = [(sae, i) for sae, i in dict.fromkeys(features)
-                   if not self.labels.get(sae, {}).get(i) and (sae, i) not in self._asked]
-        if missing:
-            self._fill_labels(missing)
-
-    @work(group="labels")
-    async def _fill_labels(self, missing: list[tuple[str, int]]) -> None:
-        found = [await self.label_of(sae, i) for sae, i in missing]
-        if any(found):
-            self.query_one(SteeredList).show(self.state, self.labels)
-            strip = self.query_one(ActivationStrip)
-            if strip.sae_id is not None:
-                strip.labels = self.labels.get(strip.sae_id, {})
-                strip.refresh(layout=True)
-
-    def on_feature_search_card(self, message: FeatureSearch.Card) -> None:
-        self.show_card(message.feature)
-
-    def on_steered_list_card(self, message: SteeredList.Card) -> None:
-        self.show_card(message.feature)
-
-    @work(group="card")
-    async def show_card(self, feature: Feature) -> None:
-        try:
-            card = await self.client.feature(feature.sae_id, feature.index)
-        except MillmError as exc:
-            self.notify(exc.message, severity="error", title="no card")
-            return
-        await self.app.push_screen(CardScreen(card))
-
     def _dial(self, feature: Feature) -> None:
         value = self.state.values.get(feature.sae_id, {}).get(feature.index, 0.0)
         dial = self.query_one(StrengthDial)
         dial.show(feature, value)
         dial.focus()
         self.recommended_step(feature)
-
-    @work(exclusive=True, group="recommended")
-    async def recommended_step(self, feature: Feature) -> None:
-        """The dial's ⇧ step from the feature's recommended strength, when its card has one."""
-        try:
-            card = await self.client.feature(feature.sae_id, feature.index)
-        except MillmError:
-            return
-        dial = self.query_one(StrengthDial)
-        if dial.feature == feature:
-            dial.recommended = card.recommended_strength
-
-    def on_strength_dial_sweep(self, message: StrengthDial.Sweep) -> None:
-        if self.busy:
-            self.notify(f"wait until {self.busy} is done", severity="warning", title="not swept")
-            return
-        self._busy("sweeping")
-        self.run_sweep(message.feature)
-
-    @work(exclusive=True, group="answer")
-    async def run_sweep(self, feature: Feature) -> None:
-        """A short sweep of the feature (no answer runs meanwhile), shown in a modal."""
-        self.notify(f"sweeping feature {feature.index} ...", title="sweep")
-        try:
-            result = await self.client.sweep(feature.sae_id, feature.index)
-        except MillmError as exc:
-            self.notify(exc.message, severity="error", title="not swept")
-            return
-        finally:
-            self._busy("")
-        await self.app.push_screen(SweepScreen(result))
 
     def on_feature_search_chosen(self, message: FeatureSearch.Chosen) -> None:
         self._dial(message.feature)
