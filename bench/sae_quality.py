@@ -36,13 +36,13 @@ import torch
 from millm.config import get_settings
 from millm.engine.loader import load
 from millm.registry import BUNDLED_ID, resolve
-from millm.sae import activations, corpus, recipe
+from millm.sae import activations, corpus, quality, recipe
 from millm.sae.bundled import bundled_saes
 from millm.sae.cards import feature_rows
 from millm.sae.formats import load_sae
 from millm.sae.labels import LabelIndex
 from millm.sae.model import SAE
-from millm.sae.train import ShuffledBatches, TopKTrainer, TrainConfig, fraction_unexplained
+from millm.sae.train import ShuffledBatches, TopKTrainer, TrainConfig
 from millm.steering.controller import Steering
 from millm.steering.sweep import (
     FLUENCY_BOUND,
@@ -69,43 +69,17 @@ def held_out(model: Any, tokenizer: Any, settings: Any, context: int, generated_
     return corpus.token_windows(tokenizer, held, context)
 
 
-@torch.inference_mode()
-def next_token_loss(model: Any, windows: torch.Tensor) -> float:
-    total, count = 0.0, 0
-    for lo in range(0, windows.shape[0], 4):
-        ids = windows[lo:lo + 4]
-        logits = model(input_ids=ids, use_cache=False).logits[:, :-1].float()
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1),
-                                                 reduction="sum")
-        total, count = total + float(loss), count + ids[:, 1:].numel()
-    return total / count
-
-
-def splice(sae: SAE | None):
-    """Layer output -> SAE reconstruction (or zeros), leaving each window's first position as it was."""
-    def fn(hidden: torch.Tensor) -> torch.Tensor:
-        out = hidden.clone()
-        rest = hidden[:, 1:].float()
-        out[:, 1:] = torch.zeros_like(rest) if sae is None else sae.decode(sae.encode(rest))
-        return out
-    return fn
-
-
 def reconstruction(model: Any, sae: SAE, layer: int, windows: torch.Tensor, ce_windows: int) -> None:
+    """The held-out figures, by millm.sae.quality (what ``millm sae train`` prints): FVU and dead features over
+    every window, CE over the first ``ce_windows``."""
     acts = activations.collect(model, windows, layer)
-    fvu = float(fraction_unexplained(acts, sae.decode(sae.encode(acts))))
-    fired = (sae.encode(acts) > 0).any(0)
-    print(f"  held-out tokens {acts.shape[0]}: FVU {fvu:.4f} (target <= 0.15)")
+    fraction, fired = quality.fvu(sae, acts)
+    print(f"  held-out tokens {acts.shape[0]}: FVU {fraction:.4f} (target <= {quality.FVU_TARGET})")
     print(f"  dead features {int((~fired).sum())}/{sae.d_sae} = {float((~fired).float().mean()):.2%} (target <= 5%)")
-    sub = windows[:ce_windows]
-    clean = next_token_loss(model, sub)
-    with activations.replaced_output(model, layer, splice(sae)):
-        spliced = next_token_loss(model, sub)
-    with activations.replaced_output(model, layer, splice(None)):
-        zeroed = next_token_loss(model, sub)
-    share = (spliced - clean) / (zeroed - clean)
-    print(f"  CE over {sub[:, 1:].numel()} tokens: clean {clean:.4f}, SAE spliced {spliced:.4f}, layer zeroed "
-          f"{zeroed:.4f}: SAE costs {share:.2%} of the zero-ablation gap (target <= 10%)")
+    ce = quality.measure(model, sae, layer, windows[:ce_windows])
+    print(f"  CE over {ce.ce_tokens} tokens: clean {ce.ce_clean:.4f}, SAE spliced {ce.ce_spliced:.4f}, layer zeroed "
+          f"{ce.ce_zeroed:.4f}: SAE costs {ce.ce_share:.2%} of the zero-ablation gap "
+          f"(target <= {quality.CE_SHARE_TARGET:.0%})")
 
 
 def concept_words(folder: Path, feature: int) -> tuple[str, ...]:
