@@ -26,7 +26,7 @@ from millm.server.auth import require_api_key
 from millm.server.bodies import read_json
 from millm.server.headers import strict_mode
 from millm.server.state import services
-from millm.steering.readout import registry_labels
+from millm.steering.readout import LabelSource, asks_labels, registry_labels
 
 bp = Blueprint("v1", __name__, url_prefix="/v1")
 
@@ -94,8 +94,19 @@ async def generate(built: Built, entry: ModelEntry) -> Any:
     async with engine_held(entry) as engine:
         prepared = await svc.worker.call(prepare, engine, built, Limits.of(svc.settings), svc.steering)
         events = metrics.observed(await svc.worker.generate(engine, prepared.plans, prepared.check))
-    shape = CompletionShape.of(built, engine.fingerprint, registry_labels(svc.steering.store))
+    spec = next((plan.readout for plan in prepared.plans if plan.readout is not None), None)
+    labels = await read_labels(spec.sae_id if spec is not None and spec.labels else None)
+    shape = CompletionShape.of(built, engine.fingerprint, labels)
     return await respond(shape, events, built, prepared.headers(built))
+
+
+async def read_labels(sae_id: str | None) -> LabelSource | None:
+    """The registry's labels of the read-out's SAE (None: no labels asked), read in a thread: SQLite stays off
+    the event loop."""
+    if sae_id is None:
+        return None
+    labels = await asyncio.to_thread(registry_labels(services().steering.store), sae_id)
+    return lambda _: labels
 
 
 async def score(built: Built, entry: ModelEntry) -> Any:
@@ -104,7 +115,8 @@ async def score(built: Built, entry: ModelEntry) -> Any:
     assert built.score is not None
     async with engine_held(entry) as engine:
         results, readout = await svc.worker.call(scoring.score_reading, engine, built.score, built.readout)
-    shape = CompletionShape.of(built, engine.fingerprint, registry_labels(svc.steering.store))
+    labels = await read_labels(readout["sae_id"] if readout is not None and asks_labels(built.readout) else None)
+    shape = CompletionShape.of(built, engine.fingerprint, labels)
     return score_body(shape, engine, built, results, readout), 200, miLLM_headers(built)
 
 
