@@ -130,7 +130,7 @@ def sample_answers(model: Any, tokenizer: Any, prompts: list[str], seed: int, ma
     for _ in range(max_new_tokens):
         positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, -step_ids.shape[1]:]
         where = torch.arange(filled, filled + step_ids.shape[1], device=device)
-        logits = model(input_ids=step_ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+        logits = model(input_ids=step_ids, attention_mask=mask, position_ids=positions, cache=cache,
                        cache_position=where, use_cache=True, logits_to_keep=1).logits[:, -1].float()
         filled += step_ids.shape[1]
         token = torch.where(done, pad, _sample(logits, seen, generator))
