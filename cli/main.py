@@ -107,7 +107,7 @@ def steering_line(engine: Engine, prepared: Prepared, chat: ChatSteering) -> str
         if not steered or sae_id not in steering.attachments:
             continue
         att = steering.attachments[sae_id]
-        labels = {r["index"]: r["label"] for r in service.store.labels(sae_id, limit=att.sae.d_sae)}
+        labels = service.store.label_map(sae_id)
         shown = [f'{f} "{labels[f]}" = {s:g}' if f in labels else f"{f} = {s:g}" for f, s in steered[:SHOWN_FEATURES]]
         more = f" and {len(steered) - SHOWN_FEATURES} more" if len(steered) > SHOWN_FEATURES else ""
         parts.append(f"on {sae_id} (L{att.layer}): {', '.join(shown)}{more}")

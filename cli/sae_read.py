@@ -72,7 +72,7 @@ def read_text(engine: Engine, service: SteeringService, sae_id: str, text: str, 
     """The read-out of ``text`` (every prompt position, its token text and each feature's registry label)."""
     from millm.builder import build_completion
     from millm.render.scoring import score_reading
-    from millm.steering.readout import registry_labels, with_labels
+    from millm.steering.readout import with_labels
 
     ask: dict[str, Any] = {"sae_id": sae_id, "positions": "prompt", "top_k": top_k, "token_text": True}
     if features:
@@ -84,7 +84,7 @@ def read_text(engine: Engine, service: SteeringService, sae_id: str, text: str, 
     with attached_for_read(service, target, sae_id, layer):
         _, readout = score_reading(engine, built.score, built.readout)
     assert readout is not None
-    return with_labels(readout, registry_labels(service.store)(sae_id))
+    return with_labels(readout, service.store.label_map(sae_id))
 
 
 def _shown(token: str) -> str:
@@ -126,9 +126,8 @@ def read(
     sae_id = sae_id_of(service, sae)
     wanted = None
     if features:
-        from millm.steering.readout import registry_labels
 
-        wanted = feature_indices(features, dict(registry_labels(service.store)(sae_id)), sae)
+        wanted = feature_indices(features, service.store.label_map(sae_id), sae)
     engine = engine_for(model)
     readout = read_text(engine, service, sae_id, text, top_k=top_k, features=wanted, layer=layer)
     if as_json:

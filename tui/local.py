@@ -90,9 +90,7 @@ class LocalClient:
         return [Feature(sae_id, int(r["index"]), r["label"]) for r in rows]
 
     async def labels(self, sae_id: str) -> dict[int, str]:
-        d_sae = int(self.service.sae(sae_id)["d_sae"])
-        rows = await asyncio.to_thread(self.service.store.labels, sae_id, None, d_sae)
-        return {int(r["index"]): r["label"] for r in rows}
+        return await asyncio.to_thread(self.service.store.label_map, sae_id)
 
     async def feature(self, sae_id: str, index: int) -> FeatureCard:
         record = self.service.sae(sae_id)

@@ -28,7 +28,6 @@ from millm.render import scoring
 from millm.render.bodies import embeddings_body, score_body, whole_body
 from millm.render.headers import miLLM_headers
 from millm.render.shapes import CompletionShape
-from millm.steering.readout import registry_labels
 from millm.steering.service import SteeringService
 
 log = logging.getLogger(__name__)
@@ -103,7 +102,7 @@ class Answerer:
         return [answers[line.index] for line in lines]
 
     def _shape(self, line: BatchLine, built: Built, engine: Engine) -> CompletionShape:
-        shape = CompletionShape.of(built, engine.fingerprint, registry_labels(self.steering.store))
+        shape = CompletionShape.of(built, engine.fingerprint, self.steering.store.label_map)
         shape.id = ("chatcmpl-" if shape.chat else "cmpl-") + line.digest
         shape.created = self.created
         return shape

@@ -158,16 +158,13 @@ async def detach_sae(sae_id: str) -> Any:
     return await command(services().steering.detach, engine(), sae_id)
 
 
-def _labels(sae_id: str) -> dict[int, str]:
-    return {row["index"]: row["label"] for row in services().steering.store.labels(sae_id, limit=1 << 30)}
-
-
 @bp.get("/saes/<sae_id>/features")
 async def sae_features(sae_id: str) -> Any:
     """Feature labels, filtered by ?q= (whole-word matches first, then features measured to steer)."""
     record = services().steering.sae(sae_id)
     measured = await asyncio.to_thread(measured_features, record["path"])
-    return {"sae": sae_id, "features": LabelIndex(_labels(sae_id), sae_id, measured).rows(request.args.get("q"))}
+    labels = services().steering.store.label_map(sae_id)
+    return {"sae": sae_id, "features": LabelIndex(labels, sae_id, measured).rows(request.args.get("q"))}
 
 
 @bp.get("/saes/<sae_id>/features/<index>")

@@ -26,7 +26,7 @@ from millm.server.auth import require_api_key
 from millm.server.bodies import read_json
 from millm.server.headers import strict_mode
 from millm.server.state import services
-from millm.steering.readout import LabelSource, asks_labels, registry_labels
+from millm.steering.readout import LabelSource, asks_labels
 
 bp = Blueprint("v1", __name__, url_prefix="/v1")
 
@@ -105,7 +105,7 @@ async def read_labels(sae_id: str | None) -> LabelSource | None:
     the event loop."""
     if sae_id is None:
         return None
-    labels = await asyncio.to_thread(registry_labels(services().steering.store), sae_id)
+    labels = await asyncio.to_thread(services().steering.store.label_map, sae_id)
     return lambda _: labels
 
 

@@ -155,11 +155,6 @@ def asks_labels(ask: Any) -> bool:
     return isinstance(ask, dict) and ask.get("labels") is True
 
 
-def registry_labels(store: Any) -> LabelSource:
-    """The labels the SAE registry holds for an SAE (what ``GET /api/saes/{id}/features`` lists)."""
-    return lambda sae_id: {row["index"]: row["label"] for row in store.labels(sae_id, limit=1 << 30)}
-
-
 @dataclass
 class ReadoutRecorder:
     """Encodes each forward's residual at the SAE's layer and keeps the top_k per position."""

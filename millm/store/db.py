@@ -103,6 +103,11 @@ class Store:
         rows = self._rows(sql + " ORDER BY feature LIMIT ?", (*args, limit))
         return [{"index": r["feature"], "label": r["label"]} for r in rows]
 
+    def label_map(self, sae_id: str) -> dict[int, str]:
+        """Every registered label of an SAE, by feature index."""
+        rows = self._rows("SELECT feature, label FROM sae_labels WHERE sae_id = ?", (sae_id,))
+        return {int(r["feature"]): str(r["label"]) for r in rows}
+
     def label(self, sae_id: str, feature: int) -> str | None:
         """One feature's registered label (None when it has none)."""
         rows = self._rows("SELECT label FROM sae_labels WHERE sae_id = ? AND feature = ?", (sae_id, feature))

@@ -15,10 +15,10 @@ from millm.steering.readout import (
     ReadoutRecorder,
     ReadoutSpec,
     parse_readout,
-    registry_labels,
     token_texts,
     with_labels,
 )
+from millm.store.db import SAE_COLUMNS, Store
 
 STEERING = SimpleNamespace(attachments={"sae_a": SimpleNamespace(sae=SimpleNamespace(d_sae=16), layer=3)})
 
@@ -99,14 +99,17 @@ def test_recorder_adds_token_text_only_when_asked():
     assert [p["token"] for p in last.result(ids, 2)["positions"]] == ["!"]
 
 
-def test_with_labels_and_registry_labels():
+def test_with_labels_and_the_registrys_label_map(tmp_path):
     body = recorder().result(list(b"Hi!"), 2)
     labelled = with_labels(body, {4: "four", 9: "nine"})
     assert [[(f["index"], f["label"]) for f in p["features"]] for p in labelled["positions"]] == [
         [(4, "four"), (9, "nine")], [(9, "nine")], [(7, None), (4, "four")]]
     assert "label" not in body["positions"][0]["features"][0]  # the engine's body is left as it was
-    store = SimpleNamespace(labels=lambda sae_id, limit: [{"index": 4, "label": sae_id}])
-    assert registry_labels(store)("sae_a") == {4: "sae_a"}
+    store = Store(tmp_path / "millm.db")
+    record = {c: None for c in SAE_COLUMNS} | {"id": "sae_a", "name": "a", "path": "p", "format": "saelens",
+                                               "architecture": "topk", "d_in": 8, "d_sae": 16}
+    store.add_sae(record, {4: "sae_a", 12: "twelve"})
+    assert store.label_map("sae_a") == {4: "sae_a", 12: "twelve"} and store.label_map("sae_b") == {}
 
 
 def events(body):
