@@ -146,12 +146,16 @@ def check_index(index: int, d_sae: int, name: str) -> int:
     return index
 
 
-def _labels_json(folder: Path) -> dict[int, str]:
-    path = folder / LABELS_FILE
+def read_labels_json(folder: str | Path) -> dict[int, str]:
+    """The SAE's ``labels.json`` by feature index (empty when it has none); one that is not a map of feature
+    index to label is refused naming ``labels``."""
+    path = folder_of(folder) / LABELS_FILE
+    if not path.is_file():
+        return {}
     try:
         return {int(k): str(v) for k, v in json.loads(path.read_text()).items()}
-    except (OSError, ValueError, AttributeError):
-        return {}
+    except (OSError, ValueError, AttributeError) as exc:
+        raise InvalidParameter(f"{path}: labels must map feature index to label ({exc}).", param="labels") from None
 
 
 def read_card(folder: str | Path, index: int, d_sae: int, *, name: str,
@@ -165,7 +169,7 @@ def read_card(folder: str | Path, index: int, d_sae: int, *, name: str,
     base = folder_of(folder)
     rows = feature_rows(base)
     row = rows.get(index)
-    label = (labels if labels is not None else _labels_json(base)).get(index) or ""
+    label = (labels if labels is not None else read_labels_json(base)).get(index) or ""
     if row is None:
         note = (f"{name} has no {FEATURES_FILE}: only its label is known; firing rate, examples and promoted "
                 "tokens are not recorded." if not rows else

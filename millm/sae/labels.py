@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from millm.errors import InvalidParameter
-from millm.sae.cards import FEATURES_FILE, LABELS_FILE, measured_features
+from millm.sae.cards import FEATURES_FILE, LABELS_FILE, measured_features, read_labels_json
 from millm.sae.model import SAE
 
 
@@ -173,15 +173,9 @@ class LabelIndex:
     def load(cls, folder: Path, name: str | None = None) -> LabelIndex:
         """The index of ``folder/labels.json`` (empty when the SAE has no labels), with the features its
         ``features.jsonl`` marks as measured."""
-        path = Path(folder) / LABELS_FILE
-        if not path.is_file():
+        labels = read_labels_json(folder)
+        if not labels:
             return cls({}, name or Path(folder).name)
-        try:
-            data = json.loads(path.read_text())
-            labels = {int(k): str(v) for k, v in data.items()}
-        except (ValueError, AttributeError) as exc:
-            raise InvalidParameter(f"{path}: labels must map feature index to label ({exc}).",
-                                   param="labels") from None
         return cls(labels, name or Path(folder).name, measured_features(folder))
 
     def tiers(self, query: str) -> list[list[Match]]:
