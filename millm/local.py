@@ -115,12 +115,19 @@ def _on_layer(steering: Steering, sae_id: str, load: Callable[[], SAE], layer: i
         for sid, sae, at in before:
             if sid not in steering.attachments:
                 steering.attach(sid, sae, at)
-        if active is not None:
-            steering.activate(active, values)
-        else:
-            for sid, vals in values.items():
-                if steering.attachments[sid].values != vals:
-                    steering.set_values(sid, vals, merge=False)
+        put_back(steering, active, values)
+
+
+def put_back(steering: Steering, active: str | None, values: dict[str, dict[int, float]]) -> None:
+    """The active profile and the live values as they were before a block that changed them (on the
+    controller only: nothing is persisted); values of SAEs no longer attached are dropped."""
+    values = {sid: vals for sid, vals in values.items() if sid in steering.attachments}
+    if active is not None:
+        steering.activate(active, values)
+        return
+    for sid, vals in values.items():
+        if steering.attachments[sid].values != vals:
+            steering.set_values(sid, vals, merge=False)
 
 
 @contextmanager

@@ -196,23 +196,25 @@ def isolated(steering: Any) -> Iterator[None]:
     try:
         yield
     finally:
+        from millm.local import put_back
+
         steering.clear()
-        if active is not None:
-            steering.activate(active, {s: v for s, v in values.items() if s in steering.attachments})
-        else:
-            for sae_id, vals in values.items():
-                if sae_id in steering.attachments and vals:
-                    steering.set_values(sae_id, vals, merge=False)
+        put_back(steering, active, values)
         steering.set_enabled(enabled)
+
+
+def need_words(feature: int, words: Sequence[str]) -> Sequence[str]:
+    """``words``, or a refusal naming --concept when the feature's label gave none to look for."""
+    if not words:
+        raise InvalidParameter(f"Feature {feature} has no label words to look for; name them with --concept.",
+                               param="concept")
+    return words
 
 
 def run_sweep(measure: Measure, sae_id: str, layer: int, feature: int, label: str, words: Sequence[str],
               strengths: Sequence[float], on_point: Callable[[Point], None] | None = None) -> SweepResult:
     """``feature`` of ``sae_id`` (attached at ``layer`` on ``measure``'s steering) at each strength."""
-    if not words:
-        raise InvalidParameter(f"Feature {feature} has no label words to look for; name them with --concept.",
-                               param="concept")
-    words = tuple(w.lower() for w in words)
+    words = tuple(w.lower() for w in need_words(feature, words))
     result = SweepResult(sae_id, layer, feature, label, words, len(measure.prompts), measure.tokens, measure.seed,
                          concept_rate(measure.plain, words), measure.plain_logprob, bound=measure.bound)
     for strength in strengths:
@@ -238,10 +240,7 @@ def sweep_feature(service: Any, target: Any, model: Any, tokenizer: Any, sae_id:
         raise InvalidParameter(f"--prompts must be 1-{len(NEUTRAL_PROMPTS)}.", param="prompts")
     if not 1 <= tokens <= 512:
         raise InvalidParameter("--tokens must be 1-512.", param="tokens")
-    words = tuple(words) or label_words(label)
-    if not words:
-        raise InvalidParameter(f"Feature {feature} has no label words to look for; name them with --concept.",
-                               param="concept")
+    words = need_words(feature, tuple(words) or label_words(label))  # before anything is attached
     steering = target.steering
     with chat_steering(service, target, sae_id, layer, {}, None), isolated(steering):
         measure = Measure(model, tokenizer, steering, NEUTRAL_PROMPTS[:prompts], seed, tokens)
