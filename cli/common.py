@@ -65,5 +65,25 @@ def steerable(engine: Engine) -> SteeringTarget:
     return target
 
 
+def sae_ref(ref: str) -> str:
+    """The id of the registered SAE ``ref`` names: by id (bundled SAEs' ids are their names, as are those of
+    ``millm sae train --name``), or by the name it was registered under (``millm sae add --name``); a name
+    several SAEs share is refused listing their ids. Every CLI option and argument that takes an SAE goes
+    through here."""
+    from millm.errors import SAENotFound
+    from millm.sae.bundled import register_bundled
+
+    service = steering_service()
+    register_bundled(service.store)
+    if service.store.sae(ref) is not None:
+        return ref
+    named = [r["id"] for r in service.store.saes() if r["name"] == ref]
+    if len(named) > 1:
+        raise InvalidParameter(f"'{ref}' names {len(named)} SAEs ({', '.join(named)}); give its id.", param="sae")
+    if not named:
+        raise SAENotFound(f"No SAE has id or name '{ref}'; see `millm sae list`.", param="sae")
+    return str(named[0])
+
+
 def loaded_ids() -> set[str]:
     return set(_engines)

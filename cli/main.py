@@ -14,7 +14,17 @@ from cli import documents as documents_cli
 from cli import models as models_cli
 from cli import score as score_cli
 from cli import steering as steering_cli
-from cli.common import engine_for, engine_of, err, loaded_ids, out, reports_errors, steerable, steering_service
+from cli.common import (
+    engine_for,
+    engine_of,
+    err,
+    loaded_ids,
+    out,
+    reports_errors,
+    sae_ref,
+    steerable,
+    steering_service,
+)
 from cli.sae_train import steer_assignments
 from millm.config import get_settings
 from millm.errors import MillmError
@@ -167,6 +177,7 @@ def chat(
 
     fields = {"temperature": temperature, "top_p": top_p, "max_tokens": max_tokens, "seed": seed, "stop": stop,
               "steering_intensity": dial_value(intensity)}
+    sae = sae_ref(sae) if sae is not None else None
     assignments = steer_assignments(steer or [], sae, model or get_settings().default_model)  # names via labels
     preamble = [{"role": "system", "content": system}] if system else []
     if prompt is None and not interactive and not sys.stdin.isatty():

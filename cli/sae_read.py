@@ -16,8 +16,8 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from cli.common import engine_for, out, reports_errors, steerable, steering_service
-from millm.errors import InvalidParameter, SAENotFound
+from cli.common import engine_for, out, reports_errors, sae_ref, steerable, steering_service
+from millm.errors import InvalidParameter
 
 if TYPE_CHECKING:
     from millm.engine.base import Engine
@@ -25,18 +25,6 @@ if TYPE_CHECKING:
     from millm.steering.target import SteeringTarget
 
 DEFAULT_TOP_K = 5
-
-
-def sae_id_of(service: SteeringService, ref: str) -> str:
-    """A registered SAE named by id (bundled SAEs' ids are their names) or by its registered name."""
-    if service.store.sae(ref) is not None:
-        return ref
-    named = [r["id"] for r in service.store.saes() if r["name"] == ref]
-    if len(named) > 1:
-        raise InvalidParameter(f"'{ref}' names {len(named)} SAEs ({', '.join(named)}); give its id.", param="sae")
-    if not named:
-        raise SAENotFound(f"No SAE has id or name '{ref}'; see `millm sae list`.", param="sae")
-    return named[0]
 
 
 def feature_indices(items: list[str], labels: dict[int, str], name: str) -> list[int]:
@@ -123,7 +111,7 @@ def read(
     if text == "-":
         text = sys.stdin.read()
     service = steering_service()
-    sae_id = sae_id_of(service, sae)
+    sae_id = sae_ref(sae)
     wanted = None
     if features:
 

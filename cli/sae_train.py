@@ -10,28 +10,38 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from cli.common import err, out, reports_errors, steering_service
+from cli.common import err, out, reports_errors, sae_ref, steering_service
 from millm.config import get_settings
-from millm.errors import InvalidParameter, SAENotFound
+from millm.errors import InvalidParameter
 
 if TYPE_CHECKING:
+    from millm.sae.labels import LabelIndex
     from millm.sae.train import StepStats
 
 
 def _sae_folder(ref: str) -> tuple[Path, str]:
     """An SAE named by registered id (bundled ones included) or by its folder; (folder, name)."""
-    from millm.sae.bundled import register_bundled
 
     path = Path(ref).expanduser()
     if path.exists():
         return (path if path.is_dir() else path.parent), ref
-    service = steering_service()
-    register_bundled(service.store)
-    found = service.store.sae(ref)
-    if found is None:
-        raise SAENotFound(f"No SAE has id '{ref}' and no folder is there; see `millm sae list`.", param="sae")
+    found = steering_service().sae(sae_ref(ref))
     folder = Path(found["path"])
     return (folder if folder.is_dir() else folder.parent), ref
+
+
+def label_index_of(ref: str) -> LabelIndex:
+    """The labels ``ref`` names features by: a registered SAE's (``SteeringService.label_index``), or a folder's
+    own ``labels.json`` when ``ref`` is a folder no registration covers."""
+    from millm.sae.cards import folder_of
+    from millm.sae.labels import LabelIndex
+
+    folder, name = _sae_folder(ref)
+    service = steering_service()
+    if not Path(ref).expanduser().exists():
+        return service.label_index(sae_ref(ref))
+    known = [r["id"] for r in service.store.saes() if folder_of(r["path"]).resolve() == folder.resolve()]
+    return service.label_index(known[0]) if known else LabelIndex.load(folder, name)
 
 
 def steer_assignments(items: list[str], sae: str | None, model_id: str) -> dict[int, float]:
@@ -49,8 +59,7 @@ def steer_assignments(items: list[str], sae: str | None, model_id: str) -> dict[
             raise InvalidParameter("--steer NAME=STRENGTH needs --sae (or exactly one attached SAE) to look the "
                                    "name up in.", param="steer")
         target = attached[0]
-    folder, name = _sae_folder(target)
-    return LabelIndex.load(folder, name).resolve_assignments(items)
+    return label_index_of(target).resolve_assignments(items)
 
 
 class _Bar:
@@ -192,7 +201,6 @@ def features(
     """List an SAE's labelled features (best label matches first with --search), or print one feature's card."""
     from millm.render.card import card_text
     from millm.sae.cards import feature_rows, read_card
-    from millm.sae.labels import LabelIndex
 
     folder, name = _sae_folder(sae)
     if index is not None:
@@ -200,8 +208,7 @@ def features(
             raise InvalidParameter("Give a feature INDEX or --search, not both.", param="search")
         out.print(card_text(read_card(folder, index, _width(sae, folder), name=name)))
         return
-    label_index = LabelIndex.load(folder, name)
-    matches = label_index.rows(search, limit)
+    matches = label_index_of(sae).rows(search, limit)
     details = feature_rows(folder)
     table = Table("feature", "label", "fires on", "promotes")
     for m in matches:
@@ -218,10 +225,9 @@ def _width(ref: str, folder: Path) -> int:
     """The SAE's number of features: its registry record's, or read from the SAE at ``folder``."""
     from millm.sae.formats import load_sae
 
-    found = None if Path(ref).expanduser().exists() else steering_service().store.sae(ref)
-    if found is not None:
-        return int(found["d_sae"])
-    return load_sae(folder).sae.d_sae
+    if Path(ref).expanduser().exists():
+        return load_sae(folder).sae.d_sae
+    return int(steering_service().sae(sae_ref(ref))["d_sae"])
 
 
 def register(sae_app: typer.Typer) -> None:

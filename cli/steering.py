@@ -16,7 +16,7 @@ from rich.table import Column, Table
 from cli import sae_read as sae_read_cli
 from cli import sae_train as sae_train_cli
 from cli import sweep as sweep_cli
-from cli.common import engine_for, out, reports_errors, steerable, steering_service
+from cli.common import engine_for, out, reports_errors, sae_ref, steerable, steering_service
 from cli.sae_train import steer_assignments
 from millm.config import get_settings
 from millm.errors import InvalidParameter
@@ -44,7 +44,8 @@ def _print_json(data: object) -> None:
 @sae_app.command("add")
 @reports_errors
 def sae_add(path: Annotated[Path, typer.Argument(help="SAE folder, or a Gemma Scope params.npz.")],
-            name: Annotated[str | None, typer.Option(help="A name to show.")] = None,
+            name: Annotated[str | None, typer.Option(help="A name to show; the CLI takes it wherever it takes "
+                                                            "an SAE id.")] = None,
             labels: Annotated[Path | None, typer.Option(help="JSON of feature index to label.")] = None) -> None:
     """Register an SAE (read now, so a malformed one is refused now); prints its id."""
     record = steering_service().register_sae(path, name, labels)
@@ -69,7 +70,8 @@ def sae_list(model: ModelOption = None) -> None:
 @reports_errors
 def sae_attach(sae_id: str, layer: Annotated[int | None, typer.Option(help="Layer (default: the hint).")] = None,
                model: ModelOption = None) -> None:
-    """Attach an SAE to a layer of the model (persisted)."""
+    """Attach an SAE (its id or registered name) to a layer of the model (persisted)."""
+    sae_id = sae_ref(sae_id)
     view = steering_service().attach(steerable(engine_for(model)), sae_id, layer)
     out.print(f"{sae_id} attached at layer {view['attached_layer']}", markup=False)
 
@@ -77,7 +79,8 @@ def sae_attach(sae_id: str, layer: Annotated[int | None, typer.Option(help="Laye
 @sae_app.command("detach")
 @reports_errors
 def sae_detach(sae_id: str, model: ModelOption = None) -> None:
-    """Detach an SAE from the model (persisted)."""
+    """Detach an SAE (its id or registered name) from the model (persisted)."""
+    sae_id = sae_ref(sae_id)
     steering_service().detach(steerable(engine_for(model)), sae_id)
     out.print(f"{sae_id} detached", markup=False)
 
@@ -90,6 +93,7 @@ def steer_set(assignments: Annotated[list[str], typer.Argument(help="FEATURE=STR
               replace: Annotated[bool, typer.Option(help="Replace the SAE's values instead of merging.")] = False,
               model: ModelOption = None) -> None:
     """Set live strengths (merged into the current ones; 0 removes a feature)."""
+    sae = sae_ref(sae) if sae is not None else None
     target = steerable(engine_for(model))
     attached = list(target.steering.attachments)
     lookup = sae or (attached[0] if len(attached) == 1 else None)
@@ -157,7 +161,7 @@ def profiles_create(name: str,
     else:
         if sae is None or not entries:
             raise InvalidParameter("Give --sae and FEATURE=STRENGTH entries, or --from-current.", param="entries")
-        service.sae(sae)
+        sae = sae_ref(sae)
         values = steer_assignments(entries, sae, model or get_settings().default_model)
         items = [{"sae": sae, "feature": f, "strength": s} for f, s in values.items()]
         saved = service.save_profile({"name": name, "description": description, "model": model,

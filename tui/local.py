@@ -23,8 +23,7 @@ from millm.engine.worker import EngineWorker
 from millm.errors import InvalidParameter
 from millm.generation import prepare
 from millm.limits import Limits
-from millm.sae.cards import FeatureCard, measured_features, read_card
-from millm.sae.labels import LabelIndex
+from millm.sae.cards import FeatureCard, read_card
 from millm.steering.rung import rung_language
 from millm.steering.target import SteeringTarget
 from tui.client import (
@@ -84,9 +83,8 @@ class LocalClient:
 
     async def search(self, sae_id: str, query: str) -> list[Feature]:
         """As ``GET /api/saes/{id}/features?q=`` ranks them (``millm.sae.labels.rank``)."""
-        labels = await self.labels(sae_id)
-        measured = await asyncio.to_thread(measured_features, self.service.sae(sae_id)["path"])
-        rows = LabelIndex(labels, sae_id, measured).rows(query or None)
+        index = await asyncio.to_thread(self.service.label_index, sae_id)
+        rows = index.rows(query or None)
         return [Feature(sae_id, int(r["index"]), r["label"]) for r in rows]
 
     async def labels(self, sae_id: str) -> dict[int, str]:

@@ -14,8 +14,7 @@ from werkzeug.routing import BaseConverter, ValidationError
 
 from millm.errors import InvalidParameter, InvalidSAE, ModelNotLoaded
 from millm.paths import user_path
-from millm.sae.cards import measured_features, parse_index, read_card
-from millm.sae.labels import LabelIndex
+from millm.sae.cards import parse_index, read_card
 from millm.server import api_bodies
 from millm.server.auth import guard_management
 from millm.server.bodies import read_json
@@ -161,10 +160,8 @@ async def detach_sae(sae_id: str) -> Any:
 @bp.get("/saes/<sae_id>/features")
 async def sae_features(sae_id: str) -> Any:
     """Feature labels, filtered by ?q= (whole-word matches first, then features measured to steer)."""
-    record = services().steering.sae(sae_id)
-    measured = await asyncio.to_thread(measured_features, record["path"])
-    labels = services().steering.store.label_map(sae_id)
-    return {"sae": sae_id, "features": LabelIndex(labels, sae_id, measured).rows(request.args.get("q"))}
+    index = await asyncio.to_thread(services().steering.label_index, sae_id)
+    return {"sae": sae_id, "features": index.rows(request.args.get("q"))}
 
 
 @bp.get("/saes/<sae_id>/features/<index>")

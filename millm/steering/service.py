@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from millm.config import get_settings
 from millm.errors import InvalidParameter, MillmError, ProfileConflict, ProfileNotFound, SAENotFound
@@ -26,6 +26,9 @@ from millm.steering.monitor import MonitorConfig, parse_monitor_config
 from millm.steering.profiles import ProfileDoc, parse_profile
 from millm.steering.target import SteeringTarget
 from millm.store import Store
+
+if TYPE_CHECKING:
+    from millm.sae.labels import LabelIndex
 
 Kind = Literal["cluster", "circuit"]
 
@@ -84,6 +87,15 @@ class SteeringService:
         if record is None:
             raise SAENotFound(f"No SAE has id '{sae_id}'; see `millm sae list` or GET /api/saes.", param="sae")
         return record
+
+    def label_index(self, sae_id: str) -> LabelIndex:
+        """The SAE's registered labels, searchable, with the features its ``features.jsonl`` measured to steer:
+        the one index the CLI, the TUI and the HTTP API name and rank its features by."""
+        from millm.sae.cards import measured_features
+        from millm.sae.labels import LabelIndex
+
+        record = self.sae(sae_id)
+        return LabelIndex(self.store.label_map(sae_id), sae_id, measured_features(record["path"]))
 
     def view(self, record: dict[str, Any], engine: SteeringTarget | None) -> dict[str, Any]:
         """The SAE object the API returns: the record plus where it is attached now."""

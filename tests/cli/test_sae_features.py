@@ -67,3 +67,24 @@ def test_bundled_sae_card_by_id() -> None:
     out = run("sae", "features", "smollm2-135m-res-L10", 1)
     assert "indicate" in out and "max-activating examples" in out and "4096 features" in out
     assert "Feature 4096 is outside" in run("sae", "features", "smollm2-135m-res-L10", 4096, code=1)
+
+
+def test_a_registered_name_names_the_sae_and_its_registered_labels_are_the_ones_searched(sae: Path) -> None:
+    sae_id = run("sae", "add", sae, "--name", "terrain-test").split()[0]
+    assert sae_id != "terrain-test"  # a display name: the id comes from the path
+    assert "rain, wet" in run("sae", "features", "terrain-test", 3)
+    (sae / "labels.json").write_text(json.dumps({"3": "changed on disk"}))  # after registration
+    by_name = run("sae", "features", "terrain-test", "--search", "rain")
+    by_id = run("sae", "features", sae_id, "--search", "rain")
+    # the registry's labels, as the server and the TUI search them: both refs give one list
+    assert by_name == by_id.replace(sae_id, "terrain-test")
+    assert [int(n) for n in re.findall(r"^│ (\d+)\s", by_name, re.M)] == [3, 5, 2, 6, 1, 4, 7]
+
+
+def test_a_name_two_saes_share_is_refused_listing_their_ids(sae: Path, tmp_path: Path) -> None:
+    other = write_saelens(tmp_path / "other", random_sae(16, 64, seed=3), layer=1)
+    first = run("sae", "add", sae, "--name", "twin").split()[0]
+    second = run("sae", "add", other, "--name", "twin").split()[0]
+    out = run("sae", "features", "twin", 3, code=1)
+    assert "'twin' names 2 SAEs" in out and first in out and second in out
+    assert "No SAE has id or name 'nobody'" in run("sae", "features", "nobody", 3, code=1)
