@@ -1,13 +1,15 @@
 """``millm steer sweep``: one feature at a range of strengths; concept rate, fluency and a recommended strength.
+``millm steer screen``: every labelled feature of an SAE, estimated, and the promising ones swept.
 
 The measures are ``millm.steering.sweep``'s (the ones ``bench/sae_quality.py`` reports). The SAE is attached
-for the sweep only (``millm chat --sae``'s session, ``millm.local.chat_steering``), every live value is
-cleared meanwhile, and afterwards attachments, values, the enabled flag and the active profile are as
-before; nothing is persisted, except the recommended strength with ``--save``.
+for the sweep only (``millm chat --sae``'s session, ``millm.local.chat_steering``); live values steer none of
+the sweep's answers, and afterwards attachments, values and the active profile are as before; nothing is
+persisted, except recommended strengths with ``--save``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -16,7 +18,7 @@ import typer
 from rich.table import Column, Table
 from rich.text import Text
 
-from cli.common import engine_for, err, out, reports_errors, steerable, steering_service
+from cli.common import engine_for, err, out, reports_errors, sae_ref, steerable, steering_service
 from cli.sae_train import steer_assignments
 from millm.errors import InvalidParameter
 
@@ -31,7 +33,6 @@ DEFAULT_SAE = "smollm2-135m-res-L10"
 def sweep_sae(service: SteeringService, target: SteeringTarget, ref: str | None) -> str:
     """The SAE to sweep: ``--sae`` (an id or name, or an SAE folder: its registration, else registered now as
     ``millm sae add`` does), else the one attached SAE, else the bundled ``smollm2-135m-res-L10``."""
-    from cli.sae_read import sae_id_of
     from millm.sae.bundled import register_bundled
 
     register_bundled(service.store)
@@ -40,7 +41,7 @@ def sweep_sae(service: SteeringService, target: SteeringTarget, ref: str | None)
             path = str(Path(ref).expanduser().resolve())
             known = [r["id"] for r in service.store.saes() if r["path"] == path]  # registered already, any id
             return str(known[0]) if known else str(service.register_sae(path)["id"])
-        return sae_id_of(service, ref)
+        return sae_ref(ref)
     attached = list(target.steering.attachments)
     if len(attached) > 1:
         raise InvalidParameter(f"{len(attached)} SAEs are attached ({', '.join(attached)}); name one with --sae.",
@@ -84,11 +85,11 @@ def sweep(
     """Sweep a feature over strengths: how often answers to neutral prompts mention its concept, what it costs
     in fluency (log-prob under the unsteered model, bound -1.5 nats/token), and the recommended strength."""
     from millm.sae.cards import check_index, folder_of
-    from millm.sae.labels import LabelIndex
     from millm.steering.sweep import (
+        Recommendation,
         bar_lines,
         parse_strengths,
-        save_recommendation,
+        save_recommendations,
         saveable,
         sweep_feature,
         write_png,
@@ -102,7 +103,7 @@ def sweep(
     folder = folder_of(service.sae(sae_id)["path"])
     (index,) = steer_assignments([f"{feature}=1"], sae_id, target.model_id)  # labels as chat --steer reads them
     check_index(index, int(service.sae(sae_id)["d_sae"]), sae_id)
-    label = LabelIndex.load(folder, sae_id).labels.get(index, "")
+    label = service.label_index(sae_id).labels.get(index, "")
     if save:
         saveable(folder)  # refused before the sweep runs, not after
     words = tuple(w.strip().lower() for w in concept or [] if w.strip())
@@ -130,10 +131,76 @@ def sweep(
     if save:
         if recommended is None:
             raise InvalidParameter("Nothing saved: this sweep recommends no strength.", param="save")
-        path = save_recommendation(folder, index, recommended, label)
+        point = result.point(recommended)
+        path = save_recommendations(folder, {index: Recommendation(recommended, point.rate if point else 0.0, label)})
         err.print(f"recommended_strength {recommended:g} saved for feature {index} in {path}", markup=False)
 
 
+def screen(
+    sae: Annotated[str | None, typer.Option(help="SAE id, name or folder (default: the one attached, else "
+                                                 f"{DEFAULT_SAE}).")] = None,
+    layer: Annotated[int | None, typer.Option(help="Layer for --sae (default: where it is attached, else its "
+                                                   "hint).")] = None,
+    prompts: Annotated[int, typer.Option(help="Neutral prompts per sampled sweep (1-20).")] = 4,
+    tokens: Annotated[int, typer.Option(help="Tokens per answer.")] = 24,
+    limit: Annotated[int | None, typer.Option(min=1, help="Sweep at most this many features, the highest "
+                                                          "estimates first.")] = None,
+    first: Annotated[int | None, typer.Option(min=1, help="Screen only the first N labelled features.")] = None,
+    seed: Annotated[int, typer.Option(help="Sampling seed.")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the swept features as JSON.")] = False,
+    save: Annotated[bool, typer.Option(help="Store each swept feature's recommended strength and concept rate "
+                                            "in the SAE's features.jsonl (writable SAE folders only).")] = False,
+    model: Annotated[str | None, typer.Option(help="Model id (default: the configured one).")] = None,
+) -> None:
+    """Screen every labelled feature of an SAE for steering: a cheap teacher-forced estimate of how much each
+    raises the chance of mentioning its label's words, then a sampled sweep (as ``steer sweep``) of those
+    the estimate picks; prints the features that steer, with their recommended strengths."""
+    from millm.sae.cards import folder_of
+    from millm.steering.screen import screen_sae
+    from millm.steering.sweep import Recommendation, save_recommendations, saveable
+
+    service = steering_service()
+    engine = engine_for(model)
+    target = steerable(engine)
+    sae_id = sweep_sae(service, target, sae)
+    folder = folder_of(service.sae(sae_id)["path"])
+    labels = service.label_index(sae_id).labels
+    if not labels:
+        raise InvalidParameter(f"{sae_id} has no feature labels to screen.", param="sae")
+    if first is not None:
+        labels = dict(list(labels.items())[:first])
+    if save:
+        saveable(folder)  # refused before the screen runs, not after
+    model_obj, tokenizer = getattr(engine, "model", None), getattr(engine, "tokenizer", None)
+    if model_obj is None or tokenizer is None:
+        raise InvalidParameter(f"'{engine.model_id}' has no transformers model to screen.", param="model")
+    with err.status(f"screening {len(labels)} labelled features of {sae_id} ...") as status:
+        def progress(stage: str, done: int, total: int) -> None:
+            status.update(f"screening {sae_id}: {stage} {done}/{total}")
+
+        measure, found = screen_sae(service, target, model_obj, tokenizer, sae_id, labels, prompts=prompts,
+                                    tokens=tokens, seed=seed, limit=limit, layer=layer, on_progress=progress)
+    steers = [s for s in found if s.recommended is not None]
+    if as_json:
+        out.print(json.dumps([{"index": s.feature, "label": s.label, "estimate": round(s.estimate, 4),
+                               "recommended_strength": s.recommended, "concept_rate": s.rate,
+                               "points": [dataclasses.asdict(p) for p in s.points]} for s in found], indent=2),
+                  markup=False)
+    else:
+        table = Table("feature", "label", "estimated rise", "recommended", "concept rate",
+                      title=Text(f"{sae_id}: {len(steers)} features steer their label "
+                                 f"({len(measure.prompts)} prompts, {measure.tokens} tokens, seed {measure.seed})"))
+        for s in steers:
+            table.add_row(str(s.feature), Text(s.label), f"{s.estimate:+.2f}", f"{s.recommended:g}", f"{s.rate:.0%}")
+        out.print(table)
+    if save:
+        found_map = {s.feature: Recommendation(s.recommended, s.rate, s.label) for s in steers
+                     if s.recommended is not None}
+        path = save_recommendations(folder, found_map)
+        err.print(f"recommended strengths saved for {len(found_map)} features in {path}", markup=False)
+
+
 def register(steer_app: typer.Typer) -> None:
-    """Add ``sweep`` to ``millm steer``."""
+    """Add ``sweep`` and ``screen`` to ``millm steer``."""
     steer_app.command("sweep")(reports_errors(sweep))
+    steer_app.command("screen")(reports_errors(screen))

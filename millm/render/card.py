@@ -31,7 +31,8 @@ def card_text(card: FeatureCard) -> Text:
                         (f"   {card.sae}, {card.d_sae} features", "dim"))
     if card.measured:
         strength = "" if card.recommended_strength is None else f": recommended strength {card.recommended_strength:g}"
-        out.append(f"\nmeasured to steer{strength}", style="green")
+        rate = "" if card.concept_rate is None else f" (concept in {card.concept_rate:.0%} of answers)"
+        out.append(f"\nmeasured to steer{strength}{rate}", style="green")
     if not card.recorded:
         out.append(f"\n{card.note}", style="dim")
         return out

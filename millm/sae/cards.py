@@ -5,7 +5,8 @@ from :func:`read_card`. A card always has the index, the SAE's width and the lab
 none); the rest (firing rate, max activation, top tokens, max-activating examples with the firing token
 between « and », promoted tokens) is there when ``features.jsonl`` has the feature's row, and ``note``
 says why it is not otherwise (no ``features.jsonl`` beside the SAE, or a feature that never fired on the
-labelling set). A row with a ``recommended_strength`` key marks a feature measured to steer.
+labelling set). A row with a ``recommended_strength`` key marks a feature measured to steer, and its
+``concept_rate`` is the share of sampled answers that mentioned the concept at that strength.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from millm.errors import InvalidFeatureIndex, InvalidParameter
 FEATURES_FILE = "features.jsonl"
 LABELS_FILE = "labels.json"
 MEASURED_KEY = "recommended_strength"
+RATE_KEY = "concept_rate"
 _INDEX = re.compile(r"[+-]?[0-9]+")
 
 
@@ -52,6 +54,7 @@ class FeatureCard:
     promotes: list[str] = field(default_factory=list)
     recommended_strength: float | None = None
     measured: bool = False  # the row has a recommended_strength key
+    concept_rate: float | None = None  # measured at the recommended strength
     note: str = ""
 
     def to_json(self) -> dict[str, Any]:
@@ -61,7 +64,8 @@ class FeatureCard:
                 "top_tokens": [{"token": t, "weight": w} for t, w in self.top_tokens],
                 "examples": [{"text": e.text, "activation": e.activation} for e in self.examples],
                 "promotes": list(self.promotes), "measured": self.measured,
-                "recommended_strength": self.recommended_strength, "note": self.note or None}
+                "recommended_strength": self.recommended_strength, "concept_rate": self.concept_rate,
+                "note": self.note or None}
 
     @classmethod
     def from_json(cls, body: Mapping[str, Any]) -> FeatureCard:
@@ -71,11 +75,16 @@ class FeatureCard:
                    [(str(t["token"]), float(t["weight"])) for t in body.get("top_tokens") or []],
                    [Example(str(e["text"]), float(e["activation"])) for e in body.get("examples") or []],
                    [str(t) for t in body.get("promotes") or []], _float(body.get("recommended_strength")),
-                   bool(body.get("measured")), str(body.get("note") or ""))
+                   bool(body.get("measured")), _float(body.get("concept_rate")), str(body.get("note") or ""))
 
 
 def _float(value: Any) -> float | None:
     return None if value is None or isinstance(value, bool) else float(value)
+
+
+def _number(value: Any) -> float | None:
+    """A number a file holds, else None (a file may hold anything)."""
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def example_parts(text: str) -> tuple[str, str, str]:
@@ -120,9 +129,10 @@ def feature_rows(folder: str | Path) -> dict[int, dict[str, Any]]:
     return _rows_cached(str(path), stat.st_mtime_ns, stat.st_size)
 
 
-def measured_features(folder: str | Path) -> set[int]:
-    """The features whose ``features.jsonl`` row says they were measured to steer."""
-    return {i for i, row in feature_rows(folder).items() if MEASURED_KEY in row}
+def measured_features(folder: str | Path) -> dict[int, float]:
+    """The features whose ``features.jsonl`` row says they were measured to steer, with the concept rate
+    measured at their recommended strength (0 where the row does not say)."""
+    return {i: _float(row.get(RATE_KEY)) or 0.0 for i, row in feature_rows(folder).items() if MEASURED_KEY in row}
 
 
 def parse_index(text: str, d_sae: int, name: str) -> int:
@@ -175,12 +185,11 @@ def read_card(folder: str | Path, index: int, d_sae: int, *, name: str,
                 "tokens are not recorded." if not rows else
                 f"Feature {index} never fired on {name}'s labelling set: nothing else is recorded about it.")
         return FeatureCard(name, index, d_sae, label, note=note)
-    strength = row.get(MEASURED_KEY)
     return FeatureCard(
         name, index, d_sae, label or str(row.get("label") or ""), recorded=True,
         frequency=_float(row.get("frequency")), max_activation=_float(row.get("max_activation")),
         top_tokens=[(str(t), float(w)) for t, w in row.get("top_tokens") or []],
         examples=[Example(str(e.get("text", "")), float(e.get("activation", 0.0))) for e in row.get("examples") or []],
         promotes=[str(t) for t in row.get("promotes") or []],
-        recommended_strength=float(strength) if isinstance(strength, (int, float)) and not isinstance(strength, bool)
-        else None, measured=MEASURED_KEY in row)
+        recommended_strength=_number(row.get(MEASURED_KEY)), measured=MEASURED_KEY in row,
+        concept_rate=_number(row.get(RATE_KEY)))

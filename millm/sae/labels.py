@@ -23,7 +23,7 @@ import json
 import math
 import re
 from collections import Counter
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -138,11 +138,13 @@ def _terms(label: str) -> list[str]:
     return [t.strip().lower() for t in label.split(",") if t.strip()]
 
 
-def rank(labels: Mapping[int, str], query: str, measured: Collection[int] = ()) -> list[Match]:
+def rank(labels: Mapping[int, str], query: str, measured: Mapping[int, float] | None = None) -> list[Match]:
     """Every feature whose label contains ``query`` (case-insensitively), best first: labels with it as a
-    whole word, then features measured to steer (their ``features.jsonl`` row has a ``recommended_strength``),
-    then the other substring matches. Within each group measured features come first, then labels whose
-    first term is the query, then labels with it as a term, then by index."""
+    whole word, then features measured to steer (their ``features.jsonl`` row has a ``recommended_strength``;
+    ``measured`` maps them to the concept rate measured there), then the other substring matches. Within each
+    group measured features come first, the higher concept rate first, then labels whose first term is the
+    query, then labels with it as a term, then by index."""
+    measured = measured or {}
     q = query.strip().lower()
     if not q:
         return []
@@ -156,18 +158,21 @@ def rank(labels: Mapping[int, str], query: str, measured: Collection[int] = ()) 
         is_measured = index in measured
         group = 0 if word.search(low) else 1 if is_measured else 2
         closeness = 0 if terms and terms[0] == q else 1 if q in terms else 2
-        keyed.append(((group, not is_measured, closeness, index), Match(index, label)))
+        rate = -measured[index] if is_measured else 1.0
+        keyed.append(((group, rate, closeness, index), Match(index, label)))
     return [m for _, m in sorted(keyed, key=lambda km: km[0])]
 
 
 class LabelIndex:
     """An SAE's feature labels, searchable, and the one rule that turns a name into a feature index.
-    ``measured`` are the features measured to steer, which :func:`rank` puts before other partial matches."""
+    ``measured`` are the features measured to steer (with their concept rates), which :func:`rank` puts
+    first among equal matches."""
 
-    def __init__(self, labels: dict[int, str], name: str = "this SAE", measured: Collection[int] = ()) -> None:
+    def __init__(self, labels: dict[int, str], name: str = "this SAE", measured: Mapping[int, float] | None = None,
+                 ) -> None:
         self.labels = dict(sorted(labels.items()))
         self.name = name
-        self.measured = frozenset(measured)
+        self.measured = dict(measured or {})
 
     @classmethod
     def load(cls, folder: Path, name: str | None = None) -> LabelIndex:

@@ -9,7 +9,7 @@ place, so a captured decode graph would read the new values without being rebuil
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -62,6 +62,25 @@ class Steering(SteeringCore):
             yield
         finally:
             self._view = previous
+
+    @contextmanager
+    def each_row(self, overrides: Sequence[Override]) -> Iterator[None]:
+        """Forwards in this block are batches of ``len(overrides)`` rows, row ``i`` steered by ``overrides[i]``
+        alone (no live value steers them): a sweep's many strengths and features in one batch.
+
+        The rows take slots past every slot a request holds (a command runs between the scheduler's steps,
+        with its requests' rows still bound) and are released afterwards; an override that cannot steer
+        raises with every slot released."""
+        first = 1 + max(self._row_sources, default=-1)
+        self.reserve_rows(first + len(overrides))
+        try:
+            for i, override in enumerate(overrides):
+                self.bind_row(first + i, override)
+            with self.rows(RowView(first, len(overrides))):
+                yield
+        finally:
+            for i in range(len(overrides)):
+                self.release_row(first + i)
 
     @contextmanager
     def reading(self, sae_id: str, reader: Reader, point: str) -> Iterator[None]:

@@ -23,8 +23,7 @@ import re
 import struct
 import tempfile
 import zlib
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -75,25 +74,43 @@ def concept_rate(answers: Sequence[str], words: Iterable[str]) -> float:
 
 
 # measuring
-def mean_logprob(model: Any, tokenizer: Any, prompts: Sequence[str], answers: Sequence[str]) -> float:
-    """Mean log-probability per answer token under ``model`` as its hooks are now (teacher forced)."""
+ROWS_PER_BATCH = 96  # answers sampled together: a sweep's strengths (and a screen's features) share batches
+
+
+def row_logprobs(model: Any, tokenizer: Any, prompts: Sequence[str], answers: Sequence[str],
+                 batch: int = 16) -> list[tuple[float, int]]:
+    """Per answer: the sum of its tokens' log-probabilities under ``model`` as its hooks are now (teacher
+    forced after its chat-templated prompt), and how many tokens it has."""
     import torch
 
     from millm.sae.corpus import _chat_text
 
-    total, count = 0.0, 0
+    pairs = [(tokenizer(_chat_text(tokenizer, p), add_special_tokens=False)["input_ids"],
+              tokenizer(a, add_special_tokens=False)["input_ids"]) for p, a in zip(prompts, answers)]
+    device = next(model.parameters()).device
+    out: list[tuple[float, int]] = []
     with torch.inference_mode():
-        device = next(model.parameters()).device
-        for prompt, answer in zip(prompts, answers):
-            head = tokenizer(_chat_text(tokenizer, prompt), add_special_tokens=False)["input_ids"]
-            body = tokenizer(answer, add_special_tokens=False)["input_ids"]
-            if not body:
-                continue
-            ids = torch.tensor([head + body], device=device)
-            logp = model(input_ids=ids, use_cache=False).logits[0, len(head) - 1:-1].float().log_softmax(-1)
-            total += float(logp.gather(-1, torch.tensor(body, device=device).unsqueeze(-1)).sum())
-            count += len(body)
-    return total / max(1, count)
+        for at in range(0, len(pairs), batch):
+            chunk = pairs[at:at + batch]
+            width = max(len(h) + len(b) for h, b in chunk)
+            ids = torch.zeros((len(chunk), width), dtype=torch.long)
+            mask = torch.zeros((len(chunk), width), dtype=torch.long)
+            scored = torch.zeros((len(chunk), width - 1), dtype=torch.bool)
+            for i, (head, body) in enumerate(chunk):
+                ids[i, :len(head) + len(body)] = torch.tensor(head + body)
+                mask[i, :len(head) + len(body)] = 1
+                scored[i, len(head) - 1:len(head) + len(body) - 1] = True
+            ids, mask, scored = ids.to(device), mask.to(device), scored.to(device)
+            logp = model(input_ids=ids, attention_mask=mask, use_cache=False).logits[:, :-1].float().log_softmax(-1)
+            token_logp = logp.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1) * scored
+            out.extend((float(total), int(count)) for total, count in zip(token_logp.sum(-1), scored.sum(-1)))
+    return out
+
+
+def mean_logprob(model: Any, tokenizer: Any, prompts: Sequence[str], answers: Sequence[str]) -> float:
+    """Mean log-probability per answer token under ``model`` as its hooks are now (teacher forced)."""
+    rows = row_logprobs(model, tokenizer, prompts, answers)
+    return sum(t for t, _ in rows) / max(1, sum(c for _, c in rows))
 
 
 @dataclass(frozen=True)
@@ -106,6 +123,21 @@ class Point:
     fluency: float  # logprob minus the unsteered answers' own (nats/token; 0 unsteered)
     inside: bool  # fluency >= -FLUENCY_BOUND
     example: str = ""  # the first answer
+
+
+@dataclass(frozen=True)
+class Case:
+    """What steers one set of answers (per SAE, feature -> strength), the words that count as its concept,
+    and the strength its point reports (a feature's strength, or a dial's λ)."""
+
+    strength: float
+    values: Mapping[str, Mapping[int, float]]
+    words: tuple[str, ...]
+
+    @classmethod
+    def feature(cls, sae_id: str, feature: int, strength: float, words: Sequence[str]) -> Case:
+        """One feature of one SAE alone at ``strength``."""
+        return cls(strength, {sae_id: {feature: strength}} if strength else {}, tuple(words))
 
 
 @dataclass
@@ -151,7 +183,7 @@ def recommend(points: Sequence[Point], target: float = TARGET_RATE, bound: float
 
 
 class Measure:
-    """Answers to the first ``prompts`` neutral prompts, steered however the hooks are set, measured against
+    """Answers to the first ``prompts`` neutral prompts under each case's steering alone, measured against
     the unsteered answers (sampled and scored once, with every SAE's steering suppressed)."""
 
     def __init__(self, model: Any, tokenizer: Any, steering: Any, prompts: Sequence[str] = NEUTRAL_PROMPTS,
@@ -159,48 +191,52 @@ class Measure:
         self.model, self.tokenizer, self.steering = model, tokenizer, steering
         self.prompts, self.seed, self.tokens, self.bound = tuple(prompts), seed, tokens, bound
         with steering.suppressed():
-            self.plain = self.answers()
+            self.plain = self.answers(list(self.prompts))
             self.plain_logprob = self.unsteered_logprob(self.plain)
 
-    def answers(self) -> list[str]:
+    def answers(self, prompts: list[str], seed: int | None = None) -> list[str]:
         from millm.sae.corpus import sample_answers
 
-        return sample_answers(self.model, self.tokenizer, list(self.prompts), self.seed, self.tokens)
+        return sample_answers(self.model, self.tokenizer, prompts, self.seed if seed is None else seed, self.tokens)
 
     def unsteered_logprob(self, answers: Sequence[str]) -> float:
         with self.steering.suppressed():
             return mean_logprob(self.model, self.tokenizer, self.prompts, answers)
 
+    def points(self, cases: Sequence[Case]) -> list[Point]:
+        """Each case measured: its answers are sampled in batches of rows, each row steered by its own case
+        alone (``Steering.each_row``: live values and other requests' rows are untouched), then scored by
+        the unsteered model. A case that steers nothing is the unsteered answers themselves."""
+        from millm.steering.core import Override
+
+        per = len(self.prompts)
+        steered = [c for c in cases if any(c.values.values())]
+        group = max(1, ROWS_PER_BATCH // per)
+        answers: list[str] = []
+        for at in range(0, len(steered), group):
+            chunk = steered[at:at + group]
+            overrides = [Override("sweep", {sae: dict(v) for sae, v in c.values.items()})
+                         for c in chunk for _ in range(per)]
+            with self.steering.each_row(overrides):
+                answers += self.answers(list(self.prompts) * len(chunk), self.seed + at)
+        with self.steering.suppressed():
+            scored = row_logprobs(self.model, self.tokenizer, list(self.prompts) * len(steered), answers)
+        measured = {}
+        for n, case in enumerate(steered):
+            mine, rows = answers[n * per:(n + 1) * per], scored[n * per:(n + 1) * per]
+            lp = sum(t for t, _ in rows) / max(1, sum(c for _, c in rows))
+            measured[id(case)] = self._point(case, mine, lp)
+        return [measured[id(c)] if id(c) in measured else self._point(c, self.plain, self.plain_logprob)
+                for c in cases]
+
+    def _point(self, case: Case, answers: Sequence[str], logprob: float) -> Point:
+        fluency = logprob - self.plain_logprob
+        return Point(case.strength, concept_rate(answers, case.words), logprob, fluency, fluency >= -self.bound,
+                     answers[0] if answers else "")
+
     def at(self, sae_id: str, feature: int, strength: float, words: Iterable[str]) -> Point:
-        """``feature`` alone steered at ``strength`` on ``sae_id`` (every other value cleared), then cleared."""
-        self.steering.clear()
-        self.steering.set_values(sae_id, {feature: strength} if strength else {}, merge=False)
-        try:
-            steered = self.answers()
-        finally:
-            self.steering.clear()
-        lp = self.unsteered_logprob(steered)
-        fluency = lp - self.plain_logprob
-        return Point(strength, concept_rate(steered, words), lp, fluency, fluency >= -self.bound,
-                     steered[0] if steered else "")
-
-
-@contextmanager
-def isolated(steering: Any) -> Iterator[None]:
-    """Every live value cleared and steering enabled for the block; afterwards the values, the enabled flag
-    and the active profile are what they were (on the controller only: nothing is persisted)."""
-    values = {a.sae_id: dict(a.values) for a in steering.attachments.values()}
-    active, enabled = steering.active_profile, steering.enabled
-    steering.clear()
-    steering.set_enabled(True)
-    try:
-        yield
-    finally:
-        from millm.local import put_back
-
-        steering.clear()
-        put_back(steering, active, values)
-        steering.set_enabled(enabled)
+        """``feature`` alone steered at ``strength`` on ``sae_id``."""
+        return self.points([Case.feature(sae_id, feature, strength, tuple(words))])[0]
 
 
 def need_words(feature: int, words: Sequence[str]) -> Sequence[str]:
@@ -212,40 +248,41 @@ def need_words(feature: int, words: Sequence[str]) -> Sequence[str]:
 
 
 def run_sweep(measure: Measure, sae_id: str, layer: int, feature: int, label: str, words: Sequence[str],
-              strengths: Sequence[float], on_point: Callable[[Point], None] | None = None) -> SweepResult:
-    """``feature`` of ``sae_id`` (attached at ``layer`` on ``measure``'s steering) at each strength."""
+              strengths: Sequence[float]) -> SweepResult:
+    """``feature`` of ``sae_id`` (attached at ``layer`` on ``measure``'s steering) at each strength, the
+    strengths sampled together."""
     words = tuple(w.lower() for w in need_words(feature, words))
     result = SweepResult(sae_id, layer, feature, label, words, len(measure.prompts), measure.tokens, measure.seed,
                          concept_rate(measure.plain, words), measure.plain_logprob, bound=measure.bound)
-    for strength in strengths:
-        point = measure.at(sae_id, feature, strength, words)
-        result.points.append(point)
-        if on_point is not None:
-            on_point(point)
+    result.points = measure.points([Case.feature(sae_id, feature, s, words) for s in strengths])
     return result
 
 
-def sweep_feature(service: Any, target: Any, model: Any, tokenizer: Any, sae_id: str, feature: int, *,
-                  label: str = "", words: Sequence[str] = (), strengths: Sequence[float] = STRENGTHS,
-                  prompts: int = 8, seed: int = SEED, tokens: int = MAX_NEW_TOKENS, layer: int | None = None,
-                  on_point: Callable[[Point], None] | None = None) -> SweepResult:
-    """A sweep on a loaded model (``target``, a ``SteeringTarget`` of ``service``'s registry): ``sae_id`` is
-    attached for the sweep only (``millm chat --sae``'s session: at ``layer``, default where it is attached,
-    else its hint; an SAE on that layer set aside), every live value is cleared meanwhile, and afterwards
-    attachments, values, the enabled flag and the active profile are as they were; nothing is persisted.
-    ``words`` default to the label's (:func:`label_words`)."""
-    from millm.local import chat_steering
-
+def check_sizes(prompts: int, tokens: int) -> None:
+    """The neutral prompts and tokens per answer a sweep may ask for."""
     if not 1 <= prompts <= len(NEUTRAL_PROMPTS):
         raise InvalidParameter(f"--prompts must be 1-{len(NEUTRAL_PROMPTS)}.", param="prompts")
     if not 1 <= tokens <= 512:
         raise InvalidParameter("--tokens must be 1-512.", param="tokens")
+
+
+def sweep_feature(service: Any, target: Any, model: Any, tokenizer: Any, sae_id: str, feature: int, *,
+                  label: str = "", words: Sequence[str] = (), strengths: Sequence[float] = STRENGTHS,
+                  prompts: int = 8, seed: int = SEED, tokens: int = MAX_NEW_TOKENS,
+                  layer: int | None = None) -> SweepResult:
+    """A sweep on a loaded model (``target``, a ``SteeringTarget`` of ``service``'s registry): ``sae_id`` is
+    attached for the sweep only (``millm chat --sae``'s session: at ``layer``, default where it is attached,
+    else its hint; an SAE on that layer set aside); live values steer none of the sweep's answers, and
+    afterwards attachments, values and the active profile are as they were; nothing is persisted.
+    ``words`` default to the label's (:func:`label_words`)."""
+    from millm.local import chat_steering
+
+    check_sizes(prompts, tokens)
     words = need_words(feature, tuple(words) or label_words(label))  # before anything is attached
     steering = target.steering
-    with chat_steering(service, target, sae_id, layer, {}, None), isolated(steering):
+    with chat_steering(service, target, sae_id, layer, {}, None):
         measure = Measure(model, tokenizer, steering, NEUTRAL_PROMPTS[:prompts], seed, tokens)
-        return run_sweep(measure, sae_id, steering.attachments[sae_id].layer, feature, label, words, strengths,
-                         on_point)
+        return run_sweep(measure, sae_id, steering.attachments[sae_id].layer, feature, label, words, strengths)
 
 
 def parse_strengths(text: str) -> list[float]:
@@ -280,26 +317,36 @@ def saveable(folder: str | Path) -> Path:
     return path
 
 
-def save_recommendation(folder: str | Path, feature: int, strength: float, label: str = "") -> Path:
-    """Write ``recommended_strength`` into feature ``feature``'s row of the SAE's ``features.jsonl`` (a row is
-    added for a feature that has none); refused where :func:`saveable` refuses."""
-    from millm.sae.cards import MEASURED_KEY
+@dataclass(frozen=True)
+class Recommendation:
+    """What a sweep found for one feature: its recommended strength and the concept rate there."""
+
+    strength: float
+    rate: float
+    label: str = ""
+
+
+def save_recommendations(folder: str | Path, found: Mapping[int, Recommendation]) -> Path:
+    """Write each feature's ``recommended_strength`` and ``concept_rate`` into its row of the SAE's
+    ``features.jsonl`` (a row is added for a feature that has none), in one atomic replace; refused where
+    :func:`saveable` refuses."""
+    from millm.sae.cards import MEASURED_KEY, RATE_KEY
 
     path = saveable(folder)
-    base = path.parent
     lines = path.read_text(encoding="utf-8").splitlines()
-    found = False
+    left = dict(found)
     for n, line in enumerate(lines):
         if not line.strip():
             continue
         row = json.loads(line)
-        if int(row.get("index", -1)) == feature:
-            row[MEASURED_KEY] = strength
+        rec = left.pop(int(row.get("index", -1)), None)
+        if rec is not None:
+            row[MEASURED_KEY], row[RATE_KEY] = rec.strength, rec.rate
             lines[n] = json.dumps(row, ensure_ascii=False)
-            found = True
-    if not found:
-        lines.append(json.dumps({"index": feature, "label": label, MEASURED_KEY: strength}, ensure_ascii=False))
-    fd, tmp = tempfile.mkstemp(dir=base, prefix=".features-", suffix=".jsonl")
+    for index, rec in sorted(left.items()):
+        lines.append(json.dumps({"index": index, "label": rec.label, MEASURED_KEY: rec.strength,
+                                 RATE_KEY: rec.rate}, ensure_ascii=False))
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".features-", suffix=".jsonl")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write("\n".join(lines) + "\n")

@@ -102,10 +102,10 @@ def test_example_parts() -> None:
 
 def test_rows_are_reread_when_the_file_changes(tmp_path: Path) -> None:
     folder = write_sae(tmp_path / "sae")
-    assert measured_features(folder) == {8}
+    assert measured_features(folder) == {8: 0.0}  # measured, with no concept rate recorded
     unmeasured = {k: v for k, v in ROWS[1].items() if k != "recommended_strength"}
-    write_sae(folder, rows=[{**ROWS[0], "recommended_strength": 30.0}, unmeasured])
-    assert measured_features(folder) == {3}
+    write_sae(folder, rows=[{**ROWS[0], "recommended_strength": 30.0, "concept_rate": 0.75}, unmeasured])
+    assert measured_features(folder) == {3: 0.75}
 
 
 # ranking: whole-word matches, then features measured to steer, then other substring matches
@@ -116,8 +116,13 @@ TABLE = {1: "rainbow, colours", 2: "heavy rain, storm", 3: "rain, wet", 4: "drai
 def test_rank_puts_whole_words_first_then_measured_then_other_substrings() -> None:
     assert [m.index for m in rank(TABLE, "rain")] == [3, 5, 2, 1, 4, 6, 7]
     # measured 6 and 2: 2 leads the whole-word matches, 6 leads the substring ones
-    assert [m.index for m in rank(TABLE, "rain", measured={6, 2})] == [2, 3, 5, 6, 1, 4, 7]
-    assert [m.index for m in rank(TABLE, "RAIN ", measured={6})][:4] == [3, 5, 2, 6]
+    assert [m.index for m in rank(TABLE, "rain", measured={6: 0.5, 2: 0.5})] == [2, 3, 5, 6, 1, 4, 7]
+    assert [m.index for m in rank(TABLE, "RAIN ", measured={6: 0.5})][:4] == [3, 5, 2, 6]
+
+
+def test_rank_puts_the_higher_measured_concept_rate_first() -> None:
+    assert [m.index for m in rank(TABLE, "rain", measured={5: 0.9, 2: 0.4, 3: 0.0})][:4] == [5, 2, 3, 1]
+    assert [m.index for m in rank(TABLE, "rain", measured={5: 0.4, 2: 0.9})][:3] == [2, 5, 3]
 
 
 def test_rank_matches_case_insensitively_and_only_substrings() -> None:
@@ -130,7 +135,7 @@ def test_label_index_searches_with_the_ranking_and_loads_measured_features(tmp_p
     folder = write_sae(tmp_path / "sae", rows=[{"index": 6, "label": "terrain, maps", "recommended_strength": 40}],
                        labels=TABLE)
     index = LabelIndex.load(folder, "test-sae")
-    assert index.measured == {6}
+    assert index.measured == {6: 0.0}
     assert [r["index"] for r in index.rows("rain", limit=4)] == [3, 5, 2, 6]
     assert [m.index for m in LabelIndex(TABLE).search("rain")] == [3, 5, 2, 1, 4, 6, 7]
 

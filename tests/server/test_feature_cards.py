@@ -47,7 +47,8 @@ def test_card_route_returns_the_card(tmp_path: Path) -> None:
                     "top_tokens": [{"token": "rain", "weight": 40.5}, {"token": "storm", "weight": 12.0}],
                     "examples": [{"text": "then the« rain» fell", "activation": 17.5},
                                  {"text": "no marks here", "activation": 2.0}],
-                    "promotes": [" umbrella", "wet"], "measured": False, "recommended_strength": None, "note": None}
+                    "promotes": [" umbrella", "wet"], "measured": False, "recommended_strength": None,
+                    "concept_rate": None, "note": None}
     assert measured["measured"] is True and measured["recommended_strength"] == 40.0
     assert dead["recorded"] is False and "never fired" in dead["note"] and dead["label"] == ""
 

@@ -10,6 +10,7 @@ from millm.errors import InvalidParameter
 from millm.steering.sweep import (
     FLUENCY_BOUND,
     Point,
+    Recommendation,
     bar_chart,
     bar_lines,
     concept_rate,
@@ -18,7 +19,7 @@ from millm.steering.sweep import (
     parse_strengths,
     png_bytes,
     recommend,
-    save_recommendation,
+    save_recommendations,
     write_png,
 )
 
@@ -128,25 +129,28 @@ def test_bar_lines_one_per_strength():
     assert "inside" in lines[1] and "past -1.5" in lines[2]
 
 
-def test_save_recommendation_writes_the_key_into_the_row(tmp_path):
+def test_save_recommendations_write_the_keys_into_the_rows_at_once(tmp_path):
     rows = [{"index": 3, "label": "rain, storm"}, {"index": 7, "label": "dog, dogs", "top_tokens": [["dog", 1.0]]}]
     (tmp_path / "features.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    save_recommendation(tmp_path, 7, 40.0)
+    save_recommendations(tmp_path, {7: Recommendation(40.0, 0.75)})
     saved = [json.loads(line) for line in (tmp_path / "features.jsonl").read_text().splitlines()]
-    assert saved[0] == rows[0] and saved[1] == {**rows[1], "recommended_strength": 40.0}
-    save_recommendation(tmp_path, 9, 60.0, "cat")  # a feature without a row gets one
-    assert json.loads((tmp_path / "features.jsonl").read_text().splitlines()[-1]) == {
-        "index": 9, "label": "cat", "recommended_strength": 60.0}
+    assert saved[0] == rows[0] and saved[1] == {**rows[1], "recommended_strength": 40.0, "concept_rate": 0.75}
+    # a feature without a row gets one; one with a row is measured again
+    save_recommendations(tmp_path, {9: Recommendation(60.0, 0.5, "cat"), 7: Recommendation(20.0, 1.0)})
+    saved = [json.loads(line) for line in (tmp_path / "features.jsonl").read_text().splitlines()]
+    assert saved[1]["recommended_strength"] == 20.0 and saved[1]["concept_rate"] == 1.0
+    assert saved[2] == {"index": 9, "label": "cat", "recommended_strength": 60.0, "concept_rate": 0.5}
+    assert not list(tmp_path.glob(".features-*"))  # written by one atomic replace
 
 
 def test_save_recommendation_refuses_a_folder_it_cannot_write(tmp_path, monkeypatch):
     with pytest.raises(InvalidParameter, match="no features.jsonl"):
-        save_recommendation(tmp_path, 1, 20.0)
+        save_recommendations(tmp_path, {1: Recommendation(20.0, 1.0)})
     (tmp_path / "features.jsonl").write_text('{"index": 1}\n')
     # the tests may run as root, who may write anywhere: a read-only folder as os.access reports it
     monkeypatch.setattr("millm.steering.sweep.os.access", lambda path, mode: False)
     with pytest.raises(InvalidParameter, match="not writable"):
-        save_recommendation(tmp_path, 1, 20.0)
+        save_recommendations(tmp_path, {1: Recommendation(20.0, 1.0)})
     assert (tmp_path / "features.jsonl").read_text() == '{"index": 1}\n'
 
 
@@ -156,5 +160,5 @@ def test_save_recommendation_refuses_the_bundled_saes():
     folder = BUNDLED_DIR / "smollm2-135m-res-L10"
     before = (folder / "features.jsonl").read_bytes()
     with pytest.raises(InvalidParameter, match="ships inside the package"):
-        save_recommendation(folder, 2375, 40.0)
+        save_recommendations(folder, {2375: Recommendation(40.0, 1.0)})
     assert (folder / "features.jsonl").read_bytes() == before
