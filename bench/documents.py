@@ -5,7 +5,8 @@ fluency it costs.
     python bench/documents.py --prompts 4 --tokens 24          # a quick look
     python bench/documents.py --doc profiles/my-cluster.json   # another document of the bundled SAEs
 
-For each document and each λ in LAMBDAS, the authored strengths are scaled as serving scales them
+For each document and each λ in LAMBDAS (as serving resolves a request's ``steering_intensity``: within
+the document's declared ``intensity_range``), the authored strengths are scaled as serving scales them
 (``millm.steering.intensity.scale``: strength × λ, each clamped to ±200) and the answers are measured with
 ``millm.steering.sweep`` (seeded sampled answers to the neutral prompts, the concept rate over the
 document's ``concept`` words, fluency against the unsteered answers, bound -1.5 nats/token). Both bundled
@@ -26,7 +27,7 @@ from millm.registry import BUNDLED_ID, resolve
 from millm.sae.bundled import bundled_saes
 from millm.sae.formats import load_sae
 from millm.steering.controller import Steering
-from millm.steering.intensity import scale
+from millm.steering.intensity import BaseKind, IntensitySettings, resolve_lambda, scale
 from millm.steering.sweep import (
     FLUENCY_BOUND,
     MAX_NEW_TOKENS,
@@ -57,6 +58,7 @@ def main() -> None:
                                                            "the example's own list)")
     args = parser.parse_args()
     settings = get_settings()
+    intensity = IntensitySettings.from_settings(settings)
     model, tokenizer, _, _ = load(resolve(BUNDLED_ID, settings), settings)
     control = Steering(model)
     by_layer = {}
@@ -75,7 +77,10 @@ def main() -> None:
             strengths: dict[str, dict[int, float]] = {}
             for m in doc["members"]:
                 strengths.setdefault(by_layer[m.get("layer", layer_of)], {})[m["feature"]] = m["strength"]
-            cases = [Case(lam, scale(strengths, lam), words) for lam in LAMBDAS]
+            kind = BaseKind.CLUSTER if doc["kind"] == "cluster" else BaseKind.CIRCUIT
+            declared = tuple(doc["intensity_range"]) if doc.get("intensity_range") else None
+            lambdas = sorted({resolve_lambda(lam, kind, declared, 1.0, intensity) for lam in LAMBDAS})
+            cases = [Case(lam, scale(strengths, lam), words) for lam in lambdas]
             points = measure.points(cases)
             print(f"{doc['name']} ({doc['kind']}, {len(doc['members'])} members; concept words "
                   f"{', '.join(words)}; unsteered rate {concept_rate(measure.plain, words):.0%}):")

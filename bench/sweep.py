@@ -4,12 +4,14 @@
     python bench/sweep.py --prompts 2 --tokens 16 --concept rain --concept dog   # a quick check
 
 For each concept in CONCEPTS (fixed before any result was seen), the top label-search hit on
-smollm2-135m-res-L10 (``LabelIndex.search``, what ``millm sae features --search`` lists first) is swept at
-STRENGTHS with ``millm.steering.sweep`` (the measures of ``millm steer sweep`` and bench/sae_quality.py:
-seeded sampled answers to the neutral prompts, concept rate over the label's words, fluency against the
-unsteered answers, bound -1.5 nats/token). Printed per concept: the feature, its label, the recommended
-strength and the rate and fluency at it; last, how many of the ten reach >= 60% inside the fluency bound.
-The SAE is attached to the loaded model for the run only; nothing is registered or persisted.
+smollm2-135m-res-L10 (``LabelIndex.search``, what ``millm sae features --search`` lists first: whole-word
+matches, measured features first) is measured at its recommended strength (the one ``millm steer screen``
+stored in the bundled features.jsonl; a hit without one is swept at STRENGTHS and gets the sweep's), with
+``millm.steering.sweep`` (the measures of ``millm steer sweep`` and bench/sae_quality.py: seeded sampled
+answers to the neutral prompts, concept rate over the label's words, fluency against the unsteered answers,
+bound -1.5 nats/token). Printed per concept: the feature, its label, the strength and the rate and fluency
+there; last, how many of the ten reach >= 60% inside the fluency bound. The SAE is attached to the loaded
+model for the run only; nothing is registered or persisted.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from millm.config import get_settings
 from millm.engine.loader import load
 from millm.registry import BUNDLED_ID, resolve
 from millm.sae.bundled import bundled_saes
+from millm.sae.cards import read_card
 from millm.sae.formats import load_sae
 from millm.sae.labels import LabelIndex
 from millm.steering.controller import Steering
@@ -69,9 +72,12 @@ def main() -> None:
                 print(f"  {concept}: no feature label contains it")
                 continue
             hit = hits[0]
+            stored = read_card(bundled.path, hit.index, 4096, name=SAE).recommended_strength
+            strengths = (stored,) if stored is not None else STRENGTHS
             result = run_sweep(measure, SAE, bundled.layer, hit.index, hit.label, label_words(hit.label) or (concept,),
-                               STRENGTHS)
-            best = result.point(result.recommended)
+                               strengths)
+            source = "stored" if stored is not None else "swept"
+            best = result.point(stored if stored is not None else result.recommended)
             rates = " ".join(f"{p.strength:g}:{p.rate:.0%}/{p.fluency:+.2f}" for p in result.points)
             if best is None:
                 print(f"  {concept}: feature {hit.index} ({hit.label}): no recommended strength "
@@ -79,9 +85,9 @@ def main() -> None:
                 continue
             ok = best.rate >= TARGET_RATE and best.inside
             reached += ok
-            print(f"  {concept}: feature {hit.index} ({hit.label}): recommended {best.strength:g}: "
+            print(f"  {concept}: feature {hit.index} ({hit.label}): {source} strength {best.strength:g}: "
                   f"rate {best.rate:.0%} (unsteered {result.unsteered_rate:.0%}), fluency {best.fluency:+.2f}"
-                  f"{'' if ok else ' (below the target)'}; all: {rates}")
+                  f"{'' if ok else ' (below the target)'}" + ("" if stored is not None else f"; swept: {rates}"))
     finally:
         control.detach_all()
     print(f"{reached} of {len(concepts)} reach >= {TARGET_RATE:.0%} inside the fluency bound (-{FLUENCY_BOUND:g} "

@@ -146,6 +146,9 @@ def screen(
     limit: Annotated[int | None, typer.Option(min=1, help="Sweep at most this many features, the highest "
                                                           "estimates first.")] = None,
     first: Annotated[int | None, typer.Option(min=1, help="Screen only the first N labelled features.")] = None,
+    again: Annotated[bool, typer.Option(help="Sweep features measured before too (default: a feature whose "
+                                             "features.jsonl row has a recommended strength is not swept again)."
+                                        )] = False,
     seed: Annotated[int, typer.Option(help="Sampling seed.")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Print the swept features as JSON.")] = False,
     save: Annotated[bool, typer.Option(help="Store each swept feature's recommended strength and concept rate "
@@ -178,23 +181,27 @@ def screen(
         def progress(stage: str, done: int, total: int) -> None:
             status.update(f"screening {sae_id}: {stage} {done}/{total}")
 
-        measure, found = screen_sae(service, target, model_obj, tokenizer, sae_id, labels, prompts=prompts,
-                                    tokens=tokens, seed=seed, limit=limit, layer=layer, on_progress=progress)
-    steers = [s for s in found if s.recommended is not None]
+        found = screen_sae(service, target, model_obj, tokenizer, sae_id, labels, prompts=prompts, tokens=tokens,
+                           seed=seed, limit=limit, layer=layer, on_progress=progress,
+                           skip=() if again else set(service.label_index(sae_id).measured))
     if as_json:
-        out.print(json.dumps([{"index": s.feature, "label": s.label, "estimate": round(s.estimate, 4),
-                               "recommended_strength": s.recommended, "concept_rate": s.rate,
-                               "points": [dataclasses.asdict(p) for p in s.points]} for s in found], indent=2),
-                  markup=False)
+        out.print(json.dumps({
+            "sae": sae_id, "prompts": found.prompts, "tokens": found.tokens, "seed": found.seed,
+            "estimates": {str(f): round(r, 4) for f, r in found.estimates.items()},
+            "swept": [{"index": s.feature, "label": s.label, "estimate": round(s.estimate, 4),
+                       "unsteered_rate": s.baseline, "recommended_strength": s.recommended,
+                       "concept_rate": s.rate, "points": [dataclasses.asdict(p) for p in s.points]}
+                      for s in found.swept]}, indent=2), markup=False)
     else:
         table = Table("feature", "label", "estimated rise", "recommended", "concept rate",
-                      title=Text(f"{sae_id}: {len(steers)} features steer their label "
-                                 f"({len(measure.prompts)} prompts, {measure.tokens} tokens, seed {measure.seed})"))
-        for s in steers:
+                      title=Text(f"{sae_id}: {len(found.steers)} of {len(found.swept)} swept features steer their "
+                                 f"label ({len(found.estimates)} estimated; {found.prompts} prompts, {found.tokens} "
+                                 f"tokens, seed {found.seed})"))
+        for s in found.steers:
             table.add_row(str(s.feature), Text(s.label), f"{s.estimate:+.2f}", f"{s.recommended:g}", f"{s.rate:.0%}")
         out.print(table)
     if save:
-        found_map = {s.feature: Recommendation(s.recommended, s.rate, s.label) for s in steers
+        found_map = {s.feature: Recommendation(s.recommended, s.rate, s.label) for s in found.steers
                      if s.recommended is not None}
         path = save_recommendations(folder, found_map)
         err.print(f"recommended strengths saved for {len(found_map)} features in {path}", markup=False)

@@ -7,10 +7,12 @@ Sweeping thousands of features by sampling answers is hours on a CPU, so the scr
   again with the feature's delta added at its layer (the layers below it run once for all features); at
   each answer position, the steered model's probability of starting one of the label's words (the first
   token of the word, bare or after a space, lower or capitalised); an answer's chance of mentioning the
-  concept is estimated as ``1 - prod(1 - p)``, averaged over the answers;
-- measure: a feature whose estimate reaches ``FLOOR`` at one of the strengths is swept with
-  ``millm.steering.sweep`` (sampled answers, concept rate, fluency against the unsteered answers), and its
-  recommended strength is that sweep's (:func:`millm.steering.sweep.recommend`).
+  concept is estimated as ``1 - prod(1 - p)``, averaged over the answers, and the feature's estimate is how
+  much its delta raises that over the unsteered model's own;
+- measure: a feature whose estimate rises by ``FLOOR`` or more is swept with ``millm.steering.sweep``
+  (sampled answers, concept rate, fluency against the unsteered answers), and its recommended strength is
+  that sweep's (:func:`millm.steering.sweep.recommend`), when some strength mentions the concept more often
+  than the unsteered answers do.
 
 A feature the estimate passes over is not recorded: the screen says nothing about it, and ``millm steer
 sweep`` measures it on demand.
@@ -18,7 +20,7 @@ sweep`` measures it on demand.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,18 +51,37 @@ class Screened:
 
     feature: int
     label: str
-    estimate: float  # the best estimated mention chance over ESTIMATE_STRENGTHS
+    estimate: float  # the estimated rise in the chance of a mention (the best over ESTIMATE_STRENGTHS)
+    baseline: float  # the unsteered answers' concept rate
     points: list[Point]
 
     @property
     def recommended(self) -> float | None:
-        return recommend(self.points)
+        """The sweep's recommended strength, when some strength mentions the concept more often than the
+        unsteered answers do (a label's word the model says anyway is not steering)."""
+        return recommend(self.points) if any(p.rate > self.baseline for p in self.points) else None
 
     @property
     def rate(self) -> float:
         """The concept rate at the recommended strength (0 when there is none)."""
         best = next((p for p in self.points if p.strength == self.recommended), None)
         return best.rate if best is not None else 0.0
+
+
+@dataclass
+class Screen:
+    """A screen's findings: every labelled feature's estimate, and the sampled sweeps of those it picked."""
+
+    estimates: dict[int, float]
+    swept: list[Screened]
+    prompts: int
+    tokens: int
+    seed: int
+
+    @property
+    def steers(self) -> list[Screened]:
+        """The swept features with a recommended strength."""
+        return [s for s in self.swept if s.recommended is not None]
 
 
 def word_tokens(tokenizer: Any, words: Sequence[str]) -> list[int]:
@@ -175,38 +196,36 @@ def estimate(contexts: Contexts, sae: Any, tokenizer: Any, features: Sequence[tu
 
 def screen(measure: Measure, sae_id: str, sae: Any, layer: int, labels: dict[int, str],
            context_prompts: int = 2, floor: float = FLOOR, limit: int | None = None,
-           strengths: Sequence[float] = SWEEP_STRENGTHS,
-           on_progress: Callable[[str, int, int], None] | None = None) -> list[Screened]:
+           strengths: Sequence[float] = SWEEP_STRENGTHS, skip: Collection[int] = (),
+           on_progress: Callable[[str, int, int], None] | None = None) -> Screen:
     """Every feature of ``labels`` with concept words estimated; those whose estimate rises by ``floor`` or
-    more (the ``limit`` highest, if given) swept with ``measure`` (whose steering has ``sae_id`` attached at
-    ``layer``). Returned: the swept features that mention their concept more often than unsteered answers
-    do at some strength, highest estimate first."""
+    more, but for ``skip`` (the ``limit`` highest, if given), swept with ``measure`` (whose steering has
+    ``sae_id`` attached at ``layer``), highest estimate first."""
     features = [(f, label_words(label)) for f, label in sorted(labels.items())]
     features = [(f, w) for f, w in features if w]
     pairs = tokenized(measure.tokenizer, measure.prompts[:context_prompts], measure.plain[:context_prompts])
     contexts = Contexts(measure.model, measure.steering, pairs, layer)
     progress = (lambda done, total: on_progress("estimate", done, total)) if on_progress else None
-    rises = estimate(contexts, sae, measure.tokenizer, features, on_progress=progress)
+    rises = estimate(contexts, sae, measure.tokenizer, features, on_progress=progress) if features else {}
     words = dict(features)
-    chosen = sorted((f for f in rises if rises[f] >= floor), key=lambda f: -rises[f])[:limit]
-    out = []
+    chosen = sorted((f for f in rises if rises[f] >= floor and f not in skip), key=lambda f: -rises[f])[:limit]
+    swept = []
     per = max(1, ROWS_PER_BATCH // (len(measure.prompts) * len(strengths)))
     for at in range(0, len(chosen), per):
         batch = chosen[at:at + per]
         points = measure.points([Case.feature(sae_id, f, s, words[f]) for f in batch for s in strengths])
         for n, f in enumerate(batch):
-            mine = points[n * len(strengths):(n + 1) * len(strengths)]
-            if any(p.rate > concept_rate(measure.plain, words[f]) for p in mine):
-                out.append(Screened(f, labels[f], rises[f], mine))
+            swept.append(Screened(f, labels[f], rises[f], concept_rate(measure.plain, words[f]),
+                                  points[n * len(strengths):(n + 1) * len(strengths)]))
         if on_progress is not None:
             on_progress("sweep", min(at + per, len(chosen)), len(chosen))
-    return out
+    return Screen(rises, swept, len(measure.prompts), measure.tokens, measure.seed)
 
 
 def screen_sae(service: Any, target: Any, model: Any, tokenizer: Any, sae_id: str, labels: dict[int, str], *,
                prompts: int = 4, tokens: int = 24, seed: int = SEED, limit: int | None = None, floor: float = FLOOR,
-               layer: int | None = None, on_progress: Callable[[str, int, int], None] | None = None,
-               ) -> tuple[Measure, list[Screened]]:
+               layer: int | None = None, skip: Collection[int] = (),
+               on_progress: Callable[[str, int, int], None] | None = None) -> Screen:
     """A screen on a loaded model, with ``sae_id`` attached for it only, as ``sweep_feature`` does."""
     from millm.local import chat_steering
 
@@ -215,5 +234,5 @@ def screen_sae(service: Any, target: Any, model: Any, tokenizer: Any, sae_id: st
     with chat_steering(service, target, sae_id, layer, {}, None):
         att = steering.attachments[sae_id]
         measure = Measure(model, tokenizer, steering, NEUTRAL_PROMPTS[:prompts], seed, tokens)
-        return measure, screen(measure, sae_id, att.sae, att.layer, labels, floor=floor, limit=limit,
-                               on_progress=on_progress)
+        return screen(measure, sae_id, att.sae, att.layer, labels, floor=floor, limit=limit, skip=skip,
+                      on_progress=on_progress)

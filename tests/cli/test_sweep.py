@@ -17,6 +17,10 @@ MUSIC = 2375  # "music, melody"
 runner = CliRunner()  # the millm command as installed: the command is reached through its group
 
 
+def feature_rows(folder):
+    return {r["index"]: r for r in map(json.loads, (folder / "features.jsonl").read_text().splitlines())}
+
+
 def run(*args, ok=True):
     result = runner.invoke(app, ["steer", "sweep", *map(str, args)], env={"COLUMNS": "200"})
     if ok:
@@ -78,14 +82,15 @@ def test_save_writes_the_recommended_strength_into_a_copy(engine, untouched, tmp
     copy = tmp_path / "sae"
     shutil.copytree(BUNDLED_DIR / SAE, copy)
     # words nearly every answer has: the recommendation is then the one steered strength, well inside the bound
+    bundled = (BUNDLED_DIR / SAE / "features.jsonl").read_bytes()
+    before = feature_rows(copy)
     result = run("music", "--sae", copy, "--strengths", "0,5", "--prompts", 2, "--tokens", 8, "--json", "--save",
                  *[f"--concept={w}" for w in ("the", "a", "i", "you", "to", "is", "and", "it")])
     assert json.loads(result.stdout)["recommended_strength"] == 5.0
-    rows = {r["index"]: r for r in map(json.loads, (copy / "features.jsonl").read_text().splitlines())}
-    assert rows[MUSIC]["recommended_strength"] == 5.0
-    assert sum("recommended_strength" in r for r in rows.values()) == 1
-    bundled = (BUNDLED_DIR / SAE / "features.jsonl").read_text()
-    assert "recommended_strength" not in bundled  # the bundled SAE itself is left as it was
+    rows = feature_rows(copy)
+    assert rows[MUSIC]["recommended_strength"] == 5.0 and rows[MUSIC]["concept_rate"] == 1.0
+    assert {i: r for i, r in rows.items() if i != MUSIC} == {i: r for i, r in before.items() if i != MUSIC}
+    assert (BUNDLED_DIR / SAE / "features.jsonl").read_bytes() == bundled  # the bundled SAE is left as it was
     run("music", "--sae", copy, "--strengths", "5", "--prompts", 1, "--tokens", 4, "--json")  # the folder again
     from cli.common import steering_service
 
@@ -102,3 +107,35 @@ def test_save_on_the_bundled_sae_is_refused_before_sweeping(engine, untouched):
     result = run("music", "--save", "--strengths", "0,20", "--prompts", 1, "--tokens", 4, ok=False)
     assert result.exit_code == 1 and "ships inside the package" in result.output
     assert (BUNDLED_DIR / SAE / "features.jsonl").read_bytes() == before
+
+
+def test_screen_estimates_the_labelled_features_sweeps_the_promising_and_saves_what_steers(engine, untouched,
+                                                                                        tmp_path):
+    from millm.steering.screen import FLOOR, SWEEP_STRENGTHS
+
+    copy = tmp_path / "sae"
+    shutil.copytree(BUNDLED_DIR / SAE, copy)
+    # an SAE whose labels name four features: two with words, two without ("2, 1" and a newline)
+    (copy / "labels.json").write_text(json.dumps({"2100": "books, book, textbooks", "1": "indicate, indicates",
+                                                  "2": "2, 1", "3742": "\\n"}))
+    before = feature_rows(copy)
+    result = runner.invoke(app, ["steer", "screen", "--sae", str(copy), "--prompts", "2", "--tokens", "16", "--json",
+                                 "--save"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["prompts"] == 2 and data["tokens"] == 16
+    assert set(data["estimates"]) == {"2100", "1"}  # the labels with words
+    assert data["estimates"]["2100"] >= FLOOR > data["estimates"]["1"]  # books are read into answers, not "indicate"
+    swept = {s["index"]: s for s in data["swept"]}
+    assert set(swept) == {2100}
+    assert [p["strength"] for p in swept[2100]["points"]] == list(SWEEP_STRENGTHS)
+    after = feature_rows(copy)
+    saved = {i for i, r in after.items() if r != before[i]}
+    found = swept[2100]
+    if found["recommended_strength"] is None:
+        assert not saved
+        return
+    assert saved == {2100} and after[2100]["recommended_strength"] == found["recommended_strength"]
+    assert after[2100]["concept_rate"] == found["concept_rate"] > found["unsteered_rate"]
+    again = runner.invoke(app, ["steer", "screen", "--sae", str(copy), "--prompts", "2", "--tokens", "16", "--json"])
+    assert json.loads(again.stdout)["swept"] == []  # measured now: not swept again without --again

@@ -33,21 +33,21 @@ def test_the_examples_are_a_cluster_and_a_two_layer_circuit_backed_by_it():
 
 def test_they_import_against_sae_at_their_layers():
     cluster = parse_cluster(CLUSTER, BOTH)
-    assert cluster.declared == (0.25, 1.5)
+    assert cluster.declared == (0.5, 2.0)
     circuit = parse_circuit(CIRCUIT, BOTH)
     assert serving_mode(circuit, BOTH, {cluster.name}).mode is ServingMode.NATIVE
-    only_l10 = Registered({"sae_l10": WIDTH}, {10: "sae_l10"})
-    assert serving_mode(circuit, only_l10, {cluster.name}).mode is ServingMode.SLICE_FALLBACK
-    assert serving_mode(circuit, only_l10, set()).mode is ServingMode.NONE
+    only_l20 = Registered({"sae_l20": WIDTH}, {20: "sae_l20"})
+    assert serving_mode(circuit, only_l20, {cluster.name}).mode is ServingMode.SLICE_FALLBACK
+    assert serving_mode(circuit, only_l20, set()).mode is ServingMode.NONE
 
 
 def test_they_refuse_sae_they_do_not_fit():
     with pytest.raises(InvalidParameter) as exc:
-        parse_cluster(CLUSTER, Registered({"sae_l10": 1024}, {10: "sae_l10"}))
+        parse_cluster(CLUSTER, Registered({"sae_l20": 1024}, {20: "sae_l20"}))
     assert exc.value.param == "/sae/d_sae"
     with pytest.raises(InvalidFeatureIndex) as exc:
         parse_circuit(CIRCUIT, Registered({"sae_l10": WIDTH, "sae_l20": 2000}, {10: "sae_l10", 20: "sae_l20"}))
-    assert exc.value.param == "/members/3/feature"
+    assert exc.value.param == "/members/1/feature"
 
 
 def test_they_import_and_steer_with_the_bundled_saes_attached(engine, tmp_path):
@@ -66,11 +66,11 @@ def test_they_import_and_steer_with_the_bundled_saes_attached(engine, tmp_path):
         native = bases.request("weather-circuit", 1.2)
         assert native.rung == 0 and native.echo == "1.2"
         assert native.override is not None
-        assert native.override.values == {"sae_l10": {1604: 30.0, 1118: 30.0}, "sae_l20": {1806: 18.0, 3497: 30.0}}
-        assert bases.request("weather-cluster", Symbol.MIN).echo == "0.25"
-        steering.detach("sae_l20")
+        assert native.override.values == {"sae_l10": {1604: 24.0}, "sae_l20": {3497: 36.0, 1806: 30.0}}
+        assert bases.request("weather-cluster", Symbol.MIN).echo == "0.5"
+        steering.detach("sae_l10")
         fallback = bases.request("weather-circuit", 1.2)
         assert fallback.rung is None and fallback.override is not None
-        assert fallback.override.values == {"sae_l10": {1604: 36.0, 1118: 36.0, 1890: 24.0}}
+        assert fallback.override.values == {"sae_l20": {3497: 36.0, 1806: 30.0, 3448: 24.0}}
     finally:
         steering.detach_all()
