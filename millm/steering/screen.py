@@ -130,10 +130,19 @@ class Contexts:
             answer[i, self.span - len(body):] = True
         self.mask, self.answer = mask.to(device), answer.to(device)
         self.positions = (self.mask.cumsum(-1) - 1).clamp(min=0)
-        with torch.inference_mode(), steering.suppressed():
-            out = model(input_ids=ids.to(device), attention_mask=self.mask, position_ids=self.positions,
-                        output_hidden_states=True, use_cache=False, logits_to_keep=self.span + 1)
-        self.residual = out.hidden_states[layer + 1]  # what the steering hook on ``layer`` sees
+        seen: list[torch.Tensor] = []
+
+        def keep(module: Any, args: Any, output: Any) -> None:
+            seen.append(output[0] if isinstance(output, tuple) else output)
+
+        handle = base.layers[layer].register_forward_hook(keep)  # what the steering hook on ``layer`` sees
+        try:
+            with torch.inference_mode(), steering.suppressed():
+                out = model(input_ids=ids.to(device), attention_mask=self.mask, position_ids=self.positions,
+                            use_cache=False, logits_to_keep=self.span + 1)
+        finally:
+            handle.remove()
+        self.residual = seen[0]
         self.plain = out.logits[:, :-1].float().log_softmax(-1)  # unsteered, at the answer columns
 
     def __len__(self) -> int:
