@@ -1,6 +1,7 @@
 """Quality of the bundled SAEs, measured on held-out text, printed figure by figure.
 
     python bench/sae_quality.py [--sae smollm2-135m-res-L10 ...] [--ce-windows 24] [--skip-steering]
+    python bench/sae_quality.py --sae my-l10 --concept rain=60    # any registered SAE (id or name) or a folder
     python bench/sae_quality.py --sae smollm2-135m-res-L10 --skip-reconstruction --concept rain=60 --prompts 10
 
 ``--concept NAME=S`` (repeatable) measures those features instead of the documented list (to choose
@@ -62,11 +63,47 @@ CONCEPTS: dict[str, list[tuple[str, float]]] = {
 }
 
 
-def held_out(model: Any, tokenizer: Any, settings: Any, context: int, generated_documents: int) -> torch.Tensor:
-    spec = recipe.RunSpec(model_id=BUNDLED_ID, layer=0, output=Path("."), context=context,
-                          generated_documents=generated_documents)
+def run_spec(model_id: str, folder: Path) -> recipe.RunSpec:
+    """The corpus the SAE was trained on, as its train.json records it (else the default corpus), so that
+    its held-out tenth is text it never saw."""
+    train_json = folder / "train.json"
+    spec = json.loads(train_json.read_text())["spec"] if train_json.is_file() else {}
+    if not spec:
+        print("  no train.json: reconstruction is measured on the default corpus's held-out tenth")
+    return recipe.RunSpec(model_id=model_id, layer=0, output=Path("."), context=spec.get("context", 256),
+                          seed=spec.get("seed", 0), corpus_paths=tuple(Path(p) for p in spec.get("corpus_paths", ())),
+                          generated_documents=spec.get("generated_documents", 256),
+                          holdout_fraction=spec.get("holdout_fraction", 0.1))
+
+
+def held_out(model: Any, tokenizer: Any, settings: Any, spec: recipe.RunSpec) -> torch.Tensor:
     _, held = recipe.documents(spec, model, tokenizer, settings.cache_dir)
-    return corpus.token_windows(tokenizer, held, context)
+    return corpus.token_windows(tokenizer, held, spec.context)
+
+
+def chosen_saes(refs: list[str] | None) -> list[tuple[str, Path, int, str]]:
+    """(id, folder, layer, model id) of each SAE to measure: the bundled ones by default, else each ``--sae``
+    (a registered SAE's id or name, as the CLI names them, or an SAE folder)."""
+    from cli.common import sae_ref, steering_service
+    from millm.sae.cards import folder_of
+
+    if not refs:
+        return [(b.id, b.path, b.layer, b.model) for b in bundled_saes()]
+    service = steering_service()
+    found = []
+    for ref in refs:
+        if Path(ref).expanduser().exists():
+            loaded = load_sae(Path(ref).expanduser())
+            folder = folder_of(Path(ref).expanduser())
+            found.append((folder.name, folder, loaded.layer_hint, loaded.model_hint or BUNDLED_ID))
+            continue
+        record = service.sae(sae_ref(ref))
+        model_id = record["model_hint"] or BUNDLED_ID
+        found.append((record["id"], folder_of(record["path"]), record["layer_hint"], model_id))
+    for sae_id, _, layer, _ in found:
+        if layer is None:
+            raise SystemExit(f"{sae_id} has no layer hint to read it at")
+    return found
 
 
 def reconstruction(model: Any, sae: SAE, layer: int, windows: torch.Tensor, ce_windows: int) -> None:
@@ -132,7 +169,8 @@ def throughput(sae: SAE, acts_like: torch.Tensor, train_json: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--sae", action="append", help="bundled SAE id (default: all)")
+    parser.add_argument("--sae", action="append", help="a registered SAE's id or name, or an SAE folder "
+                                                      "(repeatable; default: the bundled ones)")
     parser.add_argument("--ce-windows", type=int, default=24, help="held-out windows for the CE figures")
     parser.add_argument("--skip-steering", action="store_true")
     parser.add_argument("--skip-reconstruction", action="store_true", help="only the steering figures")
@@ -143,19 +181,20 @@ def main() -> None:
     override = [(name, float(value)) for name, _, value in (c.rpartition("=") for c in args.concept)]
     prompts = NEUTRAL_PROMPTS[:args.prompts]
     settings = get_settings()
-    model, tokenizer, _, _ = load(resolve(BUNDLED_ID, settings), settings)
-    chosen = [b for b in bundled_saes() if not args.sae or b.id in args.sae]
-    for b in chosen:
-        loaded = load_sae(b.path)
-        cfg = json.loads((b.path / "cfg.json").read_text())
-        documents = json.loads((b.path / "train.json").read_text())["spec"]["generated_documents"]
-        print(f"{b.id} (layer {b.layer}, d_sae {loaded.sae.d_sae}, k {loaded.sae.k}):")
+    models: dict[str, tuple[Any, Any]] = {}
+    for sae_id, folder, layer, model_id in chosen_saes(args.sae):
+        if model_id not in models:
+            loaded_model, tokenizer, _, _ = load(resolve(model_id, settings), settings)
+            models[model_id] = (loaded_model, tokenizer)
+        model, tokenizer = models[model_id]
+        loaded = load_sae(folder)
+        print(f"{sae_id} ({model_id}, layer {layer}, d_sae {loaded.sae.d_sae}, k {loaded.sae.k}):")
         if not args.skip_reconstruction:
-            windows = held_out(model, tokenizer, settings, cfg["metadata"]["context_size"], documents)
-            reconstruction(model, loaded.sae, b.layer, windows, args.ce_windows)
-            throughput(loaded.sae, activations.collect(model, windows[:16], b.layer), b.path / "train.json")
+            windows = held_out(model, tokenizer, settings, run_spec(model_id, folder))
+            reconstruction(model, loaded.sae, layer, windows, args.ce_windows)
+            throughput(loaded.sae, activations.collect(model, windows[:16], layer), folder / "train.json")
         if not args.skip_steering:
-            steering(model, tokenizer, b.id, loaded.sae, b.layer, b.path, override or CONCEPTS.get(b.id, []), prompts)
+            steering(model, tokenizer, sae_id, loaded.sae, layer, folder, override or CONCEPTS.get(sae_id, []), prompts)
 
 
 if __name__ == "__main__":
