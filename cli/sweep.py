@@ -28,6 +28,10 @@ if TYPE_CHECKING:
     from millm.steering.target import SteeringTarget
 
 DEFAULT_SAE = "smollm2-135m-res-L10"
+SaeOption = Annotated[str | None, typer.Option(help="SAE id, name or folder (default: the one attached, else "
+                                                    f"{DEFAULT_SAE}).")]
+LayerOption = Annotated[int | None, typer.Option(help="Layer for --sae (default: where it is attached, else its "
+                                                      "hint).")]
 
 
 def sweep_sae(service: SteeringService, target: SteeringTarget, ref: str | None) -> str:
@@ -67,10 +71,8 @@ def sweep(
     feature: Annotated[str, typer.Argument(help="Feature index or label (as chat --steer names it).")],
     strengths: Annotated[str, typer.Option(help="Comma-separated strengths.")] = "0,20,40,60,80",
     prompts: Annotated[int, typer.Option(help="Neutral prompts, one seeded sampled answer each (1-20).")] = 8,
-    sae: Annotated[str | None, typer.Option(help="SAE id, name or folder (default: the one attached, else "
-                                                 f"{DEFAULT_SAE}).")] = None,
-    layer: Annotated[int | None, typer.Option(help="Layer for --sae (default: where it is attached, else its "
-                                                   "hint).")] = None,
+    sae: SaeOption = None,
+    layer: LayerOption = None,
     tokens: Annotated[int, typer.Option(help="Tokens per answer.")] = 48,
     seed: Annotated[int, typer.Option(help="Sampling seed.")] = 0,
     concept: Annotated[list[str] | None, typer.Option(help="A word that counts as mentioning the concept "
@@ -137,10 +139,8 @@ def sweep(
 
 
 def screen(
-    sae: Annotated[str | None, typer.Option(help="SAE id, name or folder (default: the one attached, else "
-                                                 f"{DEFAULT_SAE}).")] = None,
-    layer: Annotated[int | None, typer.Option(help="Layer for --sae (default: where it is attached, else its "
-                                                   "hint).")] = None,
+    sae: SaeOption = None,
+    layer: LayerOption = None,
     prompts: Annotated[int, typer.Option(help="Neutral prompts per sampled sweep (1-20).")] = 4,
     tokens: Annotated[int, typer.Option(help="Tokens per answer.")] = 24,
     limit: Annotated[int | None, typer.Option(min=1, help="Sweep at most this many features, the highest "

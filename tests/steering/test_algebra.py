@@ -2,22 +2,12 @@
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from millm.errors import InvalidFeatureIndex, InvalidParameter, SAENotAttached
 from millm.steering.controller import Override, Steering
 from millm.steering.values import STRENGTH_LIMIT, clamp, parse_assignments
 from tests.saes import random_sae
-
-D = 32
-
-
-@pytest.fixture
-def model():
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=100, hidden_size=D, intermediate_size=64, num_hidden_layers=4,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
-    return LlamaForCausalLM(config).eval()
+from tests.steering.tiny import IDS, D
 
 
 def layer_outputs(model, ids):
@@ -32,7 +22,6 @@ def layer_outputs(model, ids):
     return outs
 
 
-IDS = torch.tensor([[5, 17, 42, 8, 99, 3]])
 
 
 def test_delta_added_at_layer_only(model):

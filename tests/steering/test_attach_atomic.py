@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from millm.errors import InvalidFeatureIndex
 from millm.steering.controller import Steering
@@ -15,17 +14,7 @@ from millm.steering.service import SteeringService
 from millm.steering.target import SteeringTarget
 from millm.store import Store
 from tests.saes import random_sae, write_saelens
-
-D = 32
-IDS = torch.tensor([[5, 17, 42, 8, 99, 3]])
-
-
-@pytest.fixture
-def model():
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=100, hidden_size=D, intermediate_size=64, num_hidden_layers=4,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
-    return LlamaForCausalLM(config).eval()
+from tests.steering.tiny import IDS, D
 
 
 def logits(model) -> torch.Tensor:

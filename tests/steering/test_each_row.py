@@ -3,22 +3,11 @@ nothing else changes, and the screen's direct run of the upper layers is the mod
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from millm.steering.controller import Override, Steering
 from millm.steering.screen import Contexts
 from tests.saes import random_sae
-
-D = 32
-IDS = torch.tensor([[5, 17, 42, 8, 99, 3]])
-
-
-@pytest.fixture
-def model():
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=100, hidden_size=D, intermediate_size=64, num_hidden_layers=4,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
-    return LlamaForCausalLM(config).eval()
+from tests.steering.tiny import IDS, D
 
 
 def logits(model, ids):
