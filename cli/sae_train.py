@@ -36,12 +36,12 @@ def label_index_of(ref: str) -> LabelIndex:
     from millm.sae.cards import folder_of
     from millm.sae.labels import LabelIndex
 
-    folder, name = _sae_folder(ref)
     service = steering_service()
     if not Path(ref).expanduser().exists():
         return service.label_index(sae_ref(ref))
-    known = [r["id"] for r in service.store.saes() if folder_of(r["path"]).resolve() == folder.resolve()]
-    return service.label_index(known[0]) if known else LabelIndex.load(folder, name)
+    folder = folder_of(Path(ref).expanduser()).resolve()
+    known = [r["id"] for r in service.store.saes() if folder_of(r["path"]).resolve() == folder]
+    return service.label_index(known[0]) if known else LabelIndex.load(folder, ref)
 
 
 def steer_assignments(items: list[str], sae: str | None, model_id: str) -> dict[int, float]:
