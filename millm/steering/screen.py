@@ -33,6 +33,7 @@ from millm.steering.sweep import (
     Case,
     Measure,
     Point,
+    chat_pairs,
     check_sizes,
     concept_rate,
     label_words,
@@ -94,15 +95,6 @@ def word_tokens(tokenizer: Any, words: Sequence[str]) -> list[int]:
                 if got:
                     ids.add(int(got[0]))
     return sorted(ids)
-
-
-def tokenized(tokenizer: Any, prompts: Sequence[str], answers: Sequence[str]) -> list[tuple[list[int], list[int]]]:
-    """Each chat-templated prompt's tokens and its answer's (answers that are empty left out)."""
-    from millm.sae.corpus import _chat_text
-
-    pairs = [(tokenizer(_chat_text(tokenizer, p), add_special_tokens=False)["input_ids"],
-              tokenizer(a, add_special_tokens=False)["input_ids"]) for p, a in zip(prompts, answers)]
-    return [(list(h), list(b)) for h, b in pairs if b]
 
 
 class Contexts:
@@ -212,7 +204,8 @@ def screen(measure: Measure, sae_id: str, sae: Any, layer: int, labels: dict[int
     ``sae_id`` attached at ``layer``), highest estimate first."""
     features = [(f, label_words(label)) for f, label in sorted(labels.items())]
     features = [(f, w) for f, w in features if w]
-    pairs = tokenized(measure.tokenizer, measure.prompts[:context_prompts], measure.plain[:context_prompts])
+    pairs = [(h, b) for h, b in chat_pairs(measure.tokenizer, measure.prompts[:context_prompts],
+                                           measure.plain[:context_prompts]) if b]  # empty answers say nothing
     contexts = Contexts(measure.model, measure.steering, pairs, layer)
     progress = (lambda done, total: on_progress("estimate", done, total)) if on_progress else None
     rises = estimate(contexts, sae, measure.tokenizer, features, on_progress=progress) if features else {}

@@ -77,16 +77,21 @@ def concept_rate(answers: Sequence[str], words: Iterable[str]) -> float:
 ROWS_PER_BATCH = 96  # answers sampled together: a sweep's strengths (and a screen's features) share batches
 
 
+def chat_pairs(tokenizer: Any, prompts: Sequence[str], answers: Sequence[str]) -> list[tuple[list[int], list[int]]]:
+    """Each chat-templated prompt's tokens and its answer's: an answer read back after its prompt."""
+    from millm.sae.corpus import _chat_text
+
+    return [(list(tokenizer(_chat_text(tokenizer, p), add_special_tokens=False)["input_ids"]),
+             list(tokenizer(a, add_special_tokens=False)["input_ids"])) for p, a in zip(prompts, answers)]
+
+
 def row_logprobs(model: Any, tokenizer: Any, prompts: Sequence[str], answers: Sequence[str],
                  batch: int = 16) -> list[tuple[float, int]]:
     """Per answer: the sum of its tokens' log-probabilities under ``model`` as its hooks are now (teacher
     forced after its chat-templated prompt), and how many tokens it has."""
     import torch
 
-    from millm.sae.corpus import _chat_text
-
-    pairs = [(tokenizer(_chat_text(tokenizer, p), add_special_tokens=False)["input_ids"],
-              tokenizer(a, add_special_tokens=False)["input_ids"]) for p, a in zip(prompts, answers)]
+    pairs = chat_pairs(tokenizer, prompts, answers)
     device = next(model.parameters()).device
     out: list[tuple[float, int]] = []
     with torch.inference_mode():
