@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Column, Table
@@ -51,6 +51,14 @@ def sweep_sae(service: SteeringService, target: SteeringTarget, ref: str | None)
         raise InvalidParameter(f"{len(attached)} SAEs are attached ({', '.join(attached)}); name one with --sae.",
                                param="sae")
     return attached[0] if attached else DEFAULT_SAE
+
+
+def transformers_model(engine: Any) -> tuple[Any, Any]:
+    """The engine's transformers model and tokenizer, which sweeps and screens sample from and read."""
+    model_obj, tokenizer = getattr(engine, "model", None), getattr(engine, "tokenizer", None)
+    if model_obj is None or tokenizer is None:
+        raise InvalidParameter(f"'{engine.model_id}' has no transformers model to sweep.", param="model")
+    return model_obj, tokenizer
 
 
 def result_table(result: SweepResult) -> Table:
@@ -109,9 +117,7 @@ def sweep(
     if save:
         saveable(folder)  # refused before the sweep runs, not after
     words = tuple(w.strip().lower() for w in concept or [] if w.strip())
-    model_obj, tokenizer = getattr(engine, "model", None), getattr(engine, "tokenizer", None)
-    if model_obj is None or tokenizer is None:
-        raise InvalidParameter(f"'{engine.model_id}' has no transformers model to sweep.", param="model")
+    model_obj, tokenizer = transformers_model(engine)
     with err.status(f"sweeping feature {index} on {sae_id} ..."):
         result = sweep_feature(service, target, model_obj, tokenizer, sae_id, index, label=label, words=words,
                                strengths=values, prompts=prompts, seed=seed, tokens=tokens, layer=layer)
@@ -167,23 +173,22 @@ def screen(
     target = steerable(engine)
     sae_id = sweep_sae(service, target, sae)
     folder = folder_of(service.sae(sae_id)["path"])
-    labels = service.label_index(sae_id).labels
+    index = service.label_index(sae_id)
+    labels = index.labels
     if not labels:
         raise InvalidParameter(f"{sae_id} has no feature labels to screen.", param="sae")
     if first is not None:
         labels = dict(list(labels.items())[:first])
     if save:
         saveable(folder)  # refused before the screen runs, not after
-    model_obj, tokenizer = getattr(engine, "model", None), getattr(engine, "tokenizer", None)
-    if model_obj is None or tokenizer is None:
-        raise InvalidParameter(f"'{engine.model_id}' has no transformers model to screen.", param="model")
+    model_obj, tokenizer = transformers_model(engine)
     with err.status(f"screening {len(labels)} labelled features of {sae_id} ...") as status:
         def progress(stage: str, done: int, total: int) -> None:
             status.update(f"screening {sae_id}: {stage} {done}/{total}")
 
         found = screen_sae(service, target, model_obj, tokenizer, sae_id, labels, prompts=prompts, tokens=tokens,
                            seed=seed, limit=limit, layer=layer, on_progress=progress,
-                           skip=() if again else set(service.label_index(sae_id).measured))
+                           skip=() if again else set(index.measured))
     if as_json:
         out.print(json.dumps({
             "sae": sae_id, "prompts": found.prompts, "tokens": found.tokens, "seed": found.seed,
