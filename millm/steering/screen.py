@@ -5,10 +5,10 @@ Sweeping thousands of features by sampling answers is hours on a CPU, so the scr
 
 - estimate (teacher forced, nothing sampled): the unsteered answers to a few neutral prompts are read
   again with the feature's delta added at its layer (the layers below it run once for all features); at
-  each answer position, the steered model's probability of starting one of the label's words (the first
-  token of the word, bare or after a space, lower or capitalised); an answer's chance of mentioning the
-  concept is estimated as ``1 - prod(1 - p)``, averaged over the answers, and the feature's estimate is how
-  much its delta raises that over the unsteered model's own;
+  each answer position, the steered model's probability of starting one of the label's words
+  (:func:`word_tokens`); an answer's chance of mentioning the concept is estimated as ``1 - prod(1 - p)``,
+  averaged over the answers, and the feature's estimate is how much its delta raises that over the
+  unsteered model's own;
 - measure: a feature whose estimate rises by ``FLOOR`` or more is swept with ``millm.steering.sweep``
   (sampled answers, concept rate, fluency against the unsteered answers), and its recommended strength is
   that sweep's (:func:`millm.steering.sweep.recommend`), when some strength mentions the concept more often
@@ -86,14 +86,17 @@ class Screen:
 
 
 def word_tokens(tokenizer: Any, words: Sequence[str]) -> list[int]:
-    """The first token of each word, bare and after a space, lower case and capitalised."""
+    """The tokens that start a mention of one of ``words``: each word and its plural, bare and after a space,
+    lower case and capitalised, where that form is one token. A form the tokenizer splits is left out, since
+    its first piece starts many other words too (" sport" is one token, "sport" starts with "s")."""
     ids = set()
     for word in words:
-        for form in (word, word.capitalize()):
-            for text in (form, " " + form):
-                got = tokenizer(text, add_special_tokens=False)["input_ids"]
-                if got:
-                    ids.add(int(got[0]))
+        for form in (word, word + "s"):
+            for cased in (form, form.capitalize()):
+                for text in (cased, " " + cased):
+                    got = tokenizer(text, add_special_tokens=False)["input_ids"]
+                    if len(got) == 1:
+                        ids.add(int(got[0]))
     return sorted(ids)
 
 

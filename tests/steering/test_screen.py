@@ -1,0 +1,23 @@
+"""The screen's estimate counts only tokens that start a mention of the concept, on a hand-built vocabulary."""
+
+from millm.steering.screen import word_tokens
+
+VOCAB = {" sport": 1, " sports": 2, " Sport": 3, "rain": 4, " rain": 5, "Rain": 6, " rains": 7, "s": 8, "S": 9,
+         "p": 10, "o": 11, "r": 12, "t": 13, "R": 14, "a": 15, "i": 16, "n": 17, " ": 18}
+
+
+class SplitTokenizer:
+    """Whole strings in VOCAB are one token; anything else splits into characters."""
+
+    def __call__(self, text: str, add_special_tokens: bool = True) -> dict[str, list[int]]:
+        ids = [VOCAB[text]] if text in VOCAB else [VOCAB[c] for c in text]
+        return {"input_ids": ids}
+
+
+def test_word_tokens_are_the_one_token_forms_of_each_word_and_its_plural():
+    assert word_tokens(SplitTokenizer(), ["rain"]) == [4, 5, 6, 7]
+
+
+def test_a_form_the_tokenizer_splits_contributes_no_fragment():
+    # "sport" and "Sports" split into letters: their first pieces ("s", "S") start many other words
+    assert word_tokens(SplitTokenizer(), ["sport"]) == [1, 2, 3]
