@@ -10,9 +10,9 @@ Sweeping thousands of features by sampling answers is hours on a CPU, so the scr
   averaged over the answers, and the feature's estimate is how much its delta raises that over the
   unsteered model's own;
 - measure: a feature whose estimate rises by ``FLOOR`` or more is swept with ``millm.steering.sweep``
-  (sampled answers, concept rate, fluency against the unsteered answers), and its recommended strength is
-  that sweep's (:func:`millm.steering.sweep.recommend`), when some strength mentions the concept more often
-  than the unsteered answers do.
+  (sampled answers, concept rate, fluency against the unsteered answers, refined at the fluency crossing),
+  and its recommended strength is that sweep's (:func:`millm.steering.sweep.recommend`), when some
+  strength mentions the concept more often than the unsteered answers do.
 
 A feature the estimate passes over is not recorded: the screen says nothing about it, and ``millm steer
 sweep`` measures it on demand.
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -38,6 +39,8 @@ from millm.steering.sweep import (
     concept_rate,
     label_words,
     recommend,
+    refined,
+    word_forms,
 )
 
 FLOOR = 0.2  # estimated rise in the chance of a mention that earns a feature the sampled sweep
@@ -86,12 +89,12 @@ class Screen:
 
 
 def word_tokens(tokenizer: Any, words: Sequence[str]) -> list[int]:
-    """The tokens that start a mention of one of ``words``: each word and its plural, bare and after a space,
+    """The tokens that start a mention of one of ``words``: each word's forms (``word_forms``), bare and after a space,
     lower case and capitalised, where that form is one token. A form the tokenizer splits is left out, since
     its first piece starts many other words too (" sport" is one token, "sport" starts with "s")."""
     ids = set()
     for word in words:
-        for form in (word, word + "s"):
+        for form in word_forms(word):
             for cased in (form, form.capitalize()):
                 for text in (cased, " " + cased):
                     got = tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -218,10 +221,12 @@ def screen(measure: Measure, sae_id: str, sae: Any, layer: int, labels: dict[int
     per = max(1, ROWS_PER_BATCH // (len(measure.prompts) * len(strengths)))
     for at in range(0, len(chosen), per):
         batch = chosen[at:at + per]
-        points = measure.points([Case.feature(sae_id, f, s, words[f]) for f in batch for s in strengths])
-        for n, f in enumerate(batch):
-            swept.append(Screened(f, labels[f], rises[f], concept_rate(measure.plain, words[f]),
-                                  points[n * len(strengths):(n + 1) * len(strengths)]))
+        cases = [partial(Case.feature, sae_id, f, words=words[f]) for f in batch]
+        points = measure.points([case(s) for case in cases for s in strengths])
+        found = refined(measure, [(case, points[n * len(strengths):(n + 1) * len(strengths)])
+                                  for n, case in enumerate(cases)])
+        swept += [Screened(f, labels[f], rises[f], concept_rate(measure.plain, words[f]), mine)
+                  for f, mine in zip(batch, found)]
         if on_progress is not None:
             on_progress("sweep", min(at + per, len(chosen)), len(chosen))
     return Screen(rises, swept, len(measure.prompts), measure.tokens, measure.seed)

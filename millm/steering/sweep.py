@@ -6,10 +6,12 @@ all use them):
 - answers: one seeded sampled answer per neutral prompt (``NEUTRAL_PROMPTS``), as one batch, sampled by
   ``millm.sae.corpus.sample_answers`` (temperature 0.8, top-p 0.95, repetition penalty 1.15), with whatever
   steering the model's hooks hold;
-- concept rate: the share of answers that mention a concept word (:func:`mentions`: the word, or its plural,
-  as a whole word, any case);
+- concept rate: the share of answers that mention a concept word (:func:`mentions`: the word, its plural or
+  its singular, as a whole word, any case);
 - fluency: the steered answers' mean token log-probability under the unsteered model, minus the unsteered
   answers' own (nats/token); inside the bound when it is >= ``-FLUENCY_BOUND``;
+- refinement (:func:`refine`): when no strength inside the bound reaches the target, the sweep adds the
+  strength halfway to the next one past the bound (twice, ``REFINE_ROUNDS``), where the best strength lies;
 - the recommended strength (:func:`recommend`): the lowest steering strength whose rate reaches
   ``TARGET_RATE`` inside the fluency bound, else the one with the highest (non-zero) rate inside the bound,
   else none.
@@ -23,8 +25,9 @@ import re
 import struct
 import tempfile
 import zlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +47,8 @@ TARGET_RATE = 0.6  # share of answers that should mention the concept
 SEED = 0
 MAX_NEW_TOKENS = 48
 STRENGTHS = (0.0, 20.0, 40.0, 60.0, 80.0)
+REFINE_ROUNDS = 2  # strengths a sweep adds at the fluency crossing (:func:`refine`): 40/60 gives 50, then 45 or 55
+REFINE_CLOSEST = 5.0  # strengths closer than this are not told apart by a few prompts
 
 
 # concept words and mentions
@@ -62,9 +67,25 @@ def top_token_words(row: dict[str, Any]) -> tuple[str, ...]:
     return tuple(str(t) for t, _ in row.get("top_tokens") or [] if _is_word(str(t)))
 
 
+def word_forms(word: str) -> tuple[str, ...]:
+    """A concept word with its plural and its singular, all naming one concept: a label's term is often a
+    plural ("dogs") that an answer says in the singular, or the other way round ("city", "cities")."""
+    forms = [word, word + "s", word + "es"]
+    if word.endswith("y"):
+        forms.append(word[:-1] + "ies")
+    if word.endswith("ies") and len(word) > 4:
+        forms.append(word[:-3] + "y")
+    elif word.endswith("es") and word[:-2].endswith(("x", "ch", "sh", "ss", "z")):
+        forms.append(word[:-2])
+    elif word.endswith("s") and not word.endswith(("ss", "us", "is")) and len(word) > 3:
+        forms.append(word[:-1])
+    return tuple(dict.fromkeys(forms))
+
+
 def mentions(text: str, words: Iterable[str]) -> bool:
-    """A word, or its plural, as a whole word (any case)."""
-    return any(re.search(rf"\b{re.escape(w)}(s|es)?\b", text, re.IGNORECASE) for w in words)
+    """A word, its plural or its singular (:func:`word_forms`), as a whole word (any case)."""
+    forms = [re.escape(f) for w in words for f in word_forms(w)]
+    return bool(forms) and re.search(rf"\b(?:{'|'.join(forms)})\b", text, re.IGNORECASE) is not None
 
 
 def concept_rate(answers: Sequence[str], words: Iterable[str]) -> float:
@@ -187,6 +208,24 @@ def recommend(points: Sequence[Point], target: float = TARGET_RATE, bound: float
     return best.strength if best is not None and best.rate > 0 else None
 
 
+def refine(points: Sequence[Point], target: float = TARGET_RATE, bound: float = FLUENCY_BOUND,
+           closest: float = REFINE_CLOSEST) -> float | None:
+    """The strength to measure next, when no strength inside the fluency bound reaches ``target``: halfway
+    between the strongest one inside the bound and the next one past it. The rate tends to rise with the
+    strength until fluency gives way, so the best strength lies near that crossing, which a coarse grid
+    (40 inside, 60 past) can step over. None when there is no such crossing, or its two sides are within
+    ``2 * closest`` of each other."""
+    steered = sorted((p for p in points if p.strength != 0), key=lambda p: abs(p.strength))
+    inside = [p for p in steered if p.fluency >= -bound]
+    if not inside or any(p.rate >= target for p in inside):
+        return None
+    below = inside[-1]
+    past = next((p for p in steered if abs(p.strength) > abs(below.strength)), None)
+    if past is None or (past.strength > 0) != (below.strength > 0) or abs(past.strength - below.strength) < 2 * closest:
+        return None
+    return (below.strength + past.strength) / 2
+
+
 class Measure:
     """Answers to the first ``prompts`` neutral prompts under each case's steering alone, measured against
     the unsteered answers (sampled and scored once, with every SAE's steering suppressed)."""
@@ -244,6 +283,20 @@ class Measure:
         return self.points([Case.feature(sae_id, feature, strength, tuple(words))])[0]
 
 
+def refined(measure: Measure, sweeps: Sequence[tuple[Callable[[float], Case], Sequence[Point]]],
+            rounds: int = REFINE_ROUNDS) -> list[list[Point]]:
+    """Each sweep's points (``(case at a strength, points measured)``) with up to ``rounds`` strengths added
+    where :func:`refine` asks for one, every round's strengths sampled together; points in strength order."""
+    out = [sorted(points, key=lambda p: p.strength) for _, points in sweeps]
+    for _ in range(rounds):
+        asked = [(i, s) for i, points in enumerate(out) if (s := refine(points, bound=measure.bound)) is not None]
+        if not asked:
+            break
+        for (i, _), point in zip(asked, measure.points([sweeps[i][0](s) for i, s in asked])):
+            out[i] = sorted([*out[i], point], key=lambda p: p.strength)
+    return out
+
+
 def need_words(feature: int, words: Sequence[str]) -> Sequence[str]:
     """``words``, or a refusal naming --concept when the feature's label gave none to look for."""
     if not words:
@@ -255,11 +308,12 @@ def need_words(feature: int, words: Sequence[str]) -> Sequence[str]:
 def run_sweep(measure: Measure, sae_id: str, layer: int, feature: int, label: str, words: Sequence[str],
               strengths: Sequence[float]) -> SweepResult:
     """``feature`` of ``sae_id`` (attached at ``layer`` on ``measure``'s steering) at each strength, the
-    strengths sampled together."""
+    strengths sampled together, then refined at the fluency crossing (:func:`refined`)."""
     words = tuple(w.lower() for w in need_words(feature, words))
     result = SweepResult(sae_id, layer, feature, label, words, len(measure.prompts), measure.tokens, measure.seed,
                          concept_rate(measure.plain, words), measure.plain_logprob, bound=measure.bound)
-    result.points = measure.points([Case.feature(sae_id, feature, s, words) for s in strengths])
+    at = partial(Case.feature, sae_id, feature, words=words)
+    [result.points] = refined(measure, [(at, measure.points([at(s) for s in strengths]))])
     return result
 
 

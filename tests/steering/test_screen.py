@@ -3,7 +3,7 @@
 from millm.steering.screen import word_tokens
 
 VOCAB = {" sport": 1, " sports": 2, " Sport": 3, "rain": 4, " rain": 5, "Rain": 6, " rains": 7, "s": 8, "S": 9,
-         "p": 10, "o": 11, "r": 12, "t": 13, "R": 14, "a": 15, "i": 16, "n": 17, " ": 18}
+         "p": 10, "o": 11, "r": 12, "t": 13, "R": 14, "a": 15, "i": 16, "n": 17, " ": 18, "e": 19}
 
 
 class SplitTokenizer:

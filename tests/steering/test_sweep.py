@@ -9,6 +9,7 @@ import pytest
 from millm.errors import InvalidParameter
 from millm.steering.sweep import (
     FLUENCY_BOUND,
+    Case,
     Point,
     Recommendation,
     bar_chart,
@@ -19,7 +20,10 @@ from millm.steering.sweep import (
     parse_strengths,
     png_bytes,
     recommend,
+    refine,
+    refined,
     save_recommendations,
+    word_forms,
     write_png,
 )
 
@@ -40,6 +44,13 @@ def test_mentions_whole_words_and_plurals_any_case():
     assert mentions("two dogs and three foxes", ("dog",)) and mentions("foxes", ("fox",))
     assert not mentions("the rainbow and the drain", ("rain",))
     assert not mentions("anything", ())
+
+
+def test_mentions_count_a_plural_terms_singular_and_a_words_other_plurals():
+    assert mentions("My dog barked.", ("dogs",)) and mentions("big cities", ("city",))
+    assert mentions("one city", ("cities",)) and mentions("a box", ("boxes",))
+    assert not mentions("a gla", ("glass",)) and not mentions("the bu", ("bus",))  # not plurals to strip
+    assert word_forms("glass") == ("glass", "glasss", "glasses")
 
 
 def test_concept_rate_is_the_share_of_answers_that_mention_a_word():
@@ -75,6 +86,45 @@ def test_recommend_none_when_nothing_mentions_the_concept_inside_the_bound():
 
 def test_recommend_orders_negative_strengths_by_size():
     assert recommend([point(-60, 0.7, -0.5), point(-20, 0.65, -0.4)]) == -20
+
+
+def test_refine_halves_the_gap_at_the_fluency_crossing_when_nothing_inside_reaches_the_target():
+    table = [point(0, 0.0, 0.0), point(20, 0.2, -0.3), point(40, 0.45, -1.0), point(60, 0.75, -1.9),
+             point(80, 0.9, -2.6)]
+    assert refine(table) == 50
+    assert refine(list(reversed(table))) == 50
+    assert refine([point(-40, 0.4, -1.0), point(-60, 0.8, -1.8)]) == -50  # negative sweeps by size
+
+
+def test_refine_asks_nothing_when_the_target_is_reached_or_there_is_no_crossing():
+    assert refine([point(40, 0.6, -1.0), point(60, 0.9, -1.9)]) is None  # 40 already reaches the target
+    assert refine([point(20, 0.1, -0.2), point(40, 0.3, -0.5)]) is None  # nothing past the bound
+    assert refine([point(20, 0.7, -1.6), point(40, 0.8, -1.9)]) is None  # nothing inside the bound
+    assert refine([point(40, 0.4, -1.0), point(48, 0.8, -1.8)]) is None  # too close to tell apart
+    assert refine([point(-40, 0.4, -1.0), point(60, 0.8, -1.8)]) is None  # no crossing on one side
+
+
+class ScriptedMeasure:
+    """Rate and fluency as straight lines in the strength: rate 1% and fluency -0.035 per unit."""
+
+    bound = FLUENCY_BOUND
+
+    def __init__(self):
+        self.asked = []
+
+    def points(self, cases):
+        self.asked.append([c.strength for c in cases])
+        return [point(c.strength, c.strength / 100, -0.035 * c.strength) for c in cases]
+
+
+def test_refined_adds_strengths_at_the_crossing_in_rounds_sampled_together():
+    measure = ScriptedMeasure()
+    first = [[point(s, s / 100, -0.035 * s) for s in (20, 40, 60)], [point(s, 0.0, -0.01 * s) for s in (20, 40)]]
+    out = refined(measure, [(lambda s: Case(s, {}, ()), pts) for pts in first])
+    # 40 (inside, 40%) and 60 (past -1.5): 50 is measured, past the bound too (-1.75), so then 45
+    assert measure.asked == [[50.0], [45.0]]
+    assert [p.strength for p in out[0]] == [20, 40, 45, 50, 60]
+    assert recommend(out[0]) == 40 and out[1] == first[1]  # the second sweep never crossed the bound
 
 
 def test_parse_strengths():
