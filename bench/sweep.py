@@ -8,10 +8,11 @@ smollm2-135m-res-L10 (``LabelIndex.search``, what ``millm sae features --search`
 matches, measured features first) is measured at its recommended strength (the one ``millm steer screen``
 stored in the bundled features.jsonl; a hit without one is swept at STRENGTHS and gets the sweep's), with
 ``millm.steering.sweep`` (the measures of ``millm steer sweep`` and bench/sae_quality.py: seeded sampled
-answers to the neutral prompts, concept rate over the label's words, fluency against the unsteered answers,
-bound -1.5 nats/token). Printed per concept: the feature, its label, the strength and the rate and fluency
-there; last, how many of the ten reach >= 60% inside the fluency bound. The SAE is attached to the loaded
-model for the run only; nothing is registered or persisted.
+answers to the neutral prompts, fluency against the unsteered answers, bound -1.5 nats/token), the concept
+rate counting the concept itself (its singular and plural), not the hit's other label terms ("county" on
+a "city, francisco, county" feature is not a mention of a city). Printed per concept: the feature, its
+label, the strength and the rate and fluency there; last, how many of the ten reach >= 60% inside the
+fluency bound. The SAE is attached to the loaded model for the run only; nothing is registered or persisted.
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ from millm.steering.sweep import (
     SEED,
     TARGET_RATE,
     Measure,
-    label_words,
     run_sweep,
 )
 
@@ -74,8 +74,7 @@ def main() -> None:
             hit = hits[0]
             stored = read_card(bundled.path, hit.index, 4096, name=SAE).recommended_strength
             strengths = (stored,) if stored is not None else STRENGTHS
-            result = run_sweep(measure, SAE, bundled.layer, hit.index, hit.label, label_words(hit.label) or (concept,),
-                               strengths)
+            result = run_sweep(measure, SAE, bundled.layer, hit.index, hit.label, (concept,), strengths)
             source = "stored" if stored is not None else "swept"
             best = result.point(stored if stored is not None else result.recommended)
             rates = " ".join(f"{p.strength:g}:{p.rate:.0%}/{p.fluency:+.2f}" for p in result.points)
