@@ -158,14 +158,16 @@ def screen(
     seed: Annotated[int, typer.Option(help="Sampling seed.")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Print the swept features as JSON.")] = False,
     save: Annotated[bool, typer.Option(help="Store each swept feature's recommended strength and concept rate "
-                                            "in the SAE's features.jsonl (writable SAE folders only).")] = False,
+                                            "in the SAE's features.jsonl as each batch is swept (a feature "
+                                            "swept again that steers no more loses its own; writable SAE "
+                                            "folders only).")] = False,
     model: Annotated[str | None, typer.Option(help="Model id (default: the configured one).")] = None,
 ) -> None:
     """Screen every labelled feature of an SAE for steering: a cheap teacher-forced estimate of how much each
     raises the chance of mentioning its label's words, then a sampled sweep (as ``steer sweep``) of those
     the estimate picks; prints the features that steer, with their recommended strengths."""
-    from millm.sae.cards import folder_of
-    from millm.steering.screen import screen_sae
+    from millm.sae.cards import FEATURES_FILE, folder_of
+    from millm.steering.screen import Screened, screen_sae
     from millm.steering.sweep import Recommendation, save_recommendations, saveable
 
     service = steering_service()
@@ -186,9 +188,18 @@ def screen(
         def progress(stage: str, done: int, total: int) -> None:
             status.update(f"screening {sae_id}: {stage} {done}/{total}")
 
+        kept = {"saved": 0, "cleared": 0}
+
+        def keep(batch: list[Screened]) -> None:  # each batch saved as it is swept: an interrupt keeps them
+            found = {s.feature: None if s.recommended is None else Recommendation(s.recommended, s.rate, s.label)
+                     for s in batch}
+            save_recommendations(folder, found)
+            kept["saved"] += sum(r is not None for r in found.values())
+            kept["cleared"] += sum(r is None and s in index.measured for s, r in found.items())
+
         found = screen_sae(service, target, model_obj, tokenizer, sae_id, labels, prompts=prompts, tokens=tokens,
                            seed=seed, limit=limit, layer=layer, on_progress=progress,
-                           skip=() if again else set(index.measured))
+                           on_swept=keep if save else None, skip=() if again else set(index.measured))
     if as_json:
         out.print(json.dumps({
             "sae": sae_id, "prompts": found.prompts, "tokens": found.tokens, "seed": found.seed,
@@ -206,10 +217,9 @@ def screen(
             table.add_row(str(s.feature), Text(s.label), f"{s.estimate:+.2f}", f"{s.recommended:g}", f"{s.rate:.0%}")
         out.print(table)
     if save:
-        found_map = {s.feature: Recommendation(s.recommended, s.rate, s.label) for s in found.steers
-                     if s.recommended is not None}
-        path = save_recommendations(folder, found_map)
-        err.print(f"recommended strengths saved for {len(found_map)} features in {path}", markup=False)
+        cleared = f"; {kept['cleared']} measured before steer no more and lost theirs" if kept["cleared"] else ""
+        err.print(f"recommended strengths saved for {kept['saved']} features in {folder / FEATURES_FILE}{cleared}",
+                  markup=False)
 
 
 def register(steer_app: typer.Typer) -> None:

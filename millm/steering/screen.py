@@ -204,10 +204,12 @@ def estimate(contexts: Contexts, sae: Any, tokenizer: Any, features: Sequence[tu
 def screen(measure: Measure, sae_id: str, sae: Any, layer: int, labels: dict[int, str],
            context_prompts: int = 2, floor: float = FLOOR, limit: int | None = None,
            strengths: Sequence[float] = SWEEP_STRENGTHS, skip: Collection[int] = (),
-           on_progress: Callable[[str, int, int], None] | None = None) -> Screen:
+           on_progress: Callable[[str, int, int], None] | None = None,
+           on_swept: Callable[[list[Screened]], None] | None = None) -> Screen:
     """Every feature of ``labels`` with concept words estimated; those whose estimate rises by ``floor`` or
     more, but for ``skip`` (the ``limit`` highest, if given), swept with ``measure`` (whose steering has
-    ``sae_id`` attached at ``layer``), highest estimate first."""
+    ``sae_id`` attached at ``layer``), highest estimate first; ``on_swept`` gets each batch of swept
+    features as it is done (so a long screen can keep what it found)."""
     features = [(f, label_words(label)) for f, label in sorted(labels.items())]
     features = [(f, w) for f, w in features if w]
     pairs = [(h, b) for h, b in chat_pairs(measure.tokenizer, measure.prompts[:context_prompts],
@@ -225,8 +227,11 @@ def screen(measure: Measure, sae_id: str, sae: Any, layer: int, labels: dict[int
         points = measure.points([case(s) for case in cases for s in strengths])
         found = refined(measure, [(case, points[n * len(strengths):(n + 1) * len(strengths)])
                                   for n, case in enumerate(cases)])
-        swept += [Screened(f, labels[f], rises[f], concept_rate(measure.plain, words[f]), mine)
-                  for f, mine in zip(batch, found)]
+        done = [Screened(f, labels[f], rises[f], concept_rate(measure.plain, words[f]), mine)
+                for f, mine in zip(batch, found)]
+        swept += done
+        if on_swept is not None:
+            on_swept(done)
         if on_progress is not None:
             on_progress("sweep", min(at + per, len(chosen)), len(chosen))
     return Screen(rises, swept, len(measure.prompts), measure.tokens, measure.seed)
@@ -235,7 +240,8 @@ def screen(measure: Measure, sae_id: str, sae: Any, layer: int, labels: dict[int
 def screen_sae(service: Any, target: Any, model: Any, tokenizer: Any, sae_id: str, labels: dict[int, str], *,
                prompts: int = 4, tokens: int = 24, seed: int = SEED, limit: int | None = None, floor: float = FLOOR,
                layer: int | None = None, skip: Collection[int] = (),
-               on_progress: Callable[[str, int, int], None] | None = None) -> Screen:
+               on_progress: Callable[[str, int, int], None] | None = None,
+               on_swept: Callable[[list[Screened]], None] | None = None) -> Screen:
     """A screen on a loaded model, with ``sae_id`` attached for it only, as ``sweep_feature`` does."""
     from millm.local import chat_steering
 
@@ -245,4 +251,4 @@ def screen_sae(service: Any, target: Any, model: Any, tokenizer: Any, sae_id: st
         att = steering.attachments[sae_id]
         measure = Measure(model, tokenizer, steering, NEUTRAL_PROMPTS[:prompts], seed, tokens)
         return screen(measure, sae_id, att.sae, att.layer, labels, floor=floor, limit=limit, skip=skip,
-                      on_progress=on_progress)
+                      on_progress=on_progress, on_swept=on_swept)

@@ -385,10 +385,11 @@ class Recommendation:
     label: str = ""
 
 
-def save_recommendations(folder: str | Path, found: Mapping[int, Recommendation]) -> Path:
+def save_recommendations(folder: str | Path, found: Mapping[int, Recommendation | None]) -> Path:
     """Write each feature's ``recommended_strength`` and ``concept_rate`` into its row of the SAE's
-    ``features.jsonl`` (a row is added for a feature that has none), in one atomic replace; refused where
-    :func:`saveable` refuses."""
+    ``features.jsonl`` (a row is added for a feature that has none); a feature mapped to None was measured
+    again and steers no more, so its row loses both. One atomic replace; refused where :func:`saveable`
+    refuses."""
     from millm.sae.cards import MEASURED_KEY, RATE_KEY
 
     path = saveable(folder)
@@ -398,13 +399,20 @@ def save_recommendations(folder: str | Path, found: Mapping[int, Recommendation]
         if not line.strip():
             continue
         row = json.loads(line)
-        rec = left.pop(int(row.get("index", -1)), None)
-        if rec is not None:
+        index = int(row.get("index", -1))
+        if index not in left:
+            continue
+        rec = left.pop(index)
+        if rec is None:
+            row.pop(MEASURED_KEY, None)
+            row.pop(RATE_KEY, None)
+        else:
             row[MEASURED_KEY], row[RATE_KEY] = rec.strength, rec.rate
-            lines[n] = json.dumps(row, ensure_ascii=False)
+        lines[n] = json.dumps(row, ensure_ascii=False)
     for index, rec in sorted(left.items()):
-        lines.append(json.dumps({"index": index, "label": rec.label, MEASURED_KEY: rec.strength,
-                                 RATE_KEY: rec.rate}, ensure_ascii=False))
+        if rec is not None:
+            lines.append(json.dumps({"index": index, "label": rec.label, MEASURED_KEY: rec.strength,
+                                     RATE_KEY: rec.rate}, ensure_ascii=False))
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".features-", suffix=".jsonl")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:

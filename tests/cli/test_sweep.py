@@ -128,7 +128,8 @@ def test_screen_estimates_the_labelled_features_sweeps_the_promising_and_saves_w
     assert data["estimates"]["2100"] >= FLOOR > data["estimates"]["1"]  # books are read into answers, not "indicate"
     swept = {s["index"]: s for s in data["swept"]}
     assert set(swept) == {2100}
-    assert [p["strength"] for p in swept[2100]["points"]] == list(SWEEP_STRENGTHS)
+    strengths = [p["strength"] for p in swept[2100]["points"]]
+    assert set(SWEEP_STRENGTHS) <= set(strengths) and strengths == sorted(strengths)  # and any refined between
     after = feature_rows(copy)
     saved = {i for i, r in after.items() if r != before[i]}
     found = swept[2100]

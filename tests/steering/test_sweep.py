@@ -191,6 +191,10 @@ def test_save_recommendations_write_the_keys_into_the_rows_at_once(tmp_path):
     assert saved[1]["recommended_strength"] == 20.0 and saved[1]["concept_rate"] == 1.0
     assert saved[2] == {"index": 9, "label": "cat", "recommended_strength": 60.0, "concept_rate": 0.5}
     assert not list(tmp_path.glob(".features-*"))  # written by one atomic replace
+    # measured again and steering no more: the row loses its recommendation; a feature without a row gets none
+    save_recommendations(tmp_path, {7: None, 11: None})
+    saved = [json.loads(line) for line in (tmp_path / "features.jsonl").read_text().splitlines()]
+    assert saved[1] == rows[1] and [r["index"] for r in saved] == [3, 7, 9]
 
 
 def test_save_recommendation_refuses_a_folder_it_cannot_write(tmp_path, monkeypatch):
