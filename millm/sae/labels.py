@@ -143,7 +143,8 @@ def rank(labels: Mapping[int, str], query: str, measured: Mapping[int, float] | 
     whole word, then features measured to steer (their ``features.jsonl`` row has a ``recommended_strength``;
     ``measured`` maps them to the concept rate measured there), then the other substring matches. Within each
     group measured features come first, the higher concept rate first, then labels whose first term is the
-    query, then labels with it as a term, then by index."""
+    query, then labels with it as a term, then labels with a term that starts with it ("sporting" for
+    "sport", before "transporting"), then by index."""
     measured = measured or {}
     q = query.strip().lower()
     if not q:
@@ -157,7 +158,8 @@ def rank(labels: Mapping[int, str], query: str, measured: Mapping[int, float] | 
         terms = _terms(label)
         is_measured = index in measured
         group = 0 if word.search(low) else 1 if is_measured else 2
-        closeness = 0 if terms and terms[0] == q else 1 if q in terms else 2
+        closeness = (0 if terms and terms[0] == q else 1 if q in terms
+                     else 2 if any(t.startswith(q) for t in terms) else 3)
         rate = -measured[index] if is_measured else 1.0
         keyed.append(((group, rate, closeness, index), Match(index, label)))
     return [m for _, m in sorted(keyed, key=lambda km: km[0])]

@@ -125,6 +125,11 @@ def test_rank_puts_the_higher_measured_concept_rate_first() -> None:
     assert [m.index for m in rank(TABLE, "rain", measured={5: 0.4, 2: 0.9})][:3] == [2, 5, 3]
 
 
+def test_rank_puts_a_term_starting_with_the_word_before_one_that_only_contains_it() -> None:
+    table = {1: "transporting, drag", 2: "root, div, sporting", 3: "sport"}
+    assert [m.index for m in rank(table, "sport")] == [3, 2, 1]
+
+
 def test_rank_matches_case_insensitively_and_only_substrings() -> None:
     assert [m.index for m in rank(TABLE, "Storm")] == [2]
     assert [m.index for m in rank(TABLE, "heavy rain")] == [2]
