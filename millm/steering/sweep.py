@@ -67,19 +67,26 @@ def top_token_words(row: dict[str, Any]) -> tuple[str, ...]:
     return tuple(str(t) for t, _ in row.get("top_tokens") or [] if _is_word(str(t)))
 
 
+NOT_PLURALS = frozenset({"news", "ones", "means", "lots", "thanks", "series", "species"})  # "new" is not their singular
+
+
+def _singulars(word: str) -> list[str]:
+    if word in NOT_PLURALS:
+        return []
+    if word.endswith("ies") and len(word) > 4:
+        return [word[:-3] + "y", word[:-1]]  # "cities", "movies"
+    if word.endswith("es") and word[:-2].endswith(("x", "ch", "sh", "ss", "z")):
+        return [word[:-2]]
+    if word.endswith("s") and not word.endswith(("ss", "us", "is")) and len(word) > 3:
+        return [word[:-1]]
+    return []
+
+
 def word_forms(word: str) -> tuple[str, ...]:
     """A concept word with its plural and its singular, all naming one concept: a label's term is often a
     plural ("dogs") that an answer says in the singular, or the other way round ("city", "cities")."""
-    forms = [word, word + "s", word + "es"]
-    if word.endswith("y"):
-        forms.append(word[:-1] + "ies")
-    if word.endswith("ies") and len(word) > 4:
-        forms.append(word[:-3] + "y")
-    elif word.endswith("es") and word[:-2].endswith(("x", "ch", "sh", "ss", "z")):
-        forms.append(word[:-2])
-    elif word.endswith("s") and not word.endswith(("ss", "us", "is")) and len(word) > 3:
-        forms.append(word[:-1])
-    return tuple(dict.fromkeys(forms))
+    plurals = [word + "s", word + "es"] + ([word[:-1] + "ies"] if word.endswith("y") else [])
+    return tuple(dict.fromkeys([word, *plurals, *_singulars(word)]))
 
 
 def mentions(text: str, words: Iterable[str]) -> bool:
@@ -211,19 +218,21 @@ def recommend(points: Sequence[Point], target: float = TARGET_RATE, bound: float
 def refine(points: Sequence[Point], target: float = TARGET_RATE, bound: float = FLUENCY_BOUND,
            closest: float = REFINE_CLOSEST) -> float | None:
     """The strength to measure next, when no strength inside the fluency bound reaches ``target``: halfway
-    between the strongest one inside the bound and the next one past it. The rate tends to rise with the
-    strength until fluency gives way, so the best strength lies near that crossing, which a coarse grid
-    (40 inside, 60 past) can step over. None when there is no such crossing, or its two sides are within
-    ``2 * closest`` of each other."""
-    steered = sorted((p for p in points if p.strength != 0), key=lambda p: abs(p.strength))
-    inside = [p for p in steered if p.fluency >= -bound]
-    if not inside or any(p.rate >= target for p in inside):
-        return None
-    below = inside[-1]
-    past = next((p for p in steered if abs(p.strength) > abs(below.strength)), None)
-    if past is None or (past.strength > 0) != (below.strength > 0) or abs(past.strength - below.strength) < 2 * closest:
-        return None
-    return (below.strength + past.strength) / 2
+    between the strongest one inside the bound and the next one past it (on one side of 0; positive
+    first). The rate tends to rise with the strength until fluency gives way, so the best strength lies
+    near that crossing, which a coarse grid (40 inside, 60 past) can step over. None when no side has such
+    a crossing, or its two strengths are within ``2 * closest`` of each other, or the side never mentions
+    the concept at all."""
+    for sign in (1, -1):
+        side = sorted((p for p in points if p.strength * sign > 0), key=lambda p: abs(p.strength))
+        inside = [p for p in side if p.fluency >= -bound]
+        if not inside or any(p.rate >= target for p in inside) or not any(p.rate > 0 for p in side):
+            continue
+        below = inside[-1]
+        past = next((p for p in side if abs(p.strength) > abs(below.strength)), None)
+        if past is not None and abs(past.strength - below.strength) >= 2 * closest:
+            return (below.strength + past.strength) / 2
+    return None
 
 
 class Measure:

@@ -51,6 +51,8 @@ def test_mentions_count_a_plural_terms_singular_and_a_words_other_plurals():
     assert mentions("one city", ("cities",)) and mentions("a box", ("boxes",))
     assert not mentions("a gla", ("glass",)) and not mentions("the bu", ("bus",))  # not plurals to strip
     assert word_forms("glass") == ("glass", "glasss", "glasses")
+    assert mentions("a movie", ("movies",)) and mentions("a cookie", ("cookies",))
+    assert not mentions("a new day", ("news",)) and not mentions("the one", ("ones",))  # not their plurals
 
 
 def test_concept_rate_is_the_share_of_answers_that_mention_a_word():
@@ -102,6 +104,15 @@ def test_refine_asks_nothing_when_the_target_is_reached_or_there_is_no_crossing(
     assert refine([point(20, 0.7, -1.6), point(40, 0.8, -1.9)]) is None  # nothing inside the bound
     assert refine([point(40, 0.4, -1.0), point(48, 0.8, -1.8)]) is None  # too close to tell apart
     assert refine([point(-40, 0.4, -1.0), point(60, 0.8, -1.8)]) is None  # no crossing on one side
+    assert refine([point(20, 0.0, -0.5), point(40, 0.0, -1.0), point(60, 0.0, -1.8)]) is None  # never mentioned
+
+
+def test_refine_finds_the_crossing_on_each_side_of_zero():
+    # the negative side stays fluent at -80; the positive side crosses the bound between 40 and 60
+    table = [point(-80, 0.1, -0.9), point(-40, 0.0, -0.4), point(40, 0.3, -1.0), point(60, 0.9, -1.8),
+             point(80, 0.9, -2.5)]
+    assert refine(table) == 50
+    assert refine([point(-40, 0.3, -1.0), point(-60, 0.9, -1.8), point(40, 0.0, -0.2)]) == -50
 
 
 class ScriptedMeasure:
