@@ -39,7 +39,7 @@ from millm.steering.sweep import (
     concept_rate,
     label_words,
     recommend,
-    refined,
+    swept_points,
     word_forms,
 )
 
@@ -223,10 +223,7 @@ def screen(measure: Measure, sae_id: str, sae: Any, layer: int, labels: dict[int
     per = max(1, ROWS_PER_BATCH // (len(measure.prompts) * len(strengths)))
     for at in range(0, len(chosen), per):
         batch = chosen[at:at + per]
-        cases = [partial(Case.feature, sae_id, f, words=words[f]) for f in batch]
-        points = measure.points([case(s) for case in cases for s in strengths])
-        found = refined(measure, [(case, points[n * len(strengths):(n + 1) * len(strengths)])
-                                  for n, case in enumerate(cases)])
+        found = swept_points(measure, [partial(Case.feature, sae_id, f, words=words[f]) for f in batch], strengths)
         done = [Screened(f, labels[f], rises[f], concept_rate(measure.plain, words[f]), mine)
                 for f, mine in zip(batch, found)]
         swept += done

@@ -292,16 +292,19 @@ class Measure:
         return self.points([Case.feature(sae_id, feature, strength, tuple(words))])[0]
 
 
-def refined(measure: Measure, sweeps: Sequence[tuple[Callable[[float], Case], Sequence[Point]]],
-            rounds: int = REFINE_ROUNDS) -> list[list[Point]]:
-    """Each sweep's points (``(case at a strength, points measured)``) with up to ``rounds`` strengths added
-    where :func:`refine` asks for one, every round's strengths sampled together; points in strength order."""
-    out = [sorted(points, key=lambda p: p.strength) for _, points in sweeps]
+def swept_points(measure: Measure, sweeps: Sequence[Callable[[float], Case]], strengths: Sequence[float],
+                 rounds: int = REFINE_ROUNDS) -> list[list[Point]]:
+    """Each sweep (its case at a strength) measured at every strength, all sampled together, then with up to
+    ``rounds`` strengths added where :func:`refine` asks for one, every round's strengths sampled together;
+    points in strength order."""
+    points = measure.points([at(s) for at in sweeps for s in strengths])
+    n = len(strengths)
+    out = [sorted(points[i * n:(i + 1) * n], key=lambda p: p.strength) for i in range(len(sweeps))]
     for _ in range(rounds):
-        asked = [(i, s) for i, points in enumerate(out) if (s := refine(points, bound=measure.bound)) is not None]
+        asked = [(i, s) for i, mine in enumerate(out) if (s := refine(mine, bound=measure.bound)) is not None]
         if not asked:
             break
-        for (i, _), point in zip(asked, measure.points([sweeps[i][0](s) for i, s in asked])):
+        for (i, _), point in zip(asked, measure.points([sweeps[i](s) for i, s in asked])):
             out[i] = sorted([*out[i], point], key=lambda p: p.strength)
     return out
 
@@ -317,12 +320,11 @@ def need_words(feature: int, words: Sequence[str]) -> Sequence[str]:
 def run_sweep(measure: Measure, sae_id: str, layer: int, feature: int, label: str, words: Sequence[str],
               strengths: Sequence[float]) -> SweepResult:
     """``feature`` of ``sae_id`` (attached at ``layer`` on ``measure``'s steering) at each strength, the
-    strengths sampled together, then refined at the fluency crossing (:func:`refined`)."""
+    strengths sampled together, then refined at the fluency crossing (:func:`swept_points`)."""
     words = tuple(w.lower() for w in need_words(feature, words))
     result = SweepResult(sae_id, layer, feature, label, words, len(measure.prompts), measure.tokens, measure.seed,
                          concept_rate(measure.plain, words), measure.plain_logprob, bound=measure.bound)
-    at = partial(Case.feature, sae_id, feature, words=words)
-    [result.points] = refined(measure, [(at, measure.points([at(s) for s in strengths]))])
+    [result.points] = swept_points(measure, [partial(Case.feature, sae_id, feature, words=words)], strengths)
     return result
 
 

@@ -21,8 +21,8 @@ from millm.steering.sweep import (
     png_bytes,
     recommend,
     refine,
-    refined,
     save_recommendations,
+    swept_points,
     word_forms,
     write_png,
 )
@@ -116,7 +116,8 @@ def test_refine_finds_the_crossing_on_each_side_of_zero():
 
 
 class ScriptedMeasure:
-    """Rate and fluency as straight lines in the strength: rate 1% and fluency -0.035 per unit."""
+    """Rate and fluency as straight lines in the strength: a "steers" case mentions its concept 1% and loses
+    0.035 nats per unit; any other mentions nothing and loses 0.01 per unit."""
 
     bound = FLUENCY_BOUND
 
@@ -125,17 +126,18 @@ class ScriptedMeasure:
 
     def points(self, cases):
         self.asked.append([c.strength for c in cases])
-        return [point(c.strength, c.strength / 100, -0.035 * c.strength) for c in cases]
+        return [point(c.strength, c.strength / 100, -0.035 * c.strength) if c.words == ("steers",)
+                else point(c.strength, 0.0, -0.01 * c.strength) for c in cases]
 
 
-def test_refined_adds_strengths_at_the_crossing_in_rounds_sampled_together():
+def test_swept_points_adds_strengths_at_the_crossing_in_rounds_sampled_together():
     measure = ScriptedMeasure()
-    first = [[point(s, s / 100, -0.035 * s) for s in (20, 40, 60)], [point(s, 0.0, -0.01 * s) for s in (20, 40)]]
-    out = refined(measure, [(lambda s: Case(s, {}, ()), pts) for pts in first])
+    out = swept_points(measure, [lambda s: Case(s, {}, ("steers",)), lambda s: Case(s, {}, ("flat",))], (20, 40, 60))
     # 40 (inside, 40%) and 60 (past -1.5): 50 is measured, past the bound too (-1.75), so then 45
-    assert measure.asked == [[50.0], [45.0]]
+    assert measure.asked == [[20, 40, 60, 20, 40, 60], [50.0], [45.0]]
     assert [p.strength for p in out[0]] == [20, 40, 45, 50, 60]
-    assert recommend(out[0]) == 40 and out[1] == first[1]  # the second sweep never crossed the bound
+    # the second sweep never crossed the bound (and never mentioned its concept): its grid alone
+    assert recommend(out[0]) == 40 and out[1] == [point(s, 0.0, -0.01 * s) for s in (20, 40, 60)]
 
 
 def test_parse_strengths():
