@@ -188,14 +188,9 @@ def screen(
         def progress(stage: str, done: int, total: int) -> None:
             status.update(f"screening {sae_id}: {stage} {done}/{total}")
 
-        kept = {"saved": 0, "cleared": 0}
-
         def keep(batch: list[Screened]) -> None:  # each batch saved as it is swept: an interrupt keeps them
-            found = {s.feature: None if s.recommended is None else Recommendation(s.recommended, s.rate, s.label)
-                     for s in batch}
-            save_recommendations(folder, found)
-            kept["saved"] += sum(r is not None for r in found.values())
-            kept["cleared"] += sum(r is None and s in index.measured for s, r in found.items())
+            save_recommendations(folder, {s.feature: None if s.recommended is None else
+                                          Recommendation(s.recommended, s.rate, s.label) for s in batch})
 
         found = screen_sae(service, target, model_obj, tokenizer, sae_id, labels, prompts=prompts, tokens=tokens,
                            seed=seed, limit=limit, layer=layer, on_progress=progress,
@@ -217,9 +212,10 @@ def screen(
             table.add_row(str(s.feature), Text(s.label), f"{s.estimate:+.2f}", f"{s.recommended:g}", f"{s.rate:.0%}")
         out.print(table)
     if save:
-        cleared = f"; {kept['cleared']} measured before steer no more and lost theirs" if kept["cleared"] else ""
-        err.print(f"recommended strengths saved for {kept['saved']} features in {folder / FEATURES_FILE}{cleared}",
-                  markup=False)
+        lost = sum(s.recommended is None and s.feature in index.measured for s in found.swept)
+        cleared = f"; {lost} measured before steer no more and lost theirs" if lost else ""
+        err.print(f"recommended strengths saved for {len(found.steers)} features in {folder / FEATURES_FILE}"
+                  f"{cleared}", markup=False)
 
 
 def register(steer_app: typer.Typer) -> None:
