@@ -1,11 +1,12 @@
-"""Strength sweeps for ten everyday concepts on the bundled layer-10 SAE: how many reach the steering target.
+"""Strength sweeps for ten everyday concepts on a bundled SAE: how many reach the steering target.
 
     python bench/sweep.py                                   # the figures: 20 prompts, 48 tokens
+    python bench/sweep.py --sae smollm2-135m-res-L20        # the same on another bundled SAE
     python bench/sweep.py --prompts 2 --tokens 16 --concept rain --concept dog   # a quick check
 
-For each concept in CONCEPTS (fixed before any result was seen), the top label-search hit on
-smollm2-135m-res-L10 (``LabelIndex.search``, what ``millm sae features --search`` lists first: whole-word
-matches, measured features first) is measured at its recommended strength (the one ``millm steer screen``
+For each concept in CONCEPTS (fixed before any result was seen), the top label-search hit on the SAE
+``--sae`` names (default SAE; ``LabelIndex.search``, what ``millm sae features --search`` lists first:
+whole-word matches, measured features first) is measured at its recommended strength (the one ``millm steer screen``
 stored in the bundled features.jsonl; a hit without one is swept at STRENGTHS and gets the sweep's), with
 ``millm.steering.sweep`` (the measures of ``millm steer sweep`` and bench/sae_quality.py: seeded sampled
 answers to the neutral prompts, fluency against the unsteered answers, bound -1.5 nats/token), the concept
@@ -50,20 +51,23 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=len(NEUTRAL_PROMPTS), help="first N neutral prompts")
     parser.add_argument("--tokens", type=int, default=MAX_NEW_TOKENS, help="tokens per answer")
     parser.add_argument("--seed", type=int, default=SEED)
+    parser.add_argument("--sae", default=SAE, choices=[b.id for b in bundled_saes()], help="the bundled SAE")
     parser.add_argument("--concept", action="append", choices=CONCEPTS,
                         help="only this concept of the list (repeatable; a quick check, not the figure)")
     args = parser.parse_args()
     concepts = [c for c in CONCEPTS if not args.concept or c in args.concept]
     settings = get_settings()
     model, tokenizer, _, _ = load(resolve(BUNDLED_ID, settings), settings)
-    bundled = next(b for b in bundled_saes() if b.id == SAE)
-    index = LabelIndex.load(bundled.path, SAE)
+    bundled = next(b for b in bundled_saes() if b.id == args.sae)
+    index = LabelIndex.load(bundled.path, bundled.id)
     control = Steering(model)
     started = time.perf_counter()
     measure = Measure(model, tokenizer, control, NEUTRAL_PROMPTS[:args.prompts], args.seed, args.tokens)
-    control.attach(SAE, load_sae(bundled.path).sae, bundled.layer)
-    print(f"{SAE} (layer {bundled.layer}): {len(measure.prompts)} prompts, {args.tokens} tokens, seed {args.seed}, "
-          f"strengths {', '.join(f'{s:g}' for s in STRENGTHS)}; unsteered log-prob {measure.plain_logprob:.3f}")
+    sae = load_sae(bundled.path).sae
+    control.attach(bundled.id, sae, bundled.layer)
+    print(f"{bundled.id} (layer {bundled.layer}): {len(measure.prompts)} prompts, {args.tokens} tokens, "
+          f"seed {args.seed}, strengths {', '.join(f'{s:g}' for s in STRENGTHS)}; "
+          f"unsteered log-prob {measure.plain_logprob:.3f}")
     reached = 0
     try:
         for concept in concepts:
@@ -72,9 +76,9 @@ def main() -> None:
                 print(f"  {concept}: no feature label contains it")
                 continue
             hit = hits[0]
-            stored = read_card(bundled.path, hit.index, 4096, name=SAE).recommended_strength
+            stored = read_card(bundled.path, hit.index, sae.d_sae, name=bundled.id).recommended_strength
             strengths = (stored,) if stored is not None else STRENGTHS
-            result = run_sweep(measure, SAE, bundled.layer, hit.index, hit.label, (concept,), strengths)
+            result = run_sweep(measure, bundled.id, bundled.layer, hit.index, hit.label, (concept,), strengths)
             source = "stored" if stored is not None else "swept"
             best = result.point(stored if stored is not None else result.recommended)
             rates = " ".join(f"{p.strength:g}:{p.rate:.0%}/{p.fluency:+.2f}" for p in result.points)
