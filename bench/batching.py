@@ -13,17 +13,13 @@ lives in a temporary MILLM_HOME; the dequantised weights come from the usual cac
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import resource
 import statistics
 import tempfile
-import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -34,39 +30,17 @@ if "MILLM_HOME" not in os.environ:
     os.environ["MILLM_HOME"] = tempfile.mkdtemp(prefix="millm-bench-")
 
 import httpx  # noqa: E402
-from hypercorn.asyncio import serve  # noqa: E402
 
 from millm.config import get_settings  # noqa: E402
 from millm.engine import load_engine  # noqa: E402
 from millm.registry import resolve  # noqa: E402
 from millm.sae.bundled import bundled_saes  # noqa: E402
 from millm.server.app import create_app  # noqa: E402
-from millm.server.run import hypercorn_config  # noqa: E402
+from millm.server.run import in_thread  # noqa: E402
 
 PROMPTS = ["Tell me a long story about a village by the sea.", "Explain the history of the printing press.",
            "Write a long letter to a friend about your summer.", "Describe life on Earth in the year 2300."]
 TEMPERATURES = (0.0, 0.7, 1.0)
-
-
-@contextmanager
-def served(settings: Any, engine: Any, port: int) -> Iterator[str]:
-    app = create_app(settings, engine)
-    loop, stop = asyncio.new_event_loop(), asyncio.Event()
-    thread = threading.Thread(target=lambda: loop.run_until_complete(
-        serve(app, hypercorn_config("127.0.0.1", port), shutdown_trigger=stop.wait)), daemon=True)
-    thread.start()
-    base = f"http://127.0.0.1:{port}"
-    for _ in range(200):
-        try:
-            httpx.get(base + "/api/health", timeout=1)
-            break
-        except httpx.TransportError:
-            time.sleep(0.05)
-    try:
-        yield base
-    finally:
-        loop.call_soon_threadsafe(stop.set)
-        thread.join(timeout=10)
 
 
 def stream(http: httpx.Client, base: str, body: dict[str, Any]) -> tuple[float, float, int]:
@@ -129,7 +103,6 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3, help="Alternating rounds of the one-client case.")
-    parser.add_argument("--port", type=int, default=8790)
     args = parser.parse_args()
     settings = get_settings()
     engine = load_engine(resolve(settings.default_model, settings), settings)
@@ -137,7 +110,7 @@ def main() -> None:
     serial = settings.model_copy(update={"max_queue": max(32, 2 * args.clients)})
     batched = serial.model_copy(update={"batching": True, "batch_max_rows": max(16, args.clients)})
     # both servers share the one model and take turns (never at once), so the machine's load is alike for both
-    with served(serial, engine, args.port) as off, served(batched, engine, args.port + 1) as on:
+    with in_thread(create_app(serial, engine)) as off, in_thread(create_app(batched, engine)) as on:
         profiles = make_profiles(off, 4)
         work = bodies(engine.model_id, args.clients, args.tokens, profiles)
         for base in (off, on):

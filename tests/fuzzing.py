@@ -20,10 +20,11 @@ from hypothesis import HealthCheck, Phase, given, settings
 from schemathesis import GenerationMode
 from schemathesis.core.result import Ok
 
+from tests.hostile import MAX_TOKENS, hostile_bodies
+
 # the spec's typed 5xx: a server-side condition a client can act on, never a crash
 TYPED_5XX = {"model_not_loaded", "model_busy", "queue_full", "insufficient_memory", "model_load_failed",
              "non_finite_logits", "constrained_output_invalid"}
-MAX_TOKENS = 4
 GENERATING = ("/v1/chat/completions", "/v1/completions")
 
 
@@ -103,11 +104,25 @@ def _fuzz_mode(base: str, op: Any, mode: GenerationMode, examples: int, report: 
             report.problems.append(f"{label} [{mode.value}] the fuzzer failed: {type(exc).__name__}: {exc}")
 
 
+def send_hostile(base: str, report: Report) -> None:
+    """The hand-made hostile schemas, through the same properties as the generated requests."""
+    model = httpx.get(base + "/v1/models", timeout=30).json()["data"][0]["id"]
+    for label, body, _ in hostile_bodies(model):
+        response = httpx.post(base + "/v1/chat/completions", json=body, timeout=300)
+        report.sent[f"hostile {label}"] += 1
+        report.statuses[response.status_code] += 1
+        found = problem_of(response.status_code, response.headers.get("content-type", ""), response.text)
+        if found is not None:
+            report.problems.append(f"hostile {label}: {found}")
+
+
 def fuzz(base: str, examples: int, skip: tuple[str, ...] = (), seed: int = 0) -> Report:
     """Fuzz every operation of the server at ``base``; then check it still answers /api/health."""
     report = Report()
     for op in operations(base, skip):
         fuzz_operation(base, op, examples, report, seed)
+    if not any("/v1/chat/completions".startswith(s) for s in skip):
+        send_hostile(base, report)
     health = httpx.get(base + "/api/health", timeout=30)
     if health.status_code != 200:
         report.problems.append(f"/api/health answers {health.status_code} after the run")

@@ -10,11 +10,11 @@ import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any
 
 from millm.errors import MillmError, ResponseFormatUnsupported
 from millm.sfv import sf_string
+from millm.structured.bounded import bounded
 
 # exclusiveMinimum / exclusiveMaximum (Pydantic's gt / lt) and prefixItems (tuples): measured enforced by
 # llguidance token by token; so are the string formats in FORMATS and oneOf where llguidance proves its branches
@@ -32,6 +32,9 @@ TYPES = {"object", "array", "string", "number", "integer", "boolean", "null"}
 MAX_SCHEMA_BYTES = 64 * 1024
 MAX_DEPTH = 32
 MAX_PROPERTIES = 256
+MAX_DEFS = 256  # definitions in $defs
+MAX_REF_CHAIN = MAX_DEPTH  # $refs followed one after another, each into another definition: nesting in disguise
+DEFS_REF = "#/$defs/"
 PARAM = "response_format"
 SCHEMA_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 WHITESPACE = "[ ]?"
@@ -78,6 +81,7 @@ class _Walk:
 
 
 def _walk(node: Any, path: list[str], w: _Walk, depth: int) -> None:
+    """Collect in ``w`` every problem of ``node`` (at ``path``) and of the schemas inside it."""
     if depth > MAX_DEPTH:
         raise w.error(f"The schema nests deeper than {MAX_DEPTH} levels at '{_pointer(path)}'.", param=w.param)
     if isinstance(node, bool):
@@ -91,41 +95,108 @@ def _walk(node: Any, path: list[str], w: _Walk, depth: int) -> None:
             continue
         if key not in ENFORCED:
             w.problems.append(f"'{key}' at '{_pointer(here)}'")
-        elif key == "type":
-            kinds = value if isinstance(value, list) else [value]
-            if not kinds or any(k not in TYPES for k in kinds):
-                w.problems.append(f"'type' {value!r} at '{_pointer(here)}'")
-        elif key == "format":
-            if value not in FORMATS:
-                w.problems.append(f"'format' {value!r} at '{_pointer(here)}' (enforced: "
-                                  f"{', '.join(sorted(FORMATS))})")
-        elif key == "properties":
-            if not isinstance(value, dict):
-                w.problems.append(f"'properties' at '{_pointer(here)}' is not an object")
-                continue
-            if len(value) > MAX_PROPERTIES:
-                raise w.error(f"'{_pointer(here)}' has {len(value)} properties; at most {MAX_PROPERTIES} per object.",
-                              param=w.param)
-            for name, sub in value.items():
-                _walk(sub, [*here, name], w, depth + 1)
-        elif key in ("items", "additionalProperties"):
-            _walk(value, here, w, depth + 1)
-        elif key in ("anyOf", "oneOf", "prefixItems"):
-            if not isinstance(value, list) or not value:
-                w.problems.append(f"'{key}' at '{_pointer(here)}' is not a non-empty list")
-                continue
-            for i, sub in enumerate(value):
-                _walk(sub, [*here, str(i)], w, depth + 1)
-        elif key == "$defs":
-            if not isinstance(value, dict):
-                w.problems.append(f"'$defs' at '{_pointer(here)}' is not an object")
-                continue
-            for name, sub in value.items():
-                _walk(sub, [*here, name], w, depth + 1)
-        elif key == "$ref":
-            target = value[len("#/$defs/"):] if isinstance(value, str) and value.startswith("#/$defs/") else None
-            if target is None or target not in w.defs:
-                w.problems.append(f"'$ref' {value!r} at '{_pointer(here)}' (only local refs into $defs)")
+        elif (check := KEYWORDS.get(key)) is not None:
+            check(value, here, w, depth)
+
+
+def _type(value: Any, here: list[str], w: _Walk, depth: int) -> None:
+    kinds = value if isinstance(value, list) else [value]
+    if not kinds or any(not isinstance(k, str) or k not in TYPES for k in kinds):
+        w.problems.append(f"'type' {_shown(value)} at '{_pointer(here)}' (a type name or a list of them: "
+                          f"{', '.join(sorted(TYPES))})")
+
+
+def _format(value: Any, here: list[str], w: _Walk, depth: int) -> None:
+    if not isinstance(value, str) or value not in FORMATS:
+        w.problems.append(f"'format' {_shown(value)} at '{_pointer(here)}' (enforced: {', '.join(sorted(FORMATS))})")
+
+
+def _pattern(value: Any, here: list[str], w: _Walk, depth: int) -> None:
+    if problem := _pattern_problem(value):
+        w.problems.append(f"'pattern' at '{_pointer(here)}' {problem}")
+
+
+def _ref(value: Any, here: list[str], w: _Walk, depth: int) -> None:
+    if _ref_target(value) not in w.defs:
+        w.problems.append(f"'$ref' {_shown(value)} at '{_pointer(here)}' (only local refs into $defs, "
+                          f"'{DEFS_REF}<name>', with a name that needs no escaping: no '/', '~' or '%')")
+
+
+def _schema(value: Any, here: list[str], w: _Walk, depth: int) -> None:
+    _walk(value, here, w, depth + 1)
+
+
+def _named_schemas(limit: int, what: str, per: str = "") -> Callable[[Any, list[str], _Walk, int], None]:
+    """The check of an object of named schemas (``properties``, ``$defs``), at most ``limit`` of them."""
+    def check(value: Any, here: list[str], w: _Walk, depth: int) -> None:
+        if not isinstance(value, dict):
+            w.problems.append(f"'{here[-1]}' at '{_pointer(here)}' is not an object")
+            return
+        if len(value) > limit:
+            raise w.error(f"'{_pointer(here)}' has {len(value)} {what}; at most {limit}{per}.", param=w.param)
+        for name, sub in value.items():
+            _walk(sub, [*here, name], w, depth + 1)
+    return check
+
+
+def _schema_list(value: Any, here: list[str], w: _Walk, depth: int) -> None:
+    if not isinstance(value, list) or not value:
+        w.problems.append(f"'{here[-1]}' at '{_pointer(here)}' is not a non-empty list")
+        return
+    for i, sub in enumerate(value):
+        _walk(sub, [*here, str(i)], w, depth + 1)
+
+
+# the keywords whose values _walk checks itself (the others' shapes are jsonschema's check)
+KEYWORDS: dict[str, Callable[[Any, list[str], _Walk, int], None]] = {
+    "type": _type, "format": _format, "pattern": _pattern, "$ref": _ref,
+    "items": _schema, "additionalProperties": _schema,
+    "anyOf": _schema_list, "oneOf": _schema_list, "prefixItems": _schema_list,
+    "properties": _named_schemas(MAX_PROPERTIES, "properties", " per object"),
+    "$defs": _named_schemas(MAX_DEFS, "definitions"),
+}
+
+
+@bounded(max_entries=256, max_bytes=4 * 2**20)
+def linear_regex(pattern: str) -> Any:
+    """``pattern`` compiled by RE2, which matches in time linear in the text (never backtracking) within a
+    bounded memory (RE2's ``max_mem``); raises ``re2.error`` for a pattern it does not take."""
+    import re2
+
+    options = re2.Options()
+    options.log_errors = False
+    return re2.compile(pattern, options)
+
+
+def _pattern_problem(pattern: Any) -> str | None:
+    """Why a ``pattern`` cannot be checked after generating (None when it can): the closed document is matched
+    by RE2, in linear time, so a pattern RE2 does not take is refused before anything generates."""
+    import re2
+
+    if not isinstance(pattern, str):
+        return "is not a string"
+    try:
+        linear_regex(pattern)
+    except re2.error as exc:
+        reason = exc.args[0].decode(errors="replace") if exc.args and isinstance(exc.args[0], bytes) else exc
+        return f"is not a regular expression miLLM can check in linear time (RE2: {reason})"
+    return None
+
+
+def _shown(value: Any, limit: int = 80) -> str:
+    """A schema value in a message: its JSON, cut at ``limit`` characters."""
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def _ref_target(ref: Any) -> str | None:
+    """The definition a ``$ref`` names: ``#/$defs/<name>`` with a name JSON Pointer and URI escaping leave as it
+    is. A name spelled with escapes (``~1``, ``%25``) would be resolved one way here and another by the
+    validator, so such refs are refused rather than guessed at."""
+    if not isinstance(ref, str) or not ref.startswith(DEFS_REF):
+        return None
+    name = ref[len(DEFS_REF):]
+    return name if name and not any(c in name for c in "/~%") else None
 
 
 def _direct_refs(node: Any) -> list[str]:
@@ -133,8 +204,8 @@ def _direct_refs(node: Any) -> list[str]:
     anyOf / oneOf branches (a ref inside properties or items is reached only through a value)."""
     if not isinstance(node, dict):
         return []
-    ref = node.get("$ref")
-    found = [ref[len("#/$defs/"):]] if isinstance(ref, str) and ref.startswith("#/$defs/") else []
+    target = _ref_target(node.get("$ref"))
+    found = [target] if target is not None else []
     for key in ("anyOf", "oneOf"):
         if isinstance(node.get(key), list):
             for branch in node[key]:
@@ -145,25 +216,35 @@ def _direct_refs(node: Any) -> list[str]:
 def _ref_cycles(defs: dict[str, Any]) -> list[str]:
     """$defs that stand for themselves through $ref and anyOf / oneOf alone (``a`` -> ``b`` -> ``a``): no
     value ever decides them, and validating the closed document against them recurses without end (a
-    500 after generating). Recursion through properties or items (a tree, a linked list) is fine."""
+    500 after generating); and chains of such refs longer than MAX_REF_CHAIN. Recursion through properties
+    or items (a tree, a linked list) is fine. Iterative: a chain of any length is walked without recursing."""
     edges = {name: [t for t in _direct_refs(node) if t in defs] for name, node in defs.items()}
     problems: list[str] = []
-    done: set[str] = set()
-
-    def visit(name: str, trail: list[str]) -> None:
-        if name in trail:
-            cycle = trail[trail.index(name):] + [name]
-            problems.append(f"'$ref' cycle {' -> '.join(cycle)} at '{_pointer(['$defs', cycle[0]])}' (a definition "
-                            "that refers to itself without a value between)")
-            return
-        if name in done:
-            return
-        for target in edges[name]:
-            visit(target, [*trail, name])
-        done.add(name)
-
-    for name in edges:
-        visit(name, [])
+    chain: dict[str, int] = {}  # definition -> the longest run of direct refs from it (once finished)
+    for root in edges:
+        if root in chain:
+            continue
+        trail, on_trail = [root], {root}
+        pending = [iter(edges[root])]
+        while pending:
+            target = next(pending[-1], None)
+            if target is None:
+                done = trail.pop()
+                on_trail.discard(done)
+                pending.pop()
+                chain[done] = 1 + max((chain.get(t, 0) for t in edges[done]), default=0)
+            elif target in on_trail:
+                cycle = trail[trail.index(target):] + [target]
+                problems.append(f"'$ref' cycle {' -> '.join(cycle)} at '{_pointer(['$defs', cycle[0]])}' (a "
+                                "definition that refers to itself without a value between)")
+            elif target not in chain:
+                trail.append(target)
+                on_trail.add(target)
+                pending.append(iter(edges[target]))
+    if not problems and (longest := max(chain.values(), default=0)) > MAX_REF_CHAIN:
+        start = max(chain, key=lambda name: chain[name])
+        problems.append(f"a chain of {longest} '$ref's from '{_pointer(['$defs', start])}' (at most {MAX_REF_CHAIN} "
+                        "in a row; a chain of refs nests like a schema does)")
     return problems
 
 
@@ -225,7 +306,7 @@ def check_compiles(constraint: JsonConstraint) -> None:
         raise ResponseFormatUnsupported(problem, param=PARAM)
 
 
-@lru_cache(maxsize=256)
+@bounded(max_entries=256, max_bytes=16 * 2**20)
 def _compile_problem(key: str) -> str | None:
     """Why the schema of canonical text ``key`` cannot be enforced, or None (cached: a judge repeats its schema)."""
     import jsonschema

@@ -21,11 +21,11 @@ import json
 import re
 import uuid
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any
 
 from millm.errors import InvalidParameter
 from millm.sfv import sf_string
+from millm.structured.bounded import bounded
 from millm.structured.schema import WHITESPACE, JsonConstraint, canonical, check_schema
 
 TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # OpenAI's rule for function names
@@ -101,6 +101,11 @@ class ToolConstraint:
 
     def schema_of(self, name: str) -> dict[str, Any] | None:
         return next((t.parameters for t in self.tools if t.name == name), None)
+
+    def parser(self) -> ToolCallParser:
+        """A parser for a row's text under this constraint: a call may follow text only under "auto" without a
+        response_format, and under "required" or a forced function the text is calls alone."""
+        return ToolCallParser(lead=self.text is None, calls_only=self.choice != "auto")
 
     def grammar(self) -> str:
         """The Lark grammar (llguidance's dialect): every byte of the call wrapper fixed, each tool's
@@ -235,7 +240,7 @@ def tool_constraint(tools_value: Any, choice_value: Any, parallel: Any = None,
     return constraint
 
 
-@lru_cache(maxsize=256)
+@bounded(max_entries=256, max_bytes=32 * 2**20)
 def _grammar_problem(grammar: str) -> str | None:
     import llguidance
 
@@ -303,9 +308,11 @@ def call_id() -> str:
 class ToolCallParser:
     """Splits a tools-constrained row's text, as it streams, into content and calls. Text that could still
     become the call marker is held back until it does or cannot. With ``lead`` false (a response_format answer
-    beside the tools), a call can only open the text."""
+    beside the tools), a call can only open the text; with ``calls_only`` (a call is required) there is no
+    text at all, so marker text held back when the row ends (cut by max_tokens inside it) is dropped."""
 
     lead: bool = True
+    calls_only: bool = False
     calls: list[Call] = field(default_factory=list)
     _buffer: str = ""
     _state: str = "content"  # content | text (no call can follow) | head | name | mid | args | tail | between
@@ -323,9 +330,10 @@ class ToolCallParser:
     def close(self) -> list[Piece]:
         """The end of the row: held-back text is content after all (a call cut short stays as it is)."""
         out: list[Piece] = []
-        if self._state in ("content", "text") and self._buffer:
+        held = self._state == "text" or (self._state == "content" and not self.calls_only)
+        if held and self._buffer:
             out.append(Piece("content", self._buffer))
-            self._buffer = ""
+        self._buffer = ""
         return out
 
     def _expect(self, literal: str, then: str) -> bool:
@@ -419,6 +427,6 @@ def _partial_suffix(text: str, marker: str) -> int:
 
 def split(constraint: ToolConstraint, text: str) -> tuple[str, list[Call]]:
     """A whole row's text: its content and its calls."""
-    parser = ToolCallParser(lead=constraint.text is None)
+    parser = constraint.parser()
     pieces = parser.feed(text) + parser.close()
     return "".join(p.text for p in pieces if p.kind == "content"), parser.calls
