@@ -37,6 +37,7 @@ class Settings(BaseSettings):
     batch_prefill_chunk: int = Field(default=256, ge=1)  # tokens in one merged prefill forward (rows x width)
     batching_monitoring: Literal["batch", "serial"] = "batch"  # serial: monitored requests skip the batch
     graceful_unload_timeout: float = Field(default=30.0, ge=0)  # seconds running requests get before an unload
+    preflight_timeout: float = Field(default=30.0, gt=0)  # seconds a load's file checks may take (then 500)
     api_key: str | None = None
     admin_key: str | None = None
     max_body_bytes: int = Field(default=16 * 1024 * 1024, gt=0)  # a larger request body answers 413

@@ -34,11 +34,17 @@ class ContextLengthExceeded(MillmError):
     status, type, code = 400, "invalid_request_error", "context_length_exceeded"
 
     def __init__(self, requested: int, available: int, *, prompt_tokens: int | None = None,
-                 param: str | None = "messages") -> None:
-        detail = f" ({prompt_tokens} in the prompt)" if prompt_tokens is not None else ""
+                 param: str | None = "messages", detail: str | None = None, lower_bound: str | None = None) -> None:
+        """``detail`` adds a sentence (what the prompt's tokens are made of); ``lower_bound`` says why at least
+        ``requested`` tokens are needed when the prompt was refused before it was tokenised."""
+        counted = f" ({prompt_tokens} in the prompt)" if prompt_tokens is not None else ""
+        if lower_bound is not None:
+            asked = f"at least {requested} tokens are needed ({lower_bound})"
+        else:
+            asked = f"{requested} tokens were requested{counted}"
         super().__init__(
-            f"This model's maximum context length is {available} tokens, but {requested} tokens "
-            f"were requested{detail}. Shorten the prompt or lower max_tokens.",
+            f"This model's maximum context length is {available} tokens, but {asked}. "
+            + (f"{detail} " if detail else "") + "Shorten the prompt or lower max_tokens.",
             param=param,
         )
         self.requested = requested

@@ -33,8 +33,13 @@ class Prepared:
     label: str
     check: Callable[[], None] | None
 
-    def headers(self, built: Built) -> dict[str, str]:
-        return miLLM_headers(built, self.label, self.steer)
+    def headers(self, built: Built, bound: str | None = None) -> dict[str, str]:
+        """The response's miLLM headers. ``bound`` is the steering label read when the request's rows were
+        bound (the engine's ``Steered`` event), the truth where an operator changed steering after prepare;
+        a circuit's rung is not claimed for a response that nothing steered."""
+        label = self.label if bound is None else bound
+        steer = self.steer if label != "none" or self.steer.rung is None else replace(self.steer, rung=None)
+        return miLLM_headers(built, label, steer)
 
 
 def refuse_unsteerable(engine: Engine, built: Built) -> None:

@@ -11,6 +11,7 @@ import json
 import os
 import re
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from millm.config import Settings
-from millm.errors import AmbiguousModelName, InvalidParameter, ModelNotFound
+from millm.errors import AmbiguousModelName, InvalidParameter, ModelBusy, ModelNotFound
 from millm.paths import user_path
 
 BUNDLED_ID = "SmolLM2-135M-Instruct"
@@ -30,6 +31,7 @@ GGUF_NAME = re.compile(r"^(?P<repo>.+?)[.-](?P<quant>(?:I?Q\d\w*|F16|F32|BF16))\
 # The rule for a registered model's id. Ids travel in URLs (/api/models/{id}/load), JSON bodies, log lines
 # and /metrics labels, so they are kept to what a HuggingFace repo id (owner/name) and a GGUF id
 # (repo:QUANT) need; the words the model routes put after an id cannot end one.
+REGISTRY_LOCK_WAIT = 10.0  # seconds a registration waits for another process's hold on the registry
 MODEL_ID_MAX = 128
 MODEL_ID_SEGMENT = r"[A-Za-z0-9](?:[A-Za-z0-9._:+@-]*[A-Za-z0-9_+@-])?"
 MODEL_ID = re.compile(rf"{MODEL_ID_SEGMENT}(?:/{MODEL_ID_SEGMENT})*")
@@ -141,7 +143,16 @@ def _registry_locked(settings: Settings) -> Iterator[None]:
     target = _registry_file(settings)
     target.parent.mkdir(parents=True, exist_ok=True)
     with open(target.with_name(target.name + ".lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        deadline = time.monotonic() + REGISTRY_LOCK_WAIT
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise ModelBusy(f"Another process has held the model registry ({target}) for over "
+                                    f"{REGISTRY_LOCK_WAIT:g} s; retry once it lets go.") from None
+                time.sleep(0.05)
         try:
             yield
         finally:

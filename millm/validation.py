@@ -57,13 +57,23 @@ def check_int(name: str, value: Any, *, low: int, high: int | None = None) -> in
     return value
 
 
+MAX_STOPS = 16  # stop sequences per request (OpenAI takes 4)
+MAX_STOP_CHARS = 1024  # characters per stop sequence
+
+
 def check_stop(value: Any) -> tuple[str, ...]:
-    """A stop string or a list of them; empty strings would match everywhere and are refused."""
+    """A stop string or a list of them; empty strings would match everywhere and are refused. Their number and
+    length are bounded: every decoded token is checked against each of them on the engine thread, so their
+    size is work that grows with every step."""
     items = [value] if isinstance(value, str) else value
     if not isinstance(items, (list, tuple)) or not all(isinstance(s, str) for s in items):
         raise InvalidParameter("'stop' must be a string or a list of strings.", param="stop")
     if any(s == "" for s in items):
         raise InvalidParameter("'stop' must not contain empty strings.", param="stop")
+    if len(items) > MAX_STOPS:
+        raise InvalidParameter(f"'stop' holds {len(items)} sequences; at most {MAX_STOPS}.", param="stop")
+    if any(len(s) > MAX_STOP_CHARS for s in items):
+        raise InvalidParameter(f"'stop' sequences are at most {MAX_STOP_CHARS} characters.", param="stop")
     return tuple(dict.fromkeys(items))
 
 

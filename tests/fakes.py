@@ -16,7 +16,7 @@ from millm.engine.base import Capabilities, StepControl, check_supported, finger
 from millm.engine.events import Event, Usage
 from millm.engine.output import ChoiceOutput
 from millm.engine.params import ChatPrompt, GenerationRequest, Prompt, TokenPrompt, prompt_names
-from millm.engine.plan import Plan, token_budget
+from millm.engine.plan import Plan, check_characters, token_budget
 from millm.engine.rows import Row, emit
 from millm.engine.scoring import ScoreRequest, ScoreResult, TokenScore, check_in_vocab
 from millm.errors import InvalidScoringRequest
@@ -42,6 +42,7 @@ class FakeEngine:
         self.capabilities = FULL if engine_name == "transformers" else GGUF
         self.entry = ModelEntry(id=model_id, engine=engine_name, source="path", path=Path(__file__))
         self.context_window = context_window
+        self.max_token_bytes = max(len(t.encode()) for t in VOCAB)
         self.script = [VOCAB.index(ch) for ch in script] + [0]
         self.gate = threading.Event()
         self.gate.set()
@@ -74,6 +75,7 @@ class FakeEngine:
 
     def prepare(self, request: GenerationRequest) -> Plan:
         check_supported(request, self.capabilities, self.engine_name)
+        check_characters(request.prompts, prompt_names(request.prompts), self.context_window, self.max_token_bytes)
         ids = [self.tokenize(p) for p in request.prompts]
         budget = token_budget(ids, request.params.max_tokens, self.context_window, 64, prompt_names(request.prompts))
         return Plan(ids, request.params, budget,

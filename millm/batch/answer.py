@@ -20,8 +20,9 @@ from millm.builder import Built, build_chat, build_completion, build_embedding
 from millm.config import Settings
 from millm.engine.admission import BatchSettings
 from millm.engine.base import Engine
+from millm.engine.events import steered_label
 from millm.errors import InvalidParameter, MillmError
-from millm.generation import prepare
+from millm.generation import Prepared, prepare
 from millm.limits import Limits
 from millm.registry import ModelEntry, resolve
 from millm.render import scoring
@@ -45,7 +46,8 @@ class _Generation:
     engine: Engine
     job: Job
     shape: CompletionShape
-    headers: dict[str, str]
+    built: Built
+    prepared: Prepared
 
 
 def error_answer(line: BatchLine, exc: Exception) -> Answer:
@@ -134,7 +136,7 @@ class Answerer:
         engine = self.engines(entry)
         prepared = prepare(engine, built, Limits.of(self.settings), self.steering)
         return _Generation(line, engine, Job(prepared.plans, check=prepared.check),
-                           self._shape(line, built, engine), prepared.headers(built))
+                           self._shape(line, built, engine), built, prepared)
 
     def _finish(self, gen: _Generation) -> Answer:
         if gen.job.error is not None:
@@ -143,4 +145,4 @@ class Answerer:
             body: dict[str, Any] = whole_body(gen.shape, gen.job.events)
         except Exception as exc:
             return error_answer(gen.line, exc)
-        return Answer(gen.line, 200, body, gen.headers)
+        return Answer(gen.line, 200, body, gen.prepared.headers(gen.built, steered_label(gen.job.events)))

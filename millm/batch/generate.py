@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from millm.engine.admission import BatchSettings, fallback_reason
 from millm.engine.base import Engine, StepControl
-from millm.engine.events import Delta, Event, Finish, Usage
+from millm.engine.events import Delta, Event, Finish, Steered, Usage
 from millm.engine.plan import Plan, run_each
 from millm.engine.scheduler import Job as Scheduled
 from millm.engine.scheduler import Scheduler
@@ -88,7 +88,10 @@ def _run_shared(engine: Engine, group: list[Job]) -> None:
         owner += [(job, k) for k in range(job.choices)]
     done: dict[int, int] = {id(job): 0 for job in group}
     for event in engine.run(merged):
-        if isinstance(event, Delta):
+        if isinstance(event, Steered):  # one override for the group: what steered it steered each job
+            for job in group:
+                job.events.append(event)
+        elif isinstance(event, Delta):
             job, k = owner[event.index]
             job.events.append(Delta(k, event.text))
         elif isinstance(event, Finish):

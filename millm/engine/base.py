@@ -74,6 +74,7 @@ class Engine(Protocol):
     entry: ModelEntry
     capabilities: Capabilities
     context_window: int
+    max_token_bytes: int  # the most bytes one token holds: bounds the characters a window can take
 
     @property
     def model_id(self) -> str: ...

@@ -2,8 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
+
+
+@dataclass(frozen=True)
+class Steered:
+    """What steers the request, read when its rows are bound (``none``, ``live`` or a profile's name): the
+    truth for X-miLLM-Steering, where the label seen at prepare time may since have changed (an operator
+    change while the request queued). Sent once, before any text."""
+
+    label: str
 
 
 @dataclass(frozen=True)
@@ -42,4 +52,9 @@ class Activations:
     body: dict[str, Any]
 
 
-Event = Delta | Finish | Activations | Usage
+Event = Steered | Delta | Finish | Activations | Usage
+
+
+def steered_label(events: Iterable[Event]) -> str | None:
+    """What steered a finished generation, from its ``Steered`` event (None when its engine sent none)."""
+    return next((event.label for event in events if isinstance(event, Steered)), None)

@@ -22,10 +22,18 @@ from typing import Any
 from millm.config import Settings
 from millm.engine.base import Capabilities, StepControl, check_supported, fingerprint
 from millm.engine.chat_tokens import chat_ids, llama_control_tokens, llama_plain
-from millm.engine.events import Event, Usage
+from millm.engine.events import Event, Steered, Usage
 from millm.engine.output import ChoiceOutput
-from millm.engine.params import ChatPrompt, GenerationRequest, Prompt, TokenPrompt, check_token_ids, prompt_names
-from millm.engine.plan import Plan, token_budget
+from millm.engine.params import (
+    ChatPrompt,
+    GenerationRequest,
+    Prompt,
+    TextPrompt,
+    TokenPrompt,
+    check_token_ids,
+    prompt_names,
+)
+from millm.engine.plan import Plan, check_characters, token_budget
 from millm.engine.rows import Row, emit
 from millm.engine.scoring import ScoreRequest, ScoreResult
 from millm.engine.templates import END_OF_TURN_TOKENS, fallback_template
@@ -106,6 +114,8 @@ class LlamaCppEngine:
         self.default_max_tokens = default_max_tokens
         self.context_window = int(llm.n_ctx())
         self.decoder = _Detokenizer(llm)
+        self.max_token_bytes = max((len(llm.detokenize([i], special=True)) for i in range(int(llm.n_vocab()))),
+                                   default=1) or 1  # bounds the characters a window holds (check_characters)
         self.stop_ids = self._end_token_ids()
         self.control_tokens = llama_control_tokens(llm)  # only the template's markup may yield these
         self._embedder: Any = None
@@ -200,6 +210,7 @@ class LlamaCppEngine:
     def prepare(self, request: GenerationRequest) -> Plan:
         """Tokenise and check against the context window (400, never llama.cpp's bare error)."""
         check_supported(request, self.capabilities, self.engine_name, steers=self._target is not None)
+        check_characters(request.prompts, prompt_names(request.prompts), self.context_window, self.max_token_bytes)
         prompt_ids = [self.tokenize(p) for p in request.prompts]
         return Plan(prompt_ids, request.params,
                     token_budget(prompt_ids, request.params.max_tokens, self.context_window, self.default_max_tokens,
@@ -216,6 +227,8 @@ class LlamaCppEngine:
             if steering is not None:
                 steering.bind_row(ROW, plan.override)
             try:
+                if steering is not None:
+                    yield Steered(steering.label(plan.override))
                 completion = 0
                 for index, ids in enumerate(plan.prompt_ids):
                     row = Row(index, ChoiceOutput(self.decoder, plan.params.stop, self.stop_ids), plan.params,
@@ -326,6 +339,7 @@ class LlamaCppEngine:
             if not isinstance(item, str):
                 raise InvalidParameter(f"'{where}': token-id input is available on the transformers engine only.",
                                        param=where)
+            check_characters([TextPrompt(item)], [where], self.context_window, self.max_token_bytes)
             count = len(self.llm.tokenize(item.encode(), add_bos=True, special=True))
             if not item:
                 raise InvalidParameter(f"'{where}' is empty.", param=where)

@@ -7,6 +7,7 @@ import gc
 import logging
 import sys
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 
 from millm.config import Settings
 from millm.engine import Engine, load_engine, preflight
@@ -20,6 +21,8 @@ Registry = Callable[[str], ModelEntry]
 Preflight = Callable[[ModelEntry, ModelEntry | None], None]  # raises when ``entry`` cannot replace the current
 
 log = logging.getLogger(__name__)
+
+PREFLIGHT_WORKERS = 2  # the checks' own threads: files that never answer hold these, never the shared pool
 
 
 class ModelManager:
@@ -50,6 +53,7 @@ class ModelManager:
         self._load_on_request = False  # after a failed swap (not after an operator's unload), a request loads
         self._target: str | None = None
         self._held: tuple[str, dict[str, int]] | None = None  # (model id, per-device bytes its load took)
+        self._checks = ThreadPoolExecutor(PREFLIGHT_WORKERS, thread_name_prefix="millm-preflight")
 
     def named(self, model: str) -> ModelEntry:
         """The entry a model name means, by the one rule every route (/v1, /api/models, the lock) follows:
@@ -131,8 +135,7 @@ class ModelManager:
         self.check_lock(entry)  # the management API's load too: a locked server serves only its model
         self._target = entry.id
         try:
-            current = self.engine.entry if self.engine is not None else None
-            await asyncio.to_thread(self.preflight, entry, current)  # a refusal leaves the current model serving
+            await self._check(entry)  # a refusal leaves the current model serving
             if self.engine is not None:
                 await self._unload()
             self.state = "LOADING"
@@ -154,6 +157,18 @@ class ModelManager:
         finally:
             self.state = None
             self._target = None
+
+    async def _check(self, entry: ModelEntry) -> None:
+        """The preflight on its own threads, given MILLM_PREFLIGHT_TIMEOUT seconds: a model file on a mount that
+        hangs fails this load, and holds neither the event loop nor the threads other requests run on."""
+        current = self.engine.entry if self.engine is not None else None
+        loop = asyncio.get_running_loop()
+        timeout = self.settings.preflight_timeout
+        try:
+            await asyncio.wait_for(loop.run_in_executor(self._checks, self.preflight, entry, current), timeout)
+        except TimeoutError:
+            raise ModelLoadFailed(f"'{entry.id}': its files at {entry.path} did not answer within {timeout:g} s "
+                                  "(MILLM_PREFLIGHT_TIMEOUT); nothing was unloaded.") from None
 
     def _load(self, entry: ModelEntry) -> Engine:
         """On the engine thread: load, then re-apply what was persisted for the model (its hooks).

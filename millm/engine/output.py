@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from millm.engine.detok import Decoder, IncrementalDetokenizer
-from millm.engine.stops import find_stop, holdback
+from millm.engine.stops import StopMatcher, find_stop
 
 
 class ChoiceOutput:
@@ -24,16 +24,18 @@ class ChoiceOutput:
         self.tokens = 0
         self.finish_reason: str | None = None
         self._longest_stop = max((len(s) for s in self.stops), default=0)
+        self._matcher = StopMatcher(self.stops)
 
     def _advance(self, new_text: str, final: bool) -> str:
         search_from = max(0, self.emitted - self._longest_stop + 1)
         self.text += new_text
+        held = self._matcher.feed(new_text) if self.stops else 0
         cut = find_stop(self.text, self.stops, search_from) if self.stops else None
         if cut is not None:
             self.text = self.text[:cut]
             self.finish_reason = "stop"
             final = True
-        end = len(self.text) if final else len(self.text) - holdback(self.text, self.stops)
+        end = len(self.text) if final else len(self.text) - held
         piece = self.text[self.emitted:end]
         self.emitted = end
         return piece

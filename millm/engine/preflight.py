@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,11 +45,24 @@ def _gib(n: float) -> str:
     return f"{n / GIB:.2f} GiB"
 
 
+def regular(entry: ModelEntry, file: Path) -> Path:
+    """``file`` when it is a regular file; else 422 naming it. Nothing here opens anything else: a FIFO blocks
+    its reader until a writer comes, and a directory named like a weights file is no weights file."""
+    try:
+        mode = file.stat().st_mode
+    except OSError as exc:
+        raise ModelLoadFailed(f"'{entry.id}': {file} cannot be read: {exc.strerror}.") from None
+    if not stat.S_ISREG(mode):
+        kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "not a regular file"
+        raise InvalidModelFiles(f"'{entry.id}': {file} is {kind}, not a model file.")
+    return file
+
+
 def _gguf_shape(entry: ModelEntry) -> tuple[int, dict[str, Any]]:
     """Parameter count and the architecture fields of a GGUF file, from its header (422 when malformed)."""
     import gguf
 
-    path = entry.path
+    path = regular(entry, entry.path)
     try:
         reader = gguf.GGUFReader(path)
         arch = str(reader.fields["general.architecture"].contents()) if "general.architecture" in reader.fields else ""
@@ -65,7 +79,7 @@ def _gguf_shape(entry: ModelEntry) -> tuple[int, dict[str, Any]]:
 
 def _read_config(entry: ModelEntry) -> dict[str, Any]:
     """A checkpoint's config.json as an object (422 when it is not one)."""
-    file = entry.path / "config.json"
+    file = regular(entry, entry.path / "config.json")
     try:
         text = file.read_text(encoding="utf-8")
     except OSError as exc:
@@ -96,6 +110,7 @@ def _safetensors_params(entry: ModelEntry, file: Path) -> int:
     def bad(problem: str) -> InvalidModelFiles:
         return InvalidModelFiles(f"'{entry.id}': {file.name} has a malformed safetensors header: {problem}.")
 
+    regular(entry, file)
     try:
         with file.open("rb") as f:
             size = int.from_bytes(f.read(8), "little")
@@ -131,7 +146,7 @@ def _checkpoint_shape(entry: ModelEntry) -> tuple[int, dict[str, Any]]:
     config = _read_config(entry)
     params = sum(_safetensors_params(entry, file) for file in sorted(path.glob("*.safetensors")))
     if params == 0:  # .bin checkpoints: assume 2 bytes a parameter on disk
-        params = sum(f.stat().st_size for f in path.glob("*.bin")) // 2
+        params = sum(regular(entry, f).stat().st_size for f in path.glob("*.bin")) // 2
     quantization = config.get("quantization_config")
     if quantization is not None and not isinstance(quantization, dict):
         raise InvalidModelFiles(f"'{entry.id}': config.json 'quantization_config' must be an object.")

@@ -41,7 +41,7 @@ import torch
 
 from millm.engine.admission import BatchSettings, rows_of
 from millm.engine.draw import draw
-from millm.engine.events import Activations, Event, Usage
+from millm.engine.events import Activations, Event, Steered, Usage
 from millm.engine.kv import SPAN_STEP, KVShape, SlotCache, span_for
 from millm.engine.lanes import BatchRow, Lane, readers
 from millm.engine.output import ChoiceOutput
@@ -336,6 +336,7 @@ class Scheduler:
                 lane.take(r)
                 job.rows.append(r)
                 engine.steering.bind_row(lane.first + r.slot, job.override)
+            job.send(Steered(engine.steering.label(job.override)))
             config = engine.monitor.config
             if config.enabled and config.sae in engine.steering.attachments:
                 job.session = engine.monitor.session()

@@ -16,8 +16,16 @@ from millm.engine.admission import BatchSettings
 from millm.engine.base import Capabilities, StepControl, fingerprint
 from millm.engine.chat_tokens import chat_ids, hf_control_tokens, hf_plain
 from millm.engine.events import Event
-from millm.engine.params import ChatPrompt, GenerationRequest, Prompt, TokenPrompt, check_token_ids, prompt_names
-from millm.engine.plan import Plan, token_budget
+from millm.engine.params import (
+    ChatPrompt,
+    GenerationRequest,
+    Prompt,
+    TextPrompt,
+    TokenPrompt,
+    check_token_ids,
+    prompt_names,
+)
+from millm.engine.plan import Plan, check_characters, token_budget
 from millm.engine.scheduler import Job, Scheduler
 from millm.engine.scoring import ScoreRequest, ScoreResult, check_in_vocab, echo_row, score_row
 from millm.engine.templates import END_OF_TURN_TOKENS, has_chat_template, render_chat
@@ -30,6 +38,13 @@ from millm.steering.target import SteeringTarget
 from millm.structured.constraint import ConstraintCompiler
 
 EMBED_BATCH = 32
+
+
+def longest_token_bytes(tokenizer: Any) -> int:
+    """The most UTF-8 bytes one token decodes to (a token that is part of a character decodes to U+FFFD, three
+    bytes, more than its share): what bounds the characters a window of tokens can hold."""
+    pieces = tokenizer.batch_decode([[i] for i in range(len(tokenizer))])
+    return max((len(piece.encode()) for piece in pieces), default=1) or 1
 
 
 def _as_list(value: Any) -> list[int]:
@@ -55,6 +70,7 @@ class TransformersEngine:
         self.default_max_tokens = default_max_tokens
         self.context_window = int(getattr(model.config, "max_position_embeddings", None)
                                   or tokenizer.model_max_length)
+        self.max_token_bytes = longest_token_bytes(tokenizer)
         self.stop_ids = self._end_token_ids()
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.stop_ids, default=0)
         self._lock = threading.Lock()  # one forward-running call at a time (the worker's batch steps never take it)
@@ -125,6 +141,7 @@ class TransformersEngine:
 
     def prepare(self, request: GenerationRequest) -> Plan:
         """Tokenise and check the request against the context window; raises before any compute."""
+        check_characters(request.prompts, prompt_names(request.prompts), self.context_window, self.max_token_bytes)
         prompt_ids = [self.tokenize(p) for p in request.prompts]
         budget = token_budget(prompt_ids, request.params.max_tokens, self.context_window, self.default_max_tokens,
                               prompt_names(request.prompts))
@@ -178,6 +195,7 @@ class TransformersEngine:
                 raise NoChatTemplate(f"'{self.model_id}' has no chat template, so chat scoring would score a prompt "
                                      "it was never trained on; use /v1/completions with the prompt you mean.")
             check_in_vocab(row.params, self.vocab_size)
+            check_characters([row.prompt], [row.where], self.context_window, self.max_token_bytes)
             prompt_ids.append(self.tokenize(row.prompt))
         return [replace(r, prompt_ids=tuple(ids)) for r, ids in zip(self._score(prompt_ids, request), prompt_ids)]
 
@@ -245,6 +263,7 @@ class TransformersEngine:
         for i, item in enumerate(inputs):
             where = "input" if len(inputs) == 1 else f"input[{i}]"
             if isinstance(item, str):
+                check_characters([TextPrompt(item)], [where], self.context_window, self.max_token_bytes)
                 ids = self.tokenizer(item, add_special_tokens=True)["input_ids"]
             elif any(not 0 <= t < vocab for t in item):
                 raise InvalidParameter(f"'{where}' holds a token id outside this model's vocabulary (0-{vocab - 1}).",

@@ -27,7 +27,7 @@ async def sse_events(shape: CompletionShape, events: AsyncIterator[Event], choic
 
         def parser(index: int) -> ToolCallParser:
             assert tools is not None
-            return parsers.setdefault(index, ToolCallParser(lead=tools.text is None))
+            return parsers.setdefault(index, tools.parser())
 
         held: Finish | None = None
         readout: Activations | None = None

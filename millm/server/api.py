@@ -109,7 +109,7 @@ async def add_sae() -> Any:
     try:
         folder = sae_folder(Path(path))
         label_file = labels_within(folder, labels)
-        record = svc.steering.register_sae(path, name, label_file)
+        record = await asyncio.to_thread(svc.steering.register_sae, path, name, label_file)
     except (InvalidSAE, OSError) as exc:
         log.info("POST /api/saes refused %r: %s", path, exc)
         raise InvalidParameter("'path' is not a readable SAE on this server (an SAE folder, or a Gemma Scope "
@@ -184,7 +184,7 @@ async def delete_sae(sae_id: str) -> Any:
     eng = steerable()
     if eng is not None and sae_id in eng.steering.attachments:
         await command(svc.steering.detach, eng, sae_id)
-    svc.steering.store.delete_sae(sae_id)
+    await asyncio.to_thread(svc.steering.store.delete_sae, sae_id)
     return {"deleted": sae_id}
 
 
@@ -254,8 +254,9 @@ async def create_profile() -> Any:
     if data.get("from_current"):
         if not isinstance(data.get("name"), str):
             raise InvalidParameter("'name' is required.", param="name")
-        return svc.profile_from_current(engine(), data["name"], data.get("description", "")), 201
-    return svc.save_profile(data, overwrite=False), 201
+        return await asyncio.to_thread(svc.profile_from_current, engine(), data["name"],
+                                       data.get("description", "")), 201
+    return await asyncio.to_thread(svc.save_profile, data, overwrite=False), 201
 
 
 @bp.get("/profiles/<name:name>")
@@ -269,7 +270,7 @@ async def update_profile(name: str) -> Any:
     """Replace a profile's description and entries."""
     svc = services().steering
     svc.profile(name)
-    return svc.save_profile({**await body(), "name": name}, overwrite=True)
+    return await asyncio.to_thread(svc.save_profile, {**await body(), "name": name}, overwrite=True)
 
 
 @bp.delete("/profiles/<name:name>")
@@ -279,7 +280,7 @@ async def delete_profile(name: str) -> Any:
     svc = services().steering
     svc.profile(name)
     await deactivate_if_active(name)
-    svc.delete_profile(name)
+    await asyncio.to_thread(svc.delete_profile, name)
     return {"deleted": name}
 
 
@@ -315,7 +316,8 @@ async def export_profile(name: str) -> Any:
 async def import_profile() -> Any:
     """Import a profile document (a name clash is 409 unless ?overwrite=true)."""
     overwrite = request.args.get("overwrite", "false").lower() in ("true", "1")
-    return services().steering.save_profile(await body(), overwrite=overwrite), 201
+    svc = services().steering
+    return await asyncio.to_thread(svc.save_profile, await body(), overwrite=overwrite), 201
 
 
 # monitoring

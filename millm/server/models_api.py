@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +51,7 @@ async def add_model() -> Any:
     if model_id is not None and (not isinstance(model_id, str) or not model_id):
         raise InvalidParameter("'id' must be a non-empty string.", param="id")
     try:
-        entry = register_path(Path(path), services().settings, model_id)
+        entry = await asyncio.to_thread(register_path, Path(path), services().settings, model_id)
     except ModelNotFound:  # a missing path and an unreadable one answer alike
         raise InvalidParameter("'path' is not a readable checkpoint directory or <repo>.<QUANT>.gguf file.",
                                param="path") from None
@@ -108,7 +109,7 @@ async def delete_model(model_id: str) -> Any:
     manager = services().manager
     if manager.engine is not None and manager.engine.model_id == entry.id:
         raise InvalidParameter(f"'{entry.id}' is loaded; unload it first.", param="model")
-    if not unregister(entry.id, services().settings):
+    if not await asyncio.to_thread(unregister, entry.id, services().settings):
         raise InvalidParameter(f"'{entry.id}' is {entry.source}, not registered by path; only registered models "
                                "can be removed.", param="model")
     if manager.locked == entry.id:

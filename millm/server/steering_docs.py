@@ -7,6 +7,7 @@ active document, an activation) run as engine commands, between decode steps.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from quart import Blueprint, request
@@ -88,7 +89,7 @@ async def delete_cluster(name: str) -> Any:
     svc = services().steering
     svc.document("cluster", name)
     await deactivate_if_active(name)
-    svc.delete_document("cluster", name)
+    await asyncio.to_thread(svc.delete_document, "cluster", name)
     return {"deleted": name}
 
 
@@ -144,5 +145,5 @@ async def delete_circuit(name: str) -> Any:
     svc = services().steering
     svc.document("circuit", name)
     await deactivate_if_active(name)
-    svc.delete_document("circuit", name)
+    await asyncio.to_thread(svc.delete_document, "circuit", name)
     return {"deleted": name}

@@ -11,9 +11,9 @@ from quart import Blueprint, Response, request
 
 from millm.builder import STRICT_HEADER, Built, build_chat, build_completion, build_embedding, refuse_under_batching
 from millm.engine.base import Engine
-from millm.engine.events import Event
+from millm.engine.events import Event, Steered
 from millm.errors import ModelNotFound
-from millm.generation import prepare
+from millm.generation import Prepared, prepare
 from millm.limits import Limits
 from millm.registry import ModelEntry
 from millm.render import scoring
@@ -69,18 +69,38 @@ async def engine_held(entry: ModelEntry) -> AsyncIterator[Engine]:
         release()
 
 
-async def collect(shape: CompletionShape, events: AsyncIterator[Event]) -> dict[str, Any]:
-    return whole_body(shape, [event async for event in events])
+async def opened(events: AsyncIterator[Event]) -> tuple[str | None, AsyncIterator[Event]]:
+    """The steering label a generation's events open with (the engine's ``Steered``, sent when its rows are
+    bound; None from an engine that sends none), and the rest of its events. Waiting for it means a request
+    that fails before it starts (cancelled by an unload, its steering invalid while it queued) is answered
+    with its error's own status, streamed or not."""
+    stream = events.__aiter__()
+    try:
+        first = await stream.__anext__()
+    except StopAsyncIteration:
+        return None, stream
+    if isinstance(first, Steered):
+        return first.label, stream
+    return None, _prepend(first, stream)
+
+
+async def _prepend(first: Event, rest: AsyncIterator[Event]) -> AsyncIterator[Event]:
+    yield first
+    async for event in rest:
+        yield event
 
 
 async def respond(shape: CompletionShape, events: AsyncIterator[Event], built: Built,
-                  headers: dict[str, str]) -> Response | tuple[dict[str, Any], int, dict[str, str]]:
+                  prepared: Prepared) -> Response | tuple[dict[str, Any], int, dict[str, str]]:
+    """The response, its headers saying what steered the request when its rows were bound."""
+    label, events = await opened(events)
+    headers = prepared.headers(built, label)
     if built.stream:
         response = Response(sse_events(shape, events, built.choices, built.include_usage), mimetype="text/event-stream",
                             headers={**headers, "Cache-Control": "no-cache"})
         response.timeout = None
         return response
-    return await collect(shape, events), 200, headers
+    return whole_body(shape, [event async for event in events]), 200, headers
 
 
 async def generate(built: Built, entry: ModelEntry) -> Any:
@@ -97,7 +117,7 @@ async def generate(built: Built, entry: ModelEntry) -> Any:
     spec = next((plan.readout for plan in prepared.plans if plan.readout is not None), None)
     labels = await read_labels(spec.sae_id if spec is not None and spec.labels else None)
     shape = CompletionShape.of(built, engine.fingerprint, labels)
-    return await respond(shape, events, built, prepared.headers(built))
+    return await respond(shape, events, built, prepared)
 
 
 async def read_labels(sae_id: str | None) -> LabelSource | None:

@@ -16,7 +16,7 @@ from millm.errors import InvalidFeatureIndex, ProfileNotFound
 from millm.steering.controller import Attachment, Override, Steering
 from millm.steering.documents import Registered, Serving, ServingMode, parse_shape, stored_serving_mode
 from millm.steering.imports import stored_cluster
-from millm.steering.intensity import Base, BaseKind, Context, Dial, IntensitySettings, Strengths, resolve
+from millm.steering.intensity import Base, BaseKind, Context, Dial, IntensitySettings, Strengths, Symbol, resolve
 from millm.steering.names import STORED
 from millm.steering.profiles import ProfileDoc, resolve_entries
 from millm.steering.target import SteeringTarget
@@ -159,7 +159,8 @@ class Bases:
 
         A named profile (or ``own`` values) replaces the live values for the request even when it steers
         nothing; a dial on the active profile or the live values replaces them only when it changes
-        steering. Without either, the live values run as the operator left them.
+        steering, except "off" (or 0), which always pins the request unsteered. Without either, the live
+        values run as the operator left them.
         """
         steering = self.steering
         explicit = profile is not None or own is not None
@@ -183,7 +184,10 @@ class Bases:
         context = Context(dial_only=not explicit, steering_enabled=steering.enabled,
                           sae_attached=bool(steering.attachments), base_empty=empty)
         res = resolve(dial, context, base, self.settings)
-        override = Override(name, res.strengths) if res.applies else Override(name, {}) if explicit else None
+        # "off" pins the request unsteered even where the dial changes nothing now (no values, steering
+        # disabled): following the live values instead, an operator change before it runs would steer it
+        pins = explicit or dial is Symbol.OFF
+        override = Override(name, res.strengths) if res.applies else Override(name, {}) if pins else None
         pinned = {sae: steering.attachments[sae] for sae, values in (override.values if override else {}).items()
                   if values and sae in steering.attachments}
         if circuit is not None and self.store.backing(circuit) != "circuit":

@@ -65,3 +65,37 @@ def test_choice_output_close_for_length_still_honours_stop():
     text = out.feed(ord("a"))
     text += out.close("length")
     assert text == "a" and out.finish_reason == "length"
+
+
+def naive_holdback(text: str, stops: list[str]) -> int:
+    """The definition, checked prefix by prefix."""
+    return max((k for s in stops for k in range(1, min(len(s) - 1, len(text)) + 1) if text.endswith(s[:k])),
+               default=0)
+
+
+def test_the_incremental_matcher_agrees_with_the_definition_piece_by_piece():
+    import random
+
+    from millm.engine.stops import StopMatcher
+
+    rng = random.Random(0)
+    for _ in range(3000):
+        stops = ["".join(rng.choice("ab") for _ in range(rng.randint(1, 6))) for _ in range(rng.randint(1, 3))]
+        pieces = ["".join(rng.choice("abc") for _ in range(rng.randint(0, 4))) for _ in range(rng.randint(1, 5))]
+        matcher, text = StopMatcher(stops), ""
+        for piece in pieces:
+            text += piece
+            assert matcher.feed(piece) == naive_holdback(text, stops), (text, stops)
+
+
+def test_stop_sequences_are_bounded():
+    import pytest
+
+    from millm.errors import InvalidParameter
+    from millm.validation import MAX_STOP_CHARS, MAX_STOPS, check_stop
+
+    assert check_stop(["x"] * 2 + ["y"]) == ("x", "y")
+    for bad in (["s" + str(i) for i in range(MAX_STOPS + 1)], ["z" * (MAX_STOP_CHARS + 1)]):
+        with pytest.raises(InvalidParameter) as info:
+            check_stop(bad)
+        assert info.value.param == "stop"
