@@ -16,6 +16,7 @@ from rich.console import Console
 from millm import local
 from millm.config import get_settings
 from millm.errors import InvalidParameter, MillmError
+from millm.jsonbody import is_utf8
 from millm.local import ENGINES as _engines
 from millm.local import steering_service as steering_service
 
@@ -30,10 +31,13 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def reports_errors(fn: F) -> F:
-    """The one place CLI errors become a clear line on stderr and a non-zero exit, never a traceback."""
+    """The one place CLI errors become a clear line on stderr and a non-zero exit, never a traceback. Arguments
+    are checked here first: one holding bytes that are not UTF-8 (the shell passes them through) is refused
+    naming it, before any command reads it."""
     @wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
+            check_text_arguments(kwargs)
             return fn(*args, **kwargs)
         except MillmError as exc:
             err.print(f"[bold red]error:[/] {exc.message}", markup=True)
@@ -41,6 +45,34 @@ def reports_errors(fn: F) -> F:
         except KeyboardInterrupt:
             raise typer.Exit(130) from None
     return wrapper  # type: ignore[return-value]
+
+
+def check_text_arguments(arguments: dict[str, Any]) -> None:
+    """Refuse an argument whose text holds bytes that are not UTF-8: Python keeps them as lone surrogates, which
+    no tokenizer, JSON encoder or terminal takes."""
+    for name, value in arguments.items():
+        for text in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(text, str) and not is_utf8(text):
+                option = name.replace("_", "-")
+                raise InvalidParameter(f"'{option}' holds bytes that are not UTF-8 text.", param=option)
+
+
+def read_stdin(option: str = "text") -> str:
+    """Standard input as UTF-8 text; input that is not UTF-8 is refused naming ``option``."""
+    import sys
+
+    data = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InvalidParameter(f"'{option}' from standard input is not UTF-8 text.", param=option) from None
+
+
+def check_seed(seed: int, option: str = "seed") -> int:
+    """A sampling seed in the range requests take (0 to 2**32 - 1)."""
+    from millm.validation import SEED_MAX, check_int
+
+    return check_int(option, seed, low=0, high=SEED_MAX)
 
 
 def engine_of(model: str) -> str:

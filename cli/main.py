@@ -20,6 +20,7 @@ from cli.common import (
     err,
     loaded_ids,
     out,
+    read_stdin,
     reports_errors,
     sae_ref,
     steerable,
@@ -181,7 +182,7 @@ def chat(
     assignments = steer_assignments(steer or [], sae, model or get_settings().default_model)  # names via labels
     preamble = [{"role": "system", "content": system}] if system else []
     if prompt is None and not interactive and not sys.stdin.isatty():
-        prompt = sys.stdin.read()
+        prompt = read_stdin("prompt")
     name = model or get_settings().default_model
     first = preamble + [{"role": "user", "content": prompt if prompt is not None else "?"}]
     built = build_chat(chat_body(name, first, fields), engine_of)  # refuse bad values before loading anything

@@ -8,7 +8,6 @@ is attached for the read only, when it was not attached already, and taken off a
 from __future__ import annotations
 
 import json
-import sys
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -16,7 +15,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from cli.common import engine_for, out, reports_errors, sae_ref, steerable, steering_service
+from cli.common import engine_for, out, read_stdin, reports_errors, sae_ref, steerable, steering_service
 from millm.errors import InvalidParameter
 
 if TYPE_CHECKING:
@@ -30,13 +29,14 @@ DEFAULT_TOP_K = 5
 def feature_indices(items: list[str], labels: dict[int, str], name: str) -> list[int]:
     """``--features`` values: an index, comma-separated indices, or a label (``millm.sae.labels``' one naming
     rule; a label may hold commas itself)."""
+    from millm.sae.cards import index_of
     from millm.sae.labels import LabelIndex
 
     index = LabelIndex(labels, name)
-    found = []
+    found: list[int] = []
     for item in items:
-        parts = [part.strip().removeprefix("#") for part in item.split(",")]
-        found += [int(p) for p in parts] if all(p.isdigit() for p in parts) else [index.resolve(item, "features")]
+        parts = [index_of(part) for part in item.split(",")]
+        found += [p for p in parts if p is not None] if None not in parts else [index.resolve(item, "features")]
     return found
 
 
@@ -109,7 +109,7 @@ def read(
 ) -> None:
     """Show, token by token, which features of SAE fire on TEXT (unsteered, as a scoring read-out)."""
     if text == "-":
-        text = sys.stdin.read()
+        text = read_stdin("text")
     service = steering_service()
     sae_id = sae_ref(sae)
     wanted = None

@@ -10,9 +10,10 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from cli.common import err, out, reports_errors, sae_ref, steering_service
+from cli.common import check_seed, err, out, reports_errors, sae_ref, steering_service
 from millm.config import get_settings
 from millm.errors import InvalidParameter
+from millm.paths import user_path
 
 if TYPE_CHECKING:
     from millm.sae.labels import LabelIndex
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
 def _sae_folder(ref: str) -> tuple[Path, str]:
     """An SAE named by registered id (bundled ones included) or by its folder; (folder, name)."""
 
-    path = Path(ref).expanduser()
+    path = user_path(ref)
     if path.exists():
         return (path if path.is_dir() else path.parent), ref
     found = steering_service().sae(sae_ref(ref))
@@ -37,9 +38,9 @@ def label_index_of(ref: str) -> LabelIndex:
     from millm.sae.labels import LabelIndex
 
     service = steering_service()
-    if not Path(ref).expanduser().exists():
+    if not user_path(ref).exists():
         return service.label_index(sae_ref(ref))
-    folder = folder_of(Path(ref).expanduser()).resolve()
+    folder = folder_of(user_path(ref)).resolve()
     known = [r["id"] for r in service.store.saes() if folder_of(r["path"]).resolve() == folder]
     return service.label_index(known[0]) if known else LabelIndex.load(folder, ref)
 
@@ -47,11 +48,14 @@ def label_index_of(ref: str) -> LabelIndex:
 def steer_assignments(items: list[str], sae: str | None, model_id: str) -> dict[int, float]:
     """``--steer`` values: ``123=40`` as they are, ``weather=60`` looked up in the labels of ``--sae`` (or of
     the one SAE attached to ``model_id``); an ambiguous or unknown name is refused listing candidates."""
+    from millm.sae.cards import index_of
     from millm.sae.labels import LabelIndex
+    from millm.steering.values import check_values
 
-    if all(item.rpartition("=")[0].strip().removeprefix("#").isdigit() for item in items):
-        return LabelIndex({}, sae or "the SAE").resolve_assignments(items)
     service = steering_service()
+    if all(index_of(item.rpartition("=")[0]) is not None for item in items):
+        values = LabelIndex({}, sae or "the SAE").resolve_assignments(items)
+        return check_values(values, int(service.sae(sae)["d_sae"]), "steer") if sae is not None else values
     target = sae
     if target is None:
         attached = list(service.attached_layers(model_id))
@@ -151,6 +155,7 @@ def train(
     from millm.registry import resolve
     from millm.sae import recipe
 
+    check_seed(seed)
     if name is not None:
         if not register:
             raise InvalidParameter("--name registers the SAE under that name; drop --no-register or --name.",
@@ -160,7 +165,8 @@ def train(
     if device is not None:
         settings = settings.model_copy(update={"device": device})
     entry = resolve(model or settings.default_model, settings)
-    folder = output or settings.home / "saes" / (name or f"{entry.id.replace('/', '--')}-L{layer}")
+    default = settings.home / "saes" / (name or f"{entry.id.replace('/', '--')}-L{layer}")
+    folder = user_path(output) if output is not None else default
     spec = recipe.RunSpec(model_id=entry.id, layer=layer, output=folder, width=width, k=k, tokens=tokens,
                           epochs=epochs, batch_size=batch_size, context=context, lr=lr, seed=seed,
                           corpus_paths=tuple(corpus or ()), generated_documents=generated_docs,
@@ -196,7 +202,7 @@ def features(
                                                      "max-activating examples, promoted tokens).")] = None,
     search: Annotated[str | None, typer.Option(help="Only features whose label contains this: whole-word "
                                                     "matches first, then features measured to steer.")] = None,
-    limit: Annotated[int, typer.Option(help="Most features to list.")] = 50,
+    limit: Annotated[int, typer.Option(min=1, help="Most features to list.")] = 50,
 ) -> None:
     """List an SAE's labelled features (best label matches first with --search), or print one feature's card."""
     from millm.render.card import card_text
@@ -225,7 +231,7 @@ def _width(ref: str, folder: Path) -> int:
     """The SAE's number of features: its registry record's, or read from the SAE at ``folder``."""
     from millm.sae.formats import load_sae
 
-    if Path(ref).expanduser().exists():
+    if user_path(ref).exists():
         return load_sae(folder).sae.d_sae
     return int(steering_service().sae(sae_ref(ref))["d_sae"])
 

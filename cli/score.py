@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -14,12 +15,14 @@ from cli.batch import RayOption, WorkersOption, check_counts, progress_bar, ray_
 from cli.common import engine_for, engine_of, err, reports_errors
 from millm.config import get_settings
 from millm.errors import InvalidParameter, MillmError
+from millm.paths import output_file, user_path
 
 if TYPE_CHECKING:
     from millm.engine.base import Engine
     from millm.engine.scoring import ScoreResult, ScoreRow
 
 ROW_FIELDS = ("allowed_tokens", "logprobs", "temperature")
+TOKEN_ID = re.compile(r"-?[0-9]+")  # ASCII digits: str.isdigit() takes "²", which int() refuses
 
 
 def allowed_ids(engine: Engine, items: list[Any]) -> list[Any]:
@@ -107,13 +110,15 @@ def score(
 ) -> None:
     """Score the next token of every line (never steered); rows already in OUTPUT are skipped."""
     check_counts(batch_size, workers)
-    defaults = {"allowed_tokens": [int(a) if a.lstrip("-").isdigit() else a for a in allowed or []],
+    defaults = {"allowed_tokens": [int(a) if TOKEN_ID.fullmatch(a) else a for a in allowed or []],
                 "logprobs": logprobs, "temperature": temperature}
     score_row_of(None, {"prompt": "-"}, defaults)  # the options obey the server's rules, checked before loading
+    output = output_file(output, "output")
     try:
-        lines = input.read_text().splitlines()
-    except OSError as exc:
-        raise InvalidParameter(f"{input}: {exc.strerror}.", param="input") from None
+        lines = user_path(input).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidParameter(f"{input}: {getattr(exc, 'strerror', None) or 'not UTF-8 text'}.",
+                               param="input") from None
     if ray is not None:
         score_on_ray(lines, output, model, defaults, ray_address(ray), workers, batch_size)
         return

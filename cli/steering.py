@@ -100,10 +100,10 @@ def steer_set(assignments: Annotated[list[str], typer.Argument(help="FEATURE=STR
     if lookup is not None:
         values = steer_assignments(assignments, lookup, target.model_id)  # labels looked up as chat --steer does
     else:  # no one SAE to look a label up in: indices only (set_values then says which SAE is missing)
+        from millm.sae.cards import index_of
         from millm.sae.labels import LabelIndex
 
-        named = [item for item in assignments if "=" in item
-                 and not item.rpartition("=")[0].strip().removeprefix("#").isdigit()]
+        named = [item for item in assignments if "=" in item and index_of(item.rpartition("=")[0]) is None]
         if named:
             raise InvalidParameter(f"'{named[0]}' names a feature by label: give --sae to look it up in "
                                    f"({len(attached)} SAEs are attached).", param="sae")

@@ -18,9 +18,19 @@ import typer
 from rich.table import Column, Table
 from rich.text import Text
 
-from cli.common import engine_for, err, out, reports_errors, sae_ref, steerable, steering_service
+from cli.common import (
+    check_seed,
+    engine_for,
+    err,
+    out,
+    reports_errors,
+    sae_ref,
+    steerable,
+    steering_service,
+)
 from cli.sae_train import steer_assignments
 from millm.errors import InvalidParameter
+from millm.paths import output_file, user_path
 
 if TYPE_CHECKING:
     from millm.steering.service import SteeringService
@@ -34,18 +44,24 @@ LayerOption = Annotated[int | None, typer.Option(help="Layer for --sae (default:
                                                       "hint).")]
 
 
-def sweep_sae(service: SteeringService, target: SteeringTarget, ref: str | None) -> str:
-    """The SAE to sweep: ``--sae`` (an id or name, or an SAE folder: its registration, else registered now as
-    ``millm sae add`` does), else the one attached SAE, else the bundled ``smollm2-135m-res-L10``."""
+def named_sae(service: SteeringService, ref: str) -> str:
+    """The SAE ``--sae`` names: an id or name, or an SAE folder (its registration, else registered now as
+    ``millm sae add`` does). Read from the registry alone, before any model loads."""
     from millm.sae.bundled import register_bundled
 
     register_bundled(service.store)
+    if service.store.sae(ref) is None and user_path(ref).exists():
+        path = str(user_path(ref).resolve())
+        known = [r["id"] for r in service.store.saes() if r["path"] == path]  # registered already, any id
+        return str(known[0]) if known else str(service.register_sae(path)["id"])
+    return sae_ref(ref)
+
+
+def sweep_sae(service: SteeringService, target: SteeringTarget, ref: str | None) -> str:
+    """The SAE to sweep: ``--sae`` (:func:`named_sae`), else the one attached SAE, else the bundled
+    ``smollm2-135m-res-L10``."""
     if ref is not None:
-        if service.store.sae(ref) is None and Path(ref).expanduser().exists():
-            path = str(Path(ref).expanduser().resolve())
-            known = [r["id"] for r in service.store.saes() if r["path"] == path]  # registered already, any id
-            return str(known[0]) if known else str(service.register_sae(path)["id"])
-        return sae_ref(ref)
+        return named_sae(service, ref)
     attached = list(target.steering.attachments)
     if len(attached) > 1:
         raise InvalidParameter(f"{len(attached)} SAEs are attached ({', '.join(attached)}); name one with --sae.",
@@ -59,6 +75,15 @@ def transformers_model(engine: Any) -> tuple[Any, Any]:
     if model_obj is None or tokenizer is None:
         raise InvalidParameter(f"'{engine.model_id}' has no transformers model to sweep.", param="model")
     return model_obj, tokenizer
+
+
+def check_feature(service: SteeringService, sae_id: str, feature: str) -> int:
+    """The feature ``feature`` names on ``sae_id`` (an index, or a label as chat --steer reads it), inside its
+    width."""
+    from millm.sae.cards import check_index
+
+    (index,) = steer_assignments([f"{feature}=1"], sae_id, "")
+    return check_index(index, int(service.sae(sae_id)["d_sae"]), sae_id)
 
 
 def result_table(result: SweepResult) -> Table:
@@ -94,7 +119,7 @@ def sweep(
 ) -> None:
     """Sweep a feature over strengths: how often answers to neutral prompts mention its concept, what it costs
     in fluency (log-prob under the unsteered model, bound -1.5 nats/token), and the recommended strength."""
-    from millm.sae.cards import check_index, folder_of
+    from millm.sae.cards import folder_of
     from millm.steering.sweep import (
         Recommendation,
         bar_lines,
@@ -106,13 +131,17 @@ def sweep(
     )
 
     values = parse_strengths(strengths)
+    check_seed(seed)
+    if png is not None:
+        png = output_file(png, "--out")
     service = steering_service()
+    if sae is not None:  # a bad --sae or feature is refused before the model loads
+        check_feature(service, named_sae(service, sae), feature)
     engine = engine_for(model)
     target = steerable(engine)
     sae_id = sweep_sae(service, target, sae)
     folder = folder_of(service.sae(sae_id)["path"])
-    (index,) = steer_assignments([f"{feature}=1"], sae_id, target.model_id)  # labels as chat --steer reads them
-    check_index(index, int(service.sae(sae_id)["d_sae"]), sae_id)
+    index = check_feature(service, sae_id, feature)
     label = service.label_index(sae_id).labels.get(index, "")
     if save:
         saveable(folder)  # refused before the sweep runs, not after
@@ -170,6 +199,7 @@ def screen(
     from millm.steering.screen import Screened, screen_sae
     from millm.steering.sweep import Recommendation, save_recommendations, saveable
 
+    check_seed(seed)
     service = steering_service()
     engine = engine_for(model)
     target = steerable(engine)

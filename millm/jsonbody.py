@@ -35,7 +35,8 @@ def _printable(key: str) -> str:
     return key.encode("utf-8", "backslashreplace").decode("ascii", "backslashreplace")
 
 
-def _is_surrogate_free(text: str) -> bool:
+def is_utf8(text: str) -> bool:
+    """Whether ``text`` encodes as UTF-8 (no lone surrogate, the trace of input that was not UTF-8)."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
@@ -51,7 +52,7 @@ def check_value(value: Any, max_depth: int = MAX_DEPTH) -> None:
     while stack:
         node, path = stack.pop()
         if isinstance(node, str):
-            if not _is_surrogate_free(node):
+            if not is_utf8(node):
                 raise _refuse("holds a lone UTF-16 surrogate (\\ud800-\\udfff), which is not text", path)
         elif isinstance(node, float):
             if not math.isfinite(node):
@@ -61,7 +62,7 @@ def check_value(value: Any, max_depth: int = MAX_DEPTH) -> None:
                 raise _refuse(f"nests deeper than {max_depth} levels", path)
             items = node.items() if isinstance(node, dict) else enumerate(node)
             for key, child in items:
-                if isinstance(key, str) and not _is_surrogate_free(key):
+                if isinstance(key, str) and not is_utf8(key):
                     raise _refuse(f"has a key holding a lone UTF-16 surrogate ('{_printable(key)}')", path)
                 stack.append((child, [*path, key]))
 

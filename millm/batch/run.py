@@ -12,6 +12,7 @@ from millm.batch.answer import Answerer
 from millm.batch.lines import BatchLine, output_line, parse_lines
 from millm.batch.resume import batch_key, keep_whole_lines, pending
 from millm.errors import InvalidParameter
+from millm.paths import output_file, user_path
 
 Progress = Callable[[int, int], None]  # rows answered, tokens in them
 
@@ -33,20 +34,9 @@ def read_lines(path: Path, name: str = "input") -> list[str]:
     """The file's lines, split at ``\n`` only: JSONL lines end there, while U+2028, U+0085 and the other
     breaks ``str.splitlines`` knows are ordinary characters inside a JSON string."""
     try:
-        return path.read_text(encoding="utf-8", errors="surrogateescape").split("\n")
+        return user_path(path).read_text(encoding="utf-8", errors="surrogateescape").split("\n")
     except OSError as exc:
         raise InvalidParameter(f"{path}: {exc.strerror}.", param=name) from None
-
-
-def check_output(output: Path) -> None:
-    """The output must be a regular file, or not exist yet in a folder that does (400 naming ``output``)."""
-    if output.is_dir():
-        raise InvalidParameter(f"{output} is a folder; -o takes the output file.", param="output")
-    if output.exists() and not output.is_file():
-        raise InvalidParameter(f"{output} is not a regular file; -o takes the output file.", param="output")
-    if not output.exists() and not output.parent.is_dir():
-        raise InvalidParameter(f"{output.parent} is not a folder, so {output.name} cannot be written there.",
-                               param="output")
 
 
 def open_job(input: Path, output: Path) -> BatchJob:
@@ -55,7 +45,7 @@ def open_job(input: Path, output: Path) -> BatchJob:
     An output that holds anything but batch output lines is refused, never emptied."""
     if input.resolve() == output.resolve():
         raise InvalidParameter("The output file must not be the input file.", param="output")
-    check_output(output)
+    output = output_file(output, "output")
     lines = parse_lines(read_lines(input))
     try:
         done = keep_whole_lines(output, batch_key)

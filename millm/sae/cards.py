@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -25,7 +25,7 @@ FEATURES_FILE = "features.jsonl"
 LABELS_FILE = "labels.json"
 MEASURED_KEY = "recommended_strength"
 RATE_KEY = "concept_rate"
-_INDEX = re.compile(r"[+-]?[0-9]+")
+_INDEX = re.compile(r"[+-]?[0-9]+")  # ASCII digits only: str.isdigit() and int() also take "²" and "٣"
 
 
 @dataclass(frozen=True)
@@ -102,19 +102,57 @@ def folder_of(path: str | Path) -> Path:
     return path.parent if path.is_file() else path
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _pair(item: Any) -> bool:
+    return isinstance(item, list) and len(item) == 2 and isinstance(item[0], str) and _is_number(item[1])
+
+
+def _example(item: Any) -> bool:
+    return isinstance(item, dict) and isinstance(item.get("text", ""), str) and _is_number(item.get("activation", 0))
+
+
+# what each key of a features.jsonl row must hold, and how a message says it
+ROW_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "label": (lambda v: isinstance(v, str), "a string"),
+    "frequency": (lambda v: v is None or _is_number(v), "a number"),
+    "max_activation": (lambda v: v is None or _is_number(v), "a number"),
+    MEASURED_KEY: (lambda v: v is None or _is_number(v), "a number"),
+    RATE_KEY: (lambda v: v is None or _is_number(v), "a number"),
+    "top_tokens": (lambda v: isinstance(v, list) and all(_pair(t) for t in v), "a list of [token, weight] pairs"),
+    "examples": (lambda v: isinstance(v, list) and all(_example(e) for e in v),
+                 'a list of {"text": string, "activation": number} objects'),
+    "promotes": (lambda v: isinstance(v, list) and all(isinstance(t, str) for t in v), "a list of token strings"),
+}
+
+
+def check_row(row: Any, where: str) -> dict[str, Any]:
+    """A ``features.jsonl`` row whose every known key holds what a card reads from it; else a 400 naming
+    ``where`` (the file and line) and the key. A file may hold anything: it is checked once, when read."""
+    if not isinstance(row, dict) or isinstance(row.get("index"), bool) or not isinstance(row.get("index"), int):
+        raise InvalidParameter(f"{where}: not a feature row with an integer 'index'.", param="features")
+    for key, (fits, what) in ROW_RULES.items():
+        if key in row and not fits(row[key]):
+            raise InvalidParameter(f"{where}: '{key}' must be {what}.", param="features")
+    return row
+
+
 @lru_cache(maxsize=8)
 def _rows_cached(path: str, _mtime_ns: int, _size: int) -> dict[int, dict[str, Any]]:
     rows: dict[int, dict[str, Any]] = {}
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, 1):
             try:
+                line = raw.decode("utf-8")
+                if not line.strip():
+                    continue
                 row = json.loads(line)
-                rows[int(row["index"])] = row
-            except (ValueError, KeyError, TypeError) as exc:
-                raise InvalidParameter(f"{path} line {n}: not a feature row with an 'index' ({exc}).",
+            except ValueError as exc:  # UnicodeDecodeError too
+                raise InvalidParameter(f"{path} line {n}: not a JSON line of UTF-8 text ({exc}).",
                                        param="features") from None
+            rows[check_row(row, f"{path} line {n}")["index"]] = row
     return rows
 
 
@@ -135,14 +173,21 @@ def measured_features(folder: str | Path) -> dict[int, float]:
     return {i: _float(row.get(RATE_KEY)) or 0.0 for i, row in feature_rows(folder).items() if MEASURED_KEY in row}
 
 
+def index_of(text: str) -> int | None:
+    """The feature index ``text`` spells (``123``, ``#123``, ``-4``: ASCII digits, any sign, spaces around), or
+    None when it names a feature some other way (a label). The one rule every front end reads indices by."""
+    stripped = text.strip().removeprefix("#")
+    return int(stripped) if _INDEX.fullmatch(stripped) and len(stripped) <= 20 else None
+
+
 def parse_index(text: str, d_sae: int, name: str) -> int:
-    """A feature index of the SAE from a path segment: a non-integer, or one outside ``0..d_sae-1``, is
-    refused naming the SAE's range."""
+    """A feature index of the SAE from a path segment (nothing around the digits): a non-integer, or one outside
+    ``0..d_sae-1``, is refused naming the SAE's range."""
     shown = json.dumps(text[:40] + ("…" if len(text) > 40 else ""), ensure_ascii=False)
-    if not _INDEX.fullmatch(text.strip()):
+    if not _INDEX.fullmatch(text):
         raise InvalidFeatureIndex(f"{shown} is not a feature index; {name} has features 0-{d_sae - 1}.",
                                   param="index")
-    if len(text.strip()) > 20:  # past any width, and past what int() reads from a string
+    if len(text) > 20:  # past any width, and past what int() reads from a string
         raise InvalidFeatureIndex(f"Feature {shown} is outside {name}'s 0-{d_sae - 1} (it has {d_sae} features).",
                                   param="index")
     return check_index(int(text), d_sae, name)

@@ -30,6 +30,8 @@ from typing import Any
 
 import torch
 
+from millm.paths import user_path
+
 TOPICS = (
     "rain", "snow", "thunderstorms", "a sunny summer day", "the weather forecast", "hurricanes", "fog",
     "autumn leaves", "winter", "spring flowers", "cooking pasta", "baking bread", "chocolate cake", "pizza",
@@ -234,7 +236,7 @@ def read_corpus(paths: Iterable[Path]) -> list[str]:
     """Documents from text/markdown/jsonl files, or folders of them (read in sorted order)."""
     docs: list[str] = []
     for path in paths:
-        path = Path(path).expanduser()
+        path = user_path(path)
         if not path.exists():
             raise ValueError(f"--corpus {path}: no such file or folder.")
         files = sorted(p for p in path.rglob("*") if p.suffix in (".txt", ".md", ".jsonl")) if path.is_dir() else [path]

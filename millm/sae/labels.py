@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from millm.errors import InvalidParameter
-from millm.sae.cards import FEATURES_FILE, LABELS_FILE, measured_features, read_labels_json
+from millm.sae.cards import FEATURES_FILE, LABELS_FILE, index_of, measured_features, read_labels_json
 from millm.sae.model import SAE
 
 
@@ -213,8 +213,8 @@ class LabelIndex:
     def resolve(self, name: str, where: str = "steer") -> int:
         """The one feature ``name`` denotes: an index, or a label search with exactly one best match."""
         text = name.strip().removeprefix("#")
-        if text.isdigit():
-            return int(text)
+        if (index := index_of(text)) is not None:
+            return index
         if not self.labels:
             raise InvalidParameter(f"'{name}' is not a feature index, and {self.name} has no labels to search.",
                                    param=where)

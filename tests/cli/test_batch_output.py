@@ -61,7 +61,7 @@ def test_a_folder_as_output_is_a_clear_error(src, tmp_path):
     assert "Traceback" not in result.output
     assert result.exception is None or isinstance(result.exception, SystemExit)
     result = runner.invoke(app, ["batch", str(src), "-o", str(tmp_path / "missing" / "out.jsonl")])
-    assert result.exit_code == 1 and "is not a folder" in result.output
+    assert result.exit_code == 1 and "does not exist" in result.output
 
 
 @pytest.mark.parametrize("separator", ["\u2028", "\u2029", "\u0085", "\x0b", "\x0c", "\x1c", "\r"])

@@ -8,6 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from millm.config import Settings
 from millm.server.app import create_app
 from tests.fakes import FakeEngine
@@ -15,12 +17,12 @@ from tests.sae.test_cards import ROWS, TABLE
 from tests.saes import random_sae, write_saelens
 
 
-def scenario_results(tmp_path: Path, calls: list[str]) -> tuple[str, list[tuple[int, Any]]]:
-    """Register a 64-feature SAE with labels and features.jsonl, then GET each of ``calls`` (``{id}`` is
-    replaced by its id); returns the id and (status, body) per call."""
+def scenario_results(tmp_path: Path, calls: list[str], extra: list[Any] = ()) -> tuple[str, list[tuple[int, Any]]]:
+    """Register a 64-feature SAE with labels and features.jsonl (``extra`` rows after the usual ones), then GET
+    each of ``calls`` (``{id}`` is replaced by its id); returns the id and (status, body) per call."""
     folder = write_saelens(tmp_path / "sae", random_sae(16, 64, seed=2), layer=1)
     (folder / "labels.json").write_text(json.dumps({str(k): v for k, v in TABLE.items()}))
-    rows = ROWS + [{"index": 6, "label": "terrain, maps", "recommended_strength": 40.0}]
+    rows = ROWS + [{"index": 6, "label": "terrain, maps", "recommended_strength": 40.0}, *extra]
     (folder / "features.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
     app = create_app(Settings(home=tmp_path / "home"), FakeEngine())  # type: ignore[arg-type]
 
@@ -80,3 +82,32 @@ def test_bundled_sae_card_and_the_openapi_document(tmp_path: Path) -> None:
 def test_search_ranks_whole_words_then_measured_then_substrings(tmp_path: Path) -> None:
     _, [(status, body)] = scenario_results(tmp_path, ["/api/saes/{id}/features?q=rain"])
     assert status == 200 and [f["index"] for f in body["features"]] == [3, 5, 2, 6, 1, 4, 7]
+
+
+def test_an_index_with_control_or_unicode_digits_is_refused_not_a_crash(tmp_path: Path) -> None:
+    _, results = scenario_results(tmp_path, ["/api/saes/{id}/features/%1C5", "/api/saes/{id}/features/%1F5%20",
+                                             "/api/saes/{id}/features/%C2%B2", "/api/saes/{id}/features/%20%203"])
+    for status, body in results:
+        assert status == 400 and body["error"]["code"] == "invalid_feature_index", body
+        assert "is not a feature index" in body["error"]["message"]
+
+
+@pytest.mark.parametrize("row,key", [
+    ({"index": 9, "top_tokens": [["rain", "heavy"]]}, "top_tokens"),
+    ({"index": 9, "top_tokens": "rain"}, "top_tokens"),
+    ({"index": 9, "examples": [{"text": 3}]}, "examples"),
+    ({"index": 9, "examples": {"text": "x"}}, "examples"),
+    ({"index": 9, "frequency": "often"}, "frequency"),
+    ({"index": 9, "promotes": [1, 2]}, "promotes"),
+    ({"index": 9, "recommended_strength": [40]}, "recommended_strength"),
+    ({"index": 9, "concept_rate": {"a": 1}}, "concept_rate"),
+    ({"index": "9"}, "index"),
+    ([9], "index"),
+])
+def test_a_malformed_features_row_is_a_400_naming_the_file_and_line(tmp_path: Path, row: Any, key: str) -> None:
+    _, [(status, body), (list_status, _)] = scenario_results(
+        tmp_path, ["/api/saes/{id}/features/3", "/api/saes/{id}/features?q=rain"], extra=[row])
+    assert status == 400 and list_status == 400, body
+    line = len(ROWS) + 2  # the usual rows, the measured one, then this
+    message = body["error"]["message"]
+    assert f"features.jsonl line {line}" in message and f"'{key}'" in message and body["error"]["param"] == "features"

@@ -18,6 +18,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import ContentSwitcher, Footer, Header, Input
 
 from millm.errors import MillmError
+from millm.sae.cards import index_of
 from millm.steering.intensity import Dial
 from millm.steering.readout import SAE_ACTIVATIONS_MAX_ENTRIES
 from tui.client import READOUT_TOP_K, ChatResult, Client, Done, Feature, ModelInfo, SAEInfo, SteeringState
@@ -208,9 +209,8 @@ class MainScreen(FeatureActions):
             search.show([], "register an SAE (millm sae add) to search its features")
             return
         text = query.strip().removeprefix("#")
-        if text.isdigit():
-            index = int(text)
-            found = [Feature(sae.id, index, await self.label_of(sae.id, index))] if index < sae.d_sae else []
+        if (index := index_of(text)) is not None:
+            found = [Feature(sae.id, index, await self.label_of(sae.id, index))] if 0 <= index < sae.d_sae else []
             search.show(found, f"{sae.name} has features 0-{sae.d_sae - 1}")
             return
         try:
