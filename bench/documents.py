@@ -8,8 +8,9 @@ fluency it costs.
 For each document and each λ in LAMBDAS (as serving resolves a request's ``steering_intensity``: within
 the document's declared ``intensity_range``), the authored strengths are scaled as serving scales them
 (``millm.steering.intensity.scale``: strength × λ, each clamped to ±200) and the answers are measured with
-``millm.steering.sweep`` (seeded sampled answers to the neutral prompts, the concept rate over the
-document's ``concept`` words, fluency against the unsteered answers, bound -1.5 nats/token). Both bundled
+``millm.research`` (seeded answers to the neutral prompts sampled as chat requests on the engine, the
+concept rate over the document's ``concept`` words, fluency against the unsteered answers, bound -1.5
+nats/token). Both bundled
 SAEs are attached (layers 10 and 20), so a circuit serves natively. For comparison, each member feature is
 also measured alone at its authored strength × the best λ. Nothing is registered or persisted.
 """
@@ -22,22 +23,13 @@ import time
 from pathlib import Path
 
 from millm.config import get_settings
-from millm.engine.loader import load
+from millm.engine import load_engine
 from millm.registry import BUNDLED_ID, resolve
+from millm.research.measure import FLUENCY_BOUND, MAX_NEW_TOKENS, NEUTRAL_PROMPTS, SEED, TARGET_RATE, Case, Measure
+from millm.research.words import concept_rate
 from millm.sae.bundled import bundled_saes
 from millm.sae.formats import load_sae
-from millm.steering.controller import Steering
 from millm.steering.intensity import BaseKind, IntensitySettings, resolve_lambda, scale
-from millm.steering.sweep import (
-    FLUENCY_BOUND,
-    MAX_NEW_TOKENS,
-    NEUTRAL_PROMPTS,
-    SEED,
-    TARGET_RATE,
-    Case,
-    Measure,
-    concept_rate,
-)
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCUMENTS = (ROOT / "profiles" / "weather-cluster.json", ROOT / "profiles" / "weather-circuit.json")
@@ -59,14 +51,14 @@ def main() -> None:
     args = parser.parse_args()
     settings = get_settings()
     intensity = IntensitySettings.from_settings(settings)
-    model, tokenizer, _, _ = load(resolve(BUNDLED_ID, settings), settings)
-    control = Steering(model)
+    engine = load_engine(resolve(BUNDLED_ID, settings), settings)
+    control = engine.steering_target().steering
     by_layer = {}
     for bundled in bundled_saes():
         control.attach(bundled.id, load_sae(bundled.path).sae, bundled.layer)
         by_layer[bundled.layer] = bundled.id
     started = time.perf_counter()
-    measure = Measure(model, tokenizer, control, NEUTRAL_PROMPTS[:args.prompts], args.seed, args.tokens)
+    measure = Measure(engine, NEUTRAL_PROMPTS[:args.prompts], args.seed, args.tokens)
     print(f"{len(measure.prompts)} prompts, {args.tokens} tokens, seed {args.seed}; unsteered log-prob "
           f"{measure.plain_logprob:.3f}; target >= {TARGET_RATE:.0%} inside -{FLUENCY_BOUND:g} nats/token")
     try:

@@ -18,7 +18,7 @@ same seeded split ``millm sae train`` made):
   share that mention the concept (one of the feature's top tokens that is a word, from its features.jsonl
   row) (targets >= 60% steered, <= 10% unsteered), and fluency: the steered answers' mean token
   log-probability under the unsteered model, minus the unsteered answers' own (bound: >= -FLUENCY_BOUND
-  nats/token). The prompts, the sampling and both measures are ``millm.steering.sweep``'s, which
+  nats/token). The prompts, the sampling and both measures are ``millm.research``'s, which
   ``millm steer sweep`` and bench/sweep.py use too;
 - throughput: training steps/s and tokens/s at this SAE's width on this machine now, beside the wall
   time its one documented command took (from its train.json).
@@ -35,8 +35,12 @@ from typing import Any
 import torch
 
 from millm.config import get_settings
-from millm.engine.loader import load
+from millm.engine import load_engine
+from millm.engine.transformers_engine import TransformersEngine
 from millm.registry import BUNDLED_ID, resolve
+from millm.research.answers import sample_answers
+from millm.research.measure import FLUENCY_BOUND, MAX_NEW_TOKENS, NEUTRAL_PROMPTS, SEED, Measure
+from millm.research.words import concept_rate, top_token_words
 from millm.sae import activations, corpus, quality, recipe
 from millm.sae.bundled import bundled_saes
 from millm.sae.cards import feature_rows
@@ -44,16 +48,6 @@ from millm.sae.formats import load_sae
 from millm.sae.labels import LabelIndex
 from millm.sae.model import SAE
 from millm.sae.train import ShuffledBatches, TopKTrainer, TrainConfig
-from millm.steering.controller import Steering
-from millm.steering.sweep import (
-    FLUENCY_BOUND,
-    MAX_NEW_TOKENS,
-    NEUTRAL_PROMPTS,
-    SEED,
-    Measure,
-    concept_rate,
-    top_token_words,
-)
 
 # per SAE: (label name, resolved on its labels as --steer NAME=S is, or an index where the name is ambiguous:
 # 1604 'weather, forecast, hurricane', 436 'dreams, dream, dreamed'; and the documented strength)
@@ -76,9 +70,10 @@ def run_spec(model_id: str, folder: Path) -> recipe.RunSpec:
                           holdout_fraction=spec.get("holdout_fraction", 0.1))
 
 
-def held_out(model: Any, tokenizer: Any, settings: Any, spec: recipe.RunSpec) -> torch.Tensor:
-    _, held = recipe.documents(spec, model, tokenizer, settings.cache_dir)
-    return corpus.token_windows(tokenizer, held, spec.context)
+def held_out(engine: TransformersEngine, settings: Any, spec: recipe.RunSpec) -> torch.Tensor:
+    answer = lambda prompts, seed, tokens: sample_answers(engine, prompts, seed, tokens)[0]  # noqa: E731
+    _, held = recipe.documents(spec, answer, engine.tokenizer, settings.cache_dir)
+    return corpus.token_windows(engine.tokenizer, held, spec.context)
 
 
 def chosen_saes(refs: list[str] | None) -> list[tuple[str, Path, int, str]]:
@@ -124,16 +119,16 @@ def concept_words(folder: Path, feature: int) -> tuple[str, ...]:
     return top_token_words(feature_rows(folder).get(feature, {}))
 
 
-def steering(model: Any, tokenizer: Any, sae_id: str, sae: SAE, layer: int, folder: Path,
+def steering(engine: TransformersEngine, sae_id: str, sae: SAE, layer: int, folder: Path,
              concepts: list[tuple[str, float]], prompts: tuple[str, ...]) -> None:
     index = LabelIndex.load(folder, sae_id)
     if not concepts:
         print("  steering: no concept features listed for this SAE")
         return
-    control = Steering(model)
-    measure = Measure(model, tokenizer, control, prompts, SEED, MAX_NEW_TOKENS)
-    print(f"  unsteered answers: mean log-prob {measure.plain_logprob:.3f} nats/token")
+    control = engine.steering
     control.attach(sae_id, sae, layer)
+    measure = Measure(engine, prompts, SEED, MAX_NEW_TOKENS)
+    print(f"  unsteered answers: mean log-prob {measure.plain_logprob:.3f} nats/token")
     try:
         for name, strength in concepts:
             feature = index.resolve(name)
@@ -181,20 +176,22 @@ def main() -> None:
     override = [(name, float(value)) for name, _, value in (c.rpartition("=") for c in args.concept)]
     prompts = NEUTRAL_PROMPTS[:args.prompts]
     settings = get_settings()
-    models: dict[str, tuple[Any, Any]] = {}
+    engines: dict[str, TransformersEngine] = {}
     for sae_id, folder, layer, model_id in chosen_saes(args.sae):
-        if model_id not in models:
-            loaded_model, tokenizer, _, _ = load(resolve(model_id, settings), settings)
-            models[model_id] = (loaded_model, tokenizer)
-        model, tokenizer = models[model_id]
+        if model_id not in engines:
+            loaded_engine = load_engine(resolve(model_id, settings), settings)
+            assert isinstance(loaded_engine, TransformersEngine), "SAE quality is measured on transformers models"
+            engines[model_id] = loaded_engine
+        engine = engines[model_id]
+        model = engine.model
         loaded = load_sae(folder)
         print(f"{sae_id} ({model_id}, layer {layer}, d_sae {loaded.sae.d_sae}, k {loaded.sae.k}):")
         if not args.skip_reconstruction:
-            windows = held_out(model, tokenizer, settings, run_spec(model_id, folder))
+            windows = held_out(engine, settings, run_spec(model_id, folder))
             reconstruction(model, loaded.sae, layer, windows, args.ce_windows)
             throughput(loaded.sae, activations.collect(model, windows[:16], layer), folder / "train.json")
         if not args.skip_steering:
-            steering(model, tokenizer, sae_id, loaded.sae, layer, folder, override or CONCEPTS.get(sae_id, []), prompts)
+            steering(engine, sae_id, loaded.sae, layer, folder, override or CONCEPTS.get(sae_id, []), prompts)
 
 
 if __name__ == "__main__":

@@ -8,8 +8,9 @@ For each concept in CONCEPTS (fixed before any result was seen), the top label-s
 ``--sae`` names (default SAE; ``LabelIndex.search``, what ``millm sae features --search`` lists first:
 whole-word matches, measured features first) is measured at its recommended strength (the one ``millm steer screen``
 stored in the bundled features.jsonl; a hit without one is swept at STRENGTHS and gets the sweep's), with
-``millm.steering.sweep`` (the measures of ``millm steer sweep`` and bench/sae_quality.py: seeded sampled
-answers to the neutral prompts, fluency against the unsteered answers, bound -1.5 nats/token), the concept
+``millm.research`` (the measures of ``millm steer sweep`` and bench/sae_quality.py: seeded answers to the
+neutral prompts sampled as chat requests on the engine, fluency against the unsteered answers, bound -1.5
+nats/token), the concept
 rate counting the concept itself (its singular and plural), not the hit's other label terms ("county" on
 a "city, francisco, county" feature is not a mention of a city). Printed per concept: the feature, its
 label, the strength and the rate and fluency there; last, how many of the ten reach >= 60% inside the
@@ -22,22 +23,14 @@ import argparse
 import time
 
 from millm.config import get_settings
-from millm.engine.loader import load
+from millm.engine import load_engine
 from millm.registry import BUNDLED_ID, resolve
+from millm.research.measure import FLUENCY_BOUND, MAX_NEW_TOKENS, NEUTRAL_PROMPTS, SEED, TARGET_RATE, Measure
+from millm.research.sweep import run_sweep
 from millm.sae.bundled import bundled_saes
 from millm.sae.cards import read_card
 from millm.sae.formats import load_sae
 from millm.sae.labels import LabelIndex
-from millm.steering.controller import Steering
-from millm.steering.sweep import (
-    FLUENCY_BOUND,
-    MAX_NEW_TOKENS,
-    NEUTRAL_PROMPTS,
-    SEED,
-    TARGET_RATE,
-    Measure,
-    run_sweep,
-)
 
 SAE = "smollm2-135m-res-L10"
 # ten everyday concepts, none of bench/sae_quality.py's (music, ocean, weather, trees, waves, ship, planet,
@@ -57,14 +50,14 @@ def main() -> None:
     args = parser.parse_args()
     concepts = [c for c in CONCEPTS if not args.concept or c in args.concept]
     settings = get_settings()
-    model, tokenizer, _, _ = load(resolve(BUNDLED_ID, settings), settings)
+    engine = load_engine(resolve(BUNDLED_ID, settings), settings)
     bundled = next(b for b in bundled_saes() if b.id == args.sae)
     index = LabelIndex.load(bundled.path, bundled.id)
-    control = Steering(model)
+    control = engine.steering
     started = time.perf_counter()
-    measure = Measure(model, tokenizer, control, NEUTRAL_PROMPTS[:args.prompts], args.seed, args.tokens)
     sae = load_sae(bundled.path).sae
     control.attach(bundled.id, sae, bundled.layer)
+    measure = Measure(engine, NEUTRAL_PROMPTS[:args.prompts], args.seed, args.tokens)
     print(f"{bundled.id} (layer {bundled.layer}): {len(measure.prompts)} prompts, {args.tokens} tokens, "
           f"seed {args.seed}, strengths {', '.join(f'{s:g}' for s in STRENGTHS)}; "
           f"unsteered log-prob {measure.plain_logprob:.3f}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -29,7 +30,7 @@ from cli.common import (
 from cli.sae_train import steer_assignments
 from millm.config import get_settings
 from millm.errors import MillmError
-from millm.local import ChatSteering, chat_steering, profile_unfit
+from millm.steering.session import ChatSteering, chat_steering, profile_unfit
 
 if TYPE_CHECKING:
     from millm.engine.base import Engine
@@ -59,7 +60,6 @@ def stream_answer(engine: Engine, messages: list[dict[str, Any]], fields: dict[s
     stderr says what steered it."""
     from millm.builder import build_chat
     from millm.engine.events import Delta, Finish
-    from millm.engine.plan import run_each
     from millm.generation import prepare
     from millm.limits import Limits
 
@@ -69,7 +69,7 @@ def stream_answer(engine: Engine, messages: list[dict[str, Any]], fields: dict[s
     err.print(steering_line(engine, prepared, chat), markup=False)
     pieces = []
     finish = None
-    for event in run_each(engine.run, prepared.plans):
+    for event in engine.run_all(prepared.plans):
         if isinstance(event, Delta):
             pieces.append(event.text)
             out.print(event.text, end="", markup=False)
@@ -88,8 +88,6 @@ def steering_line(engine: Engine, prepared: Prepared, chat: ChatSteering) -> str
     """What steered an answer, as X-miLLM-Steering says it but in full: the name (``prepared.label``) and the
     values (the override the answer was prepared with, else the live values its hooks hold) per SAE and
     layer, each feature with its label; or ``none`` and why."""
-    from millm.steering.bases import LIVE
-
     target = engine.steering_target()
     if target is None:
         why = " without MILLM_GGUF_STEERING=true" if engine.engine_name == "llama.cpp" else ""
@@ -102,9 +100,17 @@ def steering_line(engine: Engine, prepared: Prepared, chat: ChatSteering) -> str
         aside += f"; {chat.unfit}"
     override = prepared.steer.override
     values = override.values if override is not None else {a.sae_id: a.values for a in steering.attachments.values()}
-    service = steering_service()
+    parts = [part for sae_id, features in values.items()
+             if (part := _steered_part(target, sae_id, features)) is not None]
+    return f"steering: {_source(prepared, chat)} {'; '.join(parts)}{aside}"
+
+
+def _source(prepared: Prepared, chat: ChatSteering) -> str:
+    """What the steering line says steered an answer: a profile (and what backs it), or the values."""
+    from millm.steering.bases import LIVE
+
     if prepared.label != LIVE:
-        backing = service.store.backing(prepared.label)
+        backing = steering_service().store.backing(prepared.label)
         source = f'profile "{prepared.label}"' + (f" ({backing})" if backing else "")
     else:
         source = "this chat's values" if chat.own else "live values"
@@ -112,17 +118,18 @@ def steering_line(engine: Engine, prepared: Prepared, chat: ChatSteering) -> str
         source += f" at intensity {prepared.steer.echo}"
     if prepared.steer.rung is not None:
         source += f", circuit rung {prepared.steer.rung}"
-    parts = []
-    for sae_id, features in values.items():
-        steered = sorted((f, s) for f, s in features.items() if s)
-        if not steered or sae_id not in steering.attachments:
-            continue
-        att = steering.attachments[sae_id]
-        labels = service.store.label_map(sae_id)
-        shown = [f'{f} "{labels[f]}" = {s:g}' if f in labels else f"{f} = {s:g}" for f, s in steered[:SHOWN_FEATURES]]
-        more = f" and {len(steered) - SHOWN_FEATURES} more" if len(steered) > SHOWN_FEATURES else ""
-        parts.append(f"on {sae_id} (L{att.layer}): {', '.join(shown)}{more}")
-    return f"steering: {source} {'; '.join(parts)}{aside}"
+    return source
+
+
+def _steered_part(target: SteeringTarget, sae_id: str, features: Mapping[int, float]) -> str | None:
+    """One attached SAE's steered features with their labels (the first SHOWN_FEATURES), or None."""
+    steered = sorted((f, s) for f, s in features.items() if s)
+    if not steered or sae_id not in target.steering.attachments:
+        return None
+    labels = steering_service().store.label_map(sae_id)
+    shown = [f'{f} "{labels[f]}" = {s:g}' if f in labels else f"{f} = {s:g}" for f, s in steered[:SHOWN_FEATURES]]
+    more = f" and {len(steered) - SHOWN_FEATURES} more" if len(steered) > SHOWN_FEATURES else ""
+    return f"on {sae_id} (L{target.steering.attachments[sae_id].layer}): {', '.join(shown)}{more}"
 
 
 def why_unsteered(target: SteeringTarget, prepared: Prepared, chat: ChatSteering) -> str:

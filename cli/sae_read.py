@@ -44,7 +44,7 @@ def attached_for_read(service: SteeringService, target: SteeringTarget, sae_id: 
                       layer: int | None) -> AbstractContextManager[object]:
     """The SAE attached for the read: as it is when already attached, else for the read only (``millm chat
     --sae``'s session, which detaches it afterwards)."""
-    from millm.local import chat_steering
+    from millm.steering.session import chat_steering
 
     att = target.steering.attachments.get(sae_id)
     if att is None:
@@ -59,7 +59,6 @@ def read_text(engine: Engine, service: SteeringService, sae_id: str, text: str, 
               features: list[int] | None = None, layer: int | None = None) -> dict[str, Any]:
     """The read-out of ``text`` (every prompt position, its token text and each feature's registry label)."""
     from millm.builder import build_completion
-    from millm.render.scoring import score_reading
     from millm.steering.readout import with_labels
 
     ask: dict[str, Any] = {"sae_id": sae_id, "positions": "prompt", "top_k": top_k, "token_text": True}
@@ -70,7 +69,7 @@ def read_text(engine: Engine, service: SteeringService, sae_id: str, text: str, 
     assert built.score is not None
     target = steerable(engine)
     with attached_for_read(service, target, sae_id, layer):
-        _, readout = score_reading(engine, built.score, built.readout)
+        readout = engine.score(built.score)[0].readout
     assert readout is not None
     return with_labels(readout, service.store.label_map(sae_id))
 

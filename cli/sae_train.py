@@ -152,7 +152,9 @@ def train(
     """Train a TopK SAE on a model's residual stream at LAYER; writes SAELens files and labels, then measures
     its held-out FVU and CE share of the zero-ablation gap (also in train.json)."""
     from millm.engine.loader import load
+    from millm.engine.transformers_engine import TransformersEngine
     from millm.registry import resolve
+    from millm.research.answers import sample_answers
     from millm.sae import recipe
 
     check_seed(seed)
@@ -173,14 +175,16 @@ def train(
                           save_dtype=save_dtype, resume=resume, eval_windows=eval_windows)
     started = time.monotonic()
     with err.status(f"loading {entry.id} ..."):
-        loaded, tokenizer, _, _ = load(entry, settings)
+        loaded, tokenizer, placed, dtype = load(entry, settings)
+    engine = TransformersEngine(entry, loaded, tokenizer, placed, dtype)  # writes the default corpus's text
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("{task.fields[stats]}"))
     with Progress(*columns, console=err) as progress:
         bar = _Bar(progress)
         try:
             result = recipe.run(spec, loaded, tokenizer, settings.cache_dir,
-                                recipe.Progress(phase=bar.phase, advance=bar.advance, step=bar.step))
+                                recipe.Progress(phase=bar.phase, advance=bar.advance, step=bar.step),
+                                answer=lambda prompts, seed, tokens: sample_answers(engine, prompts, seed, tokens)[0])
         except (ValueError, FileExistsError) as exc:
             raise InvalidParameter(str(exc)) from None
     final = result.summary["final"] or {}

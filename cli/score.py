@@ -139,7 +139,7 @@ def score(
 
 
 def check_scorable(engine: Engine) -> None:
-    if not engine.capabilities.scorable:
+    if not engine.capabilities.scores:
         raise InvalidParameter(f"'{engine.model_id}' runs on {engine.engine_name}, which exposes no next-token "
                                "distribution here; score with a transformers model.", param="model")
 

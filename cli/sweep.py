@@ -1,10 +1,11 @@
 """``millm steer sweep``: one feature at a range of strengths; concept rate, fluency and a recommended strength.
 ``millm steer screen``: every labelled feature of an SAE, estimated, and the promising ones swept.
 
-The measures are ``millm.steering.sweep``'s (the ones ``bench/sae_quality.py`` reports). The SAE is attached
-for the sweep only (``millm chat --sae``'s session, ``millm.local.chat_steering``); live values steer none of
-the sweep's answers, and afterwards attachments, values and the active profile are as before; nothing is
-persisted, except recommended strengths with ``--save``.
+The measures are ``millm.research``'s (the ones the benches report), sampled and scored on the engine's
+request path. The SAE is attached for the sweep only (``millm chat --sae``'s session,
+``millm.steering.session.chat_steering``); live values steer none of the sweep's answers, and afterwards
+attachments, values and the active profile are as before; nothing is persisted, except recommended
+strengths with ``--save``.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Column, Table
@@ -33,8 +34,8 @@ from millm.errors import InvalidParameter
 from millm.paths import output_file, user_path
 
 if TYPE_CHECKING:
+    from millm.research.sweep import SweepResult
     from millm.steering.service import SteeringService
-    from millm.steering.sweep import SweepResult
     from millm.steering.target import SteeringTarget
 
 DEFAULT_SAE = "smollm2-135m-res-L10"
@@ -67,14 +68,6 @@ def sweep_sae(service: SteeringService, target: SteeringTarget, ref: str | None)
         raise InvalidParameter(f"{len(attached)} SAEs are attached ({', '.join(attached)}); name one with --sae.",
                                param="sae")
     return attached[0] if attached else DEFAULT_SAE
-
-
-def transformers_model(engine: Any) -> tuple[Any, Any]:
-    """The engine's transformers model and tokenizer, which sweeps and screens sample from and read."""
-    model_obj, tokenizer = getattr(engine, "model", None), getattr(engine, "tokenizer", None)
-    if model_obj is None or tokenizer is None:
-        raise InvalidParameter(f"'{engine.model_id}' has no transformers model to sweep.", param="model")
-    return model_obj, tokenizer
 
 
 def check_feature(service: SteeringService, sae_id: str, feature: str) -> int:
@@ -119,16 +112,11 @@ def sweep(
 ) -> None:
     """Sweep a feature over strengths: how often answers to neutral prompts mention its concept, what it costs
     in fluency (log-prob under the unsteered model, bound -1.5 nats/token), and the recommended strength."""
+    from millm.research.measure import check_engine
+    from millm.research.plots import bar_lines, write_png
+    from millm.research.saving import Recommendation, save_recommendations, saveable
+    from millm.research.sweep import parse_strengths, sweep_feature
     from millm.sae.cards import folder_of
-    from millm.steering.sweep import (
-        Recommendation,
-        bar_lines,
-        parse_strengths,
-        save_recommendations,
-        saveable,
-        sweep_feature,
-        write_png,
-    )
 
     values = parse_strengths(strengths)
     check_seed(seed)
@@ -146,9 +134,9 @@ def sweep(
     if save:
         saveable(folder)  # refused before the sweep runs, not after
     words = tuple(w.strip().lower() for w in concept or [] if w.strip())
-    model_obj, tokenizer = transformers_model(engine)
+    check_engine(engine)
     with err.status(f"sweeping feature {index} on {sae_id} ..."):
-        result = sweep_feature(service, target, model_obj, tokenizer, sae_id, index, label=label, words=words,
+        result = sweep_feature(service, engine, sae_id, index, label=label, words=words,
                                strengths=values, prompts=prompts, seed=seed, tokens=tokens, layer=layer)
     recommended = result.recommended
     if as_json:
@@ -195,9 +183,10 @@ def screen(
     """Screen every labelled feature of an SAE for steering: a cheap teacher-forced estimate of how much each
     raises the chance of mentioning its label's words, then a sampled sweep (as ``steer sweep``) of those
     the estimate picks; prints the features that steer, with their recommended strengths."""
+    from millm.research.measure import check_engine
+    from millm.research.saving import Recommendation, save_recommendations, saveable
+    from millm.research.screen import Screened, screen_sae
     from millm.sae.cards import FEATURES_FILE, folder_of
-    from millm.steering.screen import Screened, screen_sae
-    from millm.steering.sweep import Recommendation, save_recommendations, saveable
 
     check_seed(seed)
     service = steering_service()
@@ -213,7 +202,7 @@ def screen(
         labels = dict(list(labels.items())[:first])
     if save:
         saveable(folder)  # refused before the screen runs, not after
-    model_obj, tokenizer = transformers_model(engine)
+    check_engine(engine)
     with err.status(f"screening {len(labels)} labelled features of {sae_id} ...") as status:
         def progress(stage: str, done: int, total: int) -> None:
             status.update(f"screening {sae_id}: {stage} {done}/{total}")
@@ -222,7 +211,7 @@ def screen(
             save_recommendations(folder, {s.feature: None if s.recommended is None else
                                           Recommendation(s.recommended, s.rate, s.label) for s in batch})
 
-        found = screen_sae(service, target, model_obj, tokenizer, sae_id, labels, prompts=prompts, tokens=tokens,
+        found = screen_sae(service, engine, sae_id, labels, prompts=prompts, tokens=tokens,
                            seed=seed, limit=limit, layer=layer, on_progress=progress,
                            on_swept=keep if save else None, skip=() if again else set(index.measured))
     if as_json:

@@ -28,7 +28,7 @@ from millm.errors import InvalidParameter, ResponseFormatUnsupported, UnusedFiel
 from millm.fields import NESTED_KEYS, TOOLS_REFUSED, check_fields, is_no_change, template_messages
 from millm.limits import Limits, check_embedding_inputs, check_prompt_tokens, check_prompts, check_rows
 from millm.steering.intensity import Dial, parse_intensity
-from millm.steering.readout import check_readout_rows
+from millm.steering.readout import ReadoutAsk, check_readout, check_readout_rows
 from millm.structured.schema import JsonConstraint, check_response_format
 from millm.structured.tools import Constraint, ToolConstraint, check_tool_history, tool_constraint
 from millm.validation import check_messages, check_number, check_prompt_text, max_tokens_of, sampling_params
@@ -58,7 +58,6 @@ class Built:
     seed_scope: str = "request"
     prompt_texts: list[str | None] = field(default_factory=list)  # completions scoring: text (None: token ids)
     include_usage: bool = True  # stream_options.include_usage: usage on the final streamed chunk
-    readout: dict[str, Any] | None = None  # return_sae_activations on a scoring request (read unsteered)
 
     @property
     def choices(self) -> int:
@@ -170,11 +169,13 @@ def response_format_constraint(value: Any) -> JsonConstraint | None:
     return check_response_format(value)
 
 
-def readout_ask(raw: dict[str, Any] | None) -> dict[str, Any] | None:
-    """return_sae_activations without the keys reported as unread (and null ones: absent)."""
+def readout_ask(raw: dict[str, Any] | None) -> ReadoutAsk | None:
+    """return_sae_activations without the keys reported as unread (and null ones: absent), its shape checked;
+    which SAE it reads is bound by the engine."""
     if raw is None:
         return None
-    return {k: v for k, v in raw.items() if k in NESTED_KEYS["return_sae_activations"] and v is not None}
+    return check_readout({k: v for k, v in raw.items() if k in NESTED_KEYS["return_sae_activations"]
+                          and v is not None})
 
 
 def include_usage(body: Mapping[str, Any]) -> bool:
@@ -269,8 +270,8 @@ def build_chat(body: Any, engine_of: EngineOf, strict: bool = False, limits: Lim
         rows = [ScoreRow(ChatPrompt(m, kwargs), scoring_params, where) for m, where in zip(conversations, names)]
         if readout is not None:
             check_readout_rows(len(rows))
-        return Built("chat", wire.model, ignored, score=ScoreRequest(rows, one_at_a_time=True),
-                     seed=_scoring_seed(body), readout=readout)
+        return Built("chat", wire.model, ignored, score=ScoreRequest(rows, one_at_a_time=True, readout=readout),
+                     seed=_scoring_seed(body))
     params = sampling_params(body)
     stream = _stream(params, bool(wire.stream))
     constraint = constraint_for(body, params)
@@ -306,8 +307,9 @@ def build_completion(body: Any, engine_of: EngineOf, strict: bool = False, limit
         rows = [ScoreRow(p, scoring_params, p.where) for p in prompts]
         if readout is not None:
             check_readout_rows(len(rows))
-        return Built("completions", wire.model, ignored, score=ScoreRequest(rows), seed=_scoring_seed(body),
-                     prompt_texts=[p.text if isinstance(p, TextPrompt) else None for p in prompts], readout=readout)
+        return Built("completions", wire.model, ignored, score=ScoreRequest(rows, readout=readout),
+                     seed=_scoring_seed(body), prompt_texts=[p.text if isinstance(p, TextPrompt) else None
+                                                             for p in prompts])
     for prompt in prompts:
         if isinstance(prompt, TextPrompt):
             check_prompt_text(prompt.where, prompt.text)

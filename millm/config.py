@@ -13,6 +13,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 # the steering dial's envelope: every λ (steering_intensity, a cluster's stored dial, a declared
 # intensity_range) lies in it
 ENVELOPE: tuple[float, float] = (0.0, 2.0)
+DEFAULT_DIAL = 1.0
+"""A cluster's persistent dial until an operator sets it: the authored strengths as they are."""
 
 
 class Settings(BaseSettings):

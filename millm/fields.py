@@ -37,6 +37,7 @@ TABLE: dict[str, tuple[str, str, str, str, str, str, str]] = {
     "stop":                       (_U, _X, _U, _U, _X, _U, _X),
     "frequency_penalty":          (_U, _X, _U, _U, _X, _U, _X),
     "presence_penalty":           (_U, _X, _U, _U, _X, _U, _X),
+    "repetition_penalty":         (_U, _X, _R, _U, _X, _R, _X),  # vLLM's; llama.cpp's counts a window only
     "max_tokens":                 (_U, _U, _U, _U, _U, _U, _X),
     "max_completion_tokens":      (_U, _U, _U, _U, _U, _U, _R),
     "n":                          (_U, _U, _R, _R, _U, _R, _R),
@@ -73,6 +74,7 @@ NO_CHANGE: dict[str, list[Any]] = {
     "echo": [False], "best_of": [1], "stream": [False],
     "tool_choice": ["none", "auto"],  # "none" with no tools (LlamaIndex sends it); "auto" is the default
     "parallel_tool_calls": [True],
+    "repetition_penalty": [1, 1.0],
 }
 
 # return_sae_activations

@@ -24,6 +24,7 @@ RANGES: dict[str, tuple[float, float]] = {
     "top_p": (0.0, 1.0),
     "frequency_penalty": (-2.0, 2.0),
     "presence_penalty": (-2.0, 2.0),
+    "repetition_penalty": (0.01, 10.0),  # vLLM's extension: 1 changes nothing
 }
 
 

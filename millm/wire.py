@@ -30,6 +30,8 @@ class _Sampling(_Wire):
     stop: str | list[str] | None = None
     frequency_penalty: float | None = Field(None, description="-2 to 2, OpenAI's additive definition")
     presence_penalty: float | None = Field(None, description="-2 to 2, OpenAI's additive definition")
+    repetition_penalty: float | None = Field(None, description="vLLM's multiplicative penalty on every token of the "
+                                                               "prompt and the answer so far, 0.01 to 10; 1 is off")
 
 
 class _Readout(_Sampling):

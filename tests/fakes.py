@@ -12,20 +12,22 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from millm.engine.base import Capabilities, StepControl, check_supported, fingerprint
+from millm.engine.base import Capabilities, StepControl, check_scoring_supported, check_supported, fingerprint
 from millm.engine.events import Event, Usage
 from millm.engine.output import ChoiceOutput
-from millm.engine.params import ChatPrompt, GenerationRequest, Prompt, TokenPrompt, prompt_names
-from millm.engine.plan import Plan, check_characters, token_budget
+from millm.engine.params import ChatPrompt, Forced, GenerationRequest, Prompt, TokenPrompt, prompt_names
+from millm.engine.plan import Plan, check_characters, run_each, token_budget
 from millm.engine.rows import Row, emit
 from millm.engine.scoring import ScoreRequest, ScoreResult, TokenScore, check_in_vocab
-from millm.errors import InvalidScoringRequest
+from millm.errors import FieldNotHonoured, InvalidScoringRequest
 from millm.registry import ModelEntry
 
 VOCAB = ["<eos>"] + [chr(c) for c in range(32, 127)] + ["\n"]  # newline last: earlier ids unchanged
 SCRIPT = "Hello from the fake engine. It says the same thing every time, one character per step."
-FULL = Capabilities(steerable=False, scorable=True, seedable=True, constrainable=True, multiple_choices=True)
-GGUF = Capabilities(steerable=False, scorable=False, seedable=False, constrainable=False, multiple_choices=False)
+FULL = Capabilities(steers=False, reads=False, scores=True, seedable=True, constrainable=True,
+                    multiple_choices=True)
+GGUF = Capabilities(steers=False, reads=False, scores=False, seedable=False, constrainable=False,
+                    multiple_choices=False)
 
 
 class CharDecoder:
@@ -84,6 +86,9 @@ class FakeEngine:
     def generate(self, request: GenerationRequest, control: StepControl | None = None) -> Iterator[Event]:
         return self.run(self.prepare(request), control)
 
+    def run_all(self, plans: list[Plan], control: StepControl | None = None) -> Iterator[Event]:
+        return run_each(self.run, plans, control)
+
     def run(self, plan: Plan, control: StepControl | None = None) -> Iterator[Event]:
         self.started.set()
         count = len(plan.prompt_ids) * plan.params.n
@@ -108,6 +113,7 @@ class FakeEngine:
         yield Usage(sum(len(ids) for ids in plan.prompt_ids), sum(r.output.tokens for r in rows))
 
     def score(self, request: ScoreRequest) -> list[ScoreResult]:
+        check_scoring_supported(request, self.capabilities, self.engine_name)
         results = []
         for row in request.rows:
             check_in_vocab(row.params, self.vocab_size)
@@ -118,6 +124,10 @@ class FakeEngine:
             top = [TokenScore(t, -float(i + 1)) for i, t in enumerate(allowed)]
             results.append(ScoreResult(top[0], top, len(ids)))
         return results
+
+    def forced(self, reads: list[Forced], batch_size: int = 16) -> list[list[float]]:
+        """Teacher-forced reads need the residual and the distribution, which the scripted engine does not expose."""
+        raise FieldNotHonoured("Teacher-forced reads (the screen's estimate) need a transformers model.", param="model")
 
     def embed(self, inputs: list[Any]) -> tuple[list[list[float]], int]:
         return [[float(len(x)), 1.0] for x in inputs], sum(len(x) for x in inputs)

@@ -18,7 +18,7 @@ from millm.sae.cards import FeatureCard
 from millm.steering.rung import rung_language
 
 if TYPE_CHECKING:
-    from millm.steering.sweep import SweepResult
+    from millm.research.sweep import SweepResult
 
 READOUT_TOP_K = 5
 """Features kept per generated token for the activation strip."""

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import math
 
+from millm.config import DEFAULT_DIAL, ENVELOPE
 from millm.errors import InvalidParameter
-from millm.steering.intensity import DEFAULT_DIAL, ENVELOPE, Dial, Symbol, parse_intensity
+from millm.steering.intensity import Dial, Symbol, parse_intensity
 from millm.steering.values import STRENGTH_LIMIT, clamp
 
 STRENGTH_STEP = 5.0

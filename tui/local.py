@@ -43,8 +43,8 @@ from tui.client import (
 )
 
 if TYPE_CHECKING:
+    from millm.research.sweep import SweepResult
     from millm.steering.service import SteeringService
-    from millm.steering.sweep import SweepResult
 
 class LocalClient:
     """miLLM in this process, on ``engine`` (steering persisted through ``service``)."""
@@ -97,18 +97,17 @@ class LocalClient:
                                        labels={index: label} if label is not None else {})
 
     async def sweep(self, sae_id: str, index: int) -> SweepResult:
-        """The TUI's short sweep of one feature (``SWEEP_*``), as a command on the engine thread: no answer runs
-        meanwhile, and afterwards the attachments and values are as they were."""
-        from millm.steering.sweep import sweep_feature
+        """The TUI's short sweep of one feature (``SWEEP_*``), on the engine thread as one job: its answers are
+        sampled by the engine's scheduler as requests are, and afterwards the attachments and values are as
+        they were."""
+        from millm.research.sweep import sweep_feature
 
-        target, engine = self.target(), self.engine
-        label = self.service.store.label(sae_id, index) or ""
-        model, tokenizer = getattr(engine, "model", None), getattr(engine, "tokenizer", None)
-        if model is None or tokenizer is None:
-            raise InvalidParameter(f"'{engine.model_id}' has no transformers model to sweep.", param="sweep")
-        return await self.worker.command(lambda: sweep_feature(
-            self.service, target, model, tokenizer, sae_id, index, label=label, strengths=SWEEP_STRENGTHS,
-            prompts=SWEEP_PROMPTS, tokens=SWEEP_TOKENS))
+        engine, service = self.engine, self.service
+        self.target()
+        label = service.store.label(sae_id, index) or ""
+        return await self.worker.call(lambda: sweep_feature(
+            service, engine, sae_id, index, label=label, strengths=SWEEP_STRENGTHS, prompts=SWEEP_PROMPTS,
+            tokens=SWEEP_TOKENS))
 
     # live values
     async def steering(self) -> SteeringState:

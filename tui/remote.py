@@ -35,7 +35,7 @@ from tui.client import (
 )
 
 if TYPE_CHECKING:
-    from millm.steering.sweep import SweepResult
+    from millm.research.sweep import SweepResult
 
 INTENSITY_HEADER = "x-millm-steering-intensity"
 RUNG_HEADER = "x-millm-circuit-rung"

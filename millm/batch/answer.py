@@ -25,7 +25,6 @@ from millm.errors import InvalidParameter, MillmError
 from millm.generation import Prepared, prepare
 from millm.limits import Limits
 from millm.registry import ModelEntry, resolve
-from millm.render import scoring
 from millm.render.bodies import embeddings_body, score_body, whole_body
 from millm.render.headers import miLLM_headers
 from millm.render.shapes import CompletionShape
@@ -128,8 +127,7 @@ class Answerer:
             return Answer(line, 200, embeddings_body(built, vectors, tokens), miLLM_headers(built))
         if built.score is not None:
             engine = self.engines(entry)
-            results, readout = scoring.score_reading(engine, built.score, built.readout)
-            body = score_body(self._shape(line, built, engine), engine, built, results, readout)
+            body = score_body(self._shape(line, built, engine), engine, built, engine.score(built.score))
             return Answer(line, 200, body, miLLM_headers(built))
         if built.profile is not None:
             self.steering.profile(built.profile)  # 404 before any load, as the server

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from millm.engine.admission import BatchSettings, fallback_reason
 from millm.engine.base import Engine, StepControl
 from millm.engine.events import Delta, Event, Finish, Steered, Usage
-from millm.engine.plan import Plan, run_each
+from millm.engine.plan import Plan
 from millm.engine.scheduler import Job as Scheduled
 from millm.engine.scheduler import Scheduler
 
@@ -73,7 +73,7 @@ def _run_alone(engine: Engine, job: Job) -> None:
     job.error = None
     control = StepControl() if job.check is None else StepControl().checking(job.check)
     try:
-        job.events = list(run_each(engine.run, job.plans, control))
+        job.events = list(engine.run_all(job.plans, control))
     except Exception as exc:  # answered as the server's error handlers answer it, never a crash
         job.error = exc
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from millm.engine.events import Event
-from millm.engine.params import GenerationRequest, Prompt
+from millm.engine.params import Forced, GenerationRequest, Prompt
 from millm.engine.plan import Plan
 
 if TYPE_CHECKING:
@@ -25,10 +25,12 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Capabilities:
-    """What an engine can honour; the field table's engine columns are checked against these."""
+    """What an engine can do: the one record the field table's engine columns, the steering service and the
+    research code are checked against."""
 
-    steerable: bool  # SAE hooks: steering, monitoring, return_sae_activations
-    scorable: bool  # next-token log-probabilities (scoring mode)
+    steers: bool  # a request's own steering and the live values (SAE hooks, or llama.cpp's control vectors)
+    reads: bool  # the residual can be read: monitoring, return_sae_activations, teacher-forced research reads
+    scores: bool  # next-token log-probabilities (scoring mode, echo)
     seedable: bool  # seeded sampling that repeats byte for byte
     constrainable: bool  # response_format enforced token by token
     multiple_choices: bool  # n > 1 in one request
@@ -93,9 +95,13 @@ class Engine(Protocol):
 
     def run(self, plan: Plan, control: StepControl | None = None) -> Iterator[Event]: ...
 
+    def run_all(self, plans: list[Plan], control: StepControl | None = None) -> Iterator[Event]: ...
+
     def generate(self, request: GenerationRequest, control: StepControl | None = None) -> Iterator[Event]: ...
 
     def score(self, request: ScoreRequest) -> list[ScoreResult]: ...
+
+    def forced(self, reads: list[Forced], batch_size: int = 16) -> list[list[float]]: ...
 
     def embed(self, inputs: list[Any]) -> tuple[list[list[float]], int]: ...
 
@@ -112,16 +118,13 @@ def fingerprint(model: str, revision: str | None, dtype: str | None, quantizatio
     return f"millm:{model}@{part(revision)}:{part(dtype)}/{part(quantization)}:{engine}"
 
 
-def check_supported(request: GenerationRequest, caps: Capabilities, engine_name: str,
-                    steers: bool | None = None) -> None:
-    """Refuse, naming the field, what a generation request asks of an engine that cannot do it. ``steers``:
-    whether the engine applies a request's own steering without SAE hooks (llama.cpp's control vectors under
-    MILLM_GGUF_STEERING); by default, whether it has hooks. Read-outs always need the hooks."""
+def check_supported(request: GenerationRequest, caps: Capabilities, engine_name: str) -> None:
+    """Refuse, naming the field, what a generation request asks of an engine that cannot do it."""
     from millm.errors import FieldNotHonoured
 
     asks = {
-        "profile": request.override is not None and not (caps.steerable if steers is None else steers),
-        "return_sae_activations": request.readout is not None and not caps.steerable,
+        "profile": request.override is not None and not caps.steers,
+        "return_sae_activations": request.readout is not None and not caps.reads,
         "response_format": request.constraint is not None and not caps.constrainable,
         "seed": request.params.seed is not None and not caps.seedable,
         "n": request.params.n > 1 and not caps.multiple_choices,
@@ -130,3 +133,15 @@ def check_supported(request: GenerationRequest, caps: Capabilities, engine_name:
         if refused:
             raise FieldNotHonoured(f"'{name}' cannot be honoured by the {engine_name} engine; it was refused "
                                    "rather than ignored.", param=name)
+
+
+def check_scoring_supported(request: ScoreRequest, caps: Capabilities, engine_name: str) -> None:
+    """Refuse, naming the field, what a scoring request asks of an engine that cannot do it."""
+    from millm.errors import FieldNotHonoured
+
+    if not caps.scores:
+        raise FieldNotHonoured(f"Scoring needs the next-token distribution, which the {engine_name} engine does "
+                               "not expose here; use a transformers model.", param="logprobs")
+    if request.readout is not None and not caps.reads:
+        raise FieldNotHonoured(f"'return_sae_activations' cannot be honoured by the {engine_name} engine: it reads no "
+                               "residual.", param="return_sae_activations")

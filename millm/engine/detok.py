@@ -44,3 +44,25 @@ class IncrementalDetokenizer:
         piece = self._pending_text()
         self._prefix, self._read = self._read, len(self.ids)
         return piece
+
+
+class _KeepSpecial:
+    """A tokenizer whose decode keeps special tokens: a read-out's texts cover every position it reports
+    (a chat template's ``<|im_start|>`` included), so they join to the text the model read."""
+
+    def __init__(self, tokenizer: Decoder) -> None:
+        self.tokenizer = tokenizer
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return str(self.tokenizer.decode(ids, skip_special_tokens=False))
+
+
+def token_texts(tokenizer: Decoder, ids: list[int]) -> list[str]:
+    """Each token's text in context, joining to the decoded ``ids``: decoded incrementally as generation is, so
+    a SentencePiece token keeps the leading space its neighbour gives it, and a token that ends mid-way
+    through a character has "" while the token completing it carries the character."""
+    detok = IncrementalDetokenizer(_KeepSpecial(tokenizer))
+    texts = [detok.push(token) for token in ids]
+    if texts:
+        texts[-1] += detok.flush()
+    return texts

@@ -1,6 +1,7 @@
 """Drawing the next token of several rows at once, each by its own rules.
 
-Per row: its penalties over what it generated (``Lane.counts``), its constraint's mask, its temperature
+Per row: its repetition penalty over its prompt and what it generated, its penalties over what it generated
+(``Lane.counts``), its constraint's mask, its temperature
 and top_p, and its random generator (a seeded plan draws from its own, so its choices repeat byte for
 byte). A row that no token can be drawn for is returned as failed, with the error its request ends with.
 """
@@ -11,21 +12,26 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from millm.engine.sampling import apply_penalties, sample_rows, unsampleable, update_counts
+from millm.engine.sampling import apply_penalties, apply_repetition_penalty, sample_rows, unsampleable, update_counts
 from millm.errors import ConstrainedOutputInvalid, NonFiniteLogits
 
 if TYPE_CHECKING:
     from millm.engine.lanes import BatchRow
 
 
-def draw(rows: list[BatchRow], logits: torch.Tensor,
-         counts: torch.Tensor) -> tuple[list[tuple[BatchRow, int]], list[tuple[BatchRow, Exception]]]:
+def draw(rows: list[BatchRow], logits: torch.Tensor, counts: torch.Tensor,
+         prompted: torch.Tensor) -> tuple[list[tuple[BatchRow, int]], list[tuple[BatchRow, Exception]]]:
     """``(row, token)`` for every row a token was drawn for (its ``counts`` row updated), and ``(row, error)``
     for the others: logits holding a NaN or +inf, or only -inf (non_finite_logits), or a constraint that
-    allows no token (constrained_output_invalid)."""
+    allows no token (constrained_output_invalid). ``prompted[slot]`` marks the tokens of a row's prompt (its
+    repetition penalty counts them)."""
     params = [r.row.params for r in rows]
     device = logits.device
-    logits = apply_penalties(logits, counts[[r.slot for r in rows]],
+    slots = [r.slot for r in rows]
+    if any(p.repetition_penalty != 1.0 for p in params):
+        logits = apply_repetition_penalty(logits, (counts[slots] > 0) | prompted[slots],
+                                          torch.tensor([p.repetition_penalty for p in params], device=device))
+    logits = apply_penalties(logits, counts[slots],
                              torch.tensor([p.frequency_penalty for p in params], device=device),
                              torch.tensor([p.presence_penalty for p in params], device=device))
     failed = _unsampleable(rows, logits)

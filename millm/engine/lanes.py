@@ -23,7 +23,7 @@ from millm.engine.rows import Row
 if TYPE_CHECKING:
     from millm.engine.plan import Plan
     from millm.engine.scheduler import Job
-    from millm.steering.controller import Reader
+    from millm.steering.target import Reader
 
 Readers = dict[str, list[tuple[int, "Reader"]]]  # per SAE: (row offset in the forward, reader)
 
@@ -61,23 +61,29 @@ class Lane:
     rows: dict[int, BatchRow] = field(default_factory=dict)
     free: list[int] = field(default_factory=list)
     counts: torch.Tensor = field(default_factory=lambda: torch.zeros(0))
+    prompted: torch.Tensor = field(default_factory=lambda: torch.zeros(0))  # [slots, vocab]: the prompt's tokens
 
     def __post_init__(self) -> None:
         self.free = list(range(self.cache.slots))
         device = self.cache.keys[0].device if self.cache.keys else torch.device("cpu")
         self.counts = torch.zeros(self.cache.slots, self.vocab, dtype=torch.int32, device=device)
+        self.prompted = torch.zeros(self.cache.slots, self.vocab, dtype=torch.bool, device=device)
 
     def fits(self, rows: int, length: int) -> bool:
         """Whether ``rows`` rows of up to ``length`` positions (prompt + max_tokens) fit the free slots now."""
         return rows <= len(self.free) and length <= self.cache.slot_len
 
     def take(self, r: BatchRow) -> None:
-        """Put ``r`` in the lowest free slot, its counts zeroed."""
+        """Put ``r`` in the lowest free slot, its counts zeroed and its prompt's tokens marked (only a row with a
+        repetition penalty reads them)."""
         slot = min(self.free)
         self.free.remove(slot)
         r.slot = slot
         self.rows[slot] = r
         self.counts[slot].zero_()
+        if r.row.params.repetition_penalty != 1.0:
+            self.prompted[slot].zero_()
+            self.prompted[slot, torch.tensor(r.prompt, device=self.prompted.device)] = True
 
     def release(self, r: BatchRow) -> None:
         del self.rows[r.slot]

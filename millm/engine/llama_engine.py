@@ -20,12 +20,13 @@ from collections.abc import Generator, Iterator
 from typing import Any
 
 from millm.config import Settings
-from millm.engine.base import Capabilities, StepControl, check_supported, fingerprint
+from millm.engine.base import Capabilities, StepControl, check_scoring_supported, check_supported, fingerprint
 from millm.engine.chat_tokens import chat_ids, llama_control_tokens, llama_plain
 from millm.engine.events import Event, Steered, Usage
 from millm.engine.output import ChoiceOutput
 from millm.engine.params import (
     ChatPrompt,
+    Forced,
     GenerationRequest,
     Prompt,
     TextPrompt,
@@ -33,15 +34,13 @@ from millm.engine.params import (
     check_token_ids,
     prompt_names,
 )
-from millm.engine.plan import Plan, check_characters, token_budget
+from millm.engine.plan import Plan, check_characters, run_each, token_budget
 from millm.engine.rows import Row, emit
 from millm.engine.scoring import ScoreRequest, ScoreResult
 from millm.engine.templates import END_OF_TURN_TOKENS, fallback_template
 from millm.errors import ContextLengthExceeded, FieldNotHonoured, InvalidParameter, ModelLoadFailed
 from millm.registry import ModelEntry
-from millm.steering.cvec import ROW, ControlVector, ControlVectorSteering
-from millm.steering.monitor import Monitor
-from millm.steering.target import SteeringTarget
+from millm.steering.target import ROW, ControlVector, ControlVectorSteering, Monitor, SteeringTarget
 
 log = logging.getLogger("millm.llama_cpp")
 _log_callback: Any = None
@@ -103,8 +102,6 @@ class LlamaCppEngine:
     """
 
     engine_name = "llama.cpp"
-    capabilities = Capabilities(steerable=False, scorable=False, seedable=True, constrainable=False,
-                                multiple_choices=False)
 
     def __init__(self, entry: ModelEntry, llm: Any, default_max_tokens: int = 1024, steerable: bool = False) -> None:
         import llama_cpp
@@ -121,8 +118,12 @@ class LlamaCppEngine:
         self._embedder: Any = None
         self._lock = threading.Lock()
         self.n_layers = int(llama_cpp.llama_model_n_layer(llm.model))
+        # control vectors steer (MILLM_GGUF_STEERING); nothing reads llama.cpp's residual or scores here
+        self.capabilities = Capabilities(steers=steerable, reads=False, scores=False, seedable=True,
+                                         constrainable=False, multiple_choices=False)
         self._steering = ControlVectorSteering(self.n_layers, int(llm.n_embd())) if steerable else None
-        self._target = SteeringTarget(entry.id, self._steering, Monitor()) if self._steering is not None else None
+        self._target = (SteeringTarget(entry.id, self._steering, Monitor(), reads=False)
+                        if self._steering is not None else None)
         self._version = -1  # the steering row's version the control vector was last written from
         self._cache_key: Any = None  # the control vector the cached tokens were computed under (None: none)
         self._uploaded: tuple[int, int, bytes] | None = None  # what llama.cpp's control vector holds now
@@ -173,8 +174,12 @@ class LlamaCppEngine:
         return self._target
 
     def score(self, request: ScoreRequest) -> list[ScoreResult]:
-        raise FieldNotHonoured("Scoring needs the next-token distribution, which llama.cpp does not expose here; "
-                               "use a transformers model.", param="logprobs")
+        check_scoring_supported(request, self.capabilities, self.engine_name)
+        raise AssertionError("llama.cpp cannot score")  # pragma: no cover: the check always refuses
+
+    def forced(self, reads: list[Forced], batch_size: int = 16) -> list[list[float]]:
+        """Teacher-forced reads need the residual and the distribution, which llama.cpp does not expose."""
+        raise FieldNotHonoured("Teacher-forced reads (the screen's estimate) need a transformers model.", param="model")
 
     def _special_text(self, token_id: int) -> str:
         return "" if token_id < 0 else self.llm.detokenize([token_id], special=True).decode("utf-8", errors="replace")
@@ -209,7 +214,7 @@ class LlamaCppEngine:
 
     def prepare(self, request: GenerationRequest) -> Plan:
         """Tokenise and check against the context window (400, never llama.cpp's bare error)."""
-        check_supported(request, self.capabilities, self.engine_name, steers=self._target is not None)
+        check_supported(request, self.capabilities, self.engine_name)
         check_characters(request.prompts, prompt_names(request.prompts), self.context_window, self.max_token_bytes)
         prompt_ids = [self.tokenize(p) for p in request.prompts]
         return Plan(prompt_ids, request.params,
@@ -218,6 +223,10 @@ class LlamaCppEngine:
 
     def generate(self, request: GenerationRequest, control: StepControl | None = None) -> Iterator[Event]:
         return self.run(self.prepare(request), control)
+
+    def run_all(self, plans: list[Plan], control: StepControl | None = None) -> Iterator[Event]:
+        """Prepared plans one after another (llama.cpp decodes one sequence at a time here), as one stream."""
+        return run_each(self.run, plans, control)
 
     def run(self, plan: Plan, control: StepControl | None = None) -> Iterator[Event]:
         """Each prompt of the plan in turn (llama.cpp decodes one sequence here), steered by the plan's

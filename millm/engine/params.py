@@ -3,7 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, TypeAlias
+
+if TYPE_CHECKING:
+    from millm.steering.target import Override, ReadoutAsk
+    from millm.structured.tools import Constraint
+
+
+Json: TypeAlias = dict[str, "Json"] | list["Json"] | str | int | float | bool | None
+"""A value decoded from a request's JSON (a message, a template argument)."""
 
 
 @dataclass(frozen=True)
@@ -16,6 +24,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0  # multiplicative, over the prompt's and the generated tokens (vLLM's field)
     seed: int | None = None
     n: int = 1
 
@@ -24,8 +33,8 @@ class SamplingParams:
 class ChatPrompt:
     """A conversation to render with the model's chat template."""
 
-    messages: list[dict[str, Any]]
-    template_kwargs: dict[str, Any] = field(default_factory=dict)
+    messages: list[dict[str, Json]]
+    template_kwargs: dict[str, Json] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -64,9 +73,9 @@ class GenerationRequest:
 
     prompts: list[Prompt]
     params: SamplingParams = field(default_factory=SamplingParams)
-    override: Any = None  # a steering Override for this request only (per-request profile)
-    readout: dict[str, Any] | None = None  # the raw return_sae_activations ask
-    constraint: Any = None  # a JsonConstraint (response_format), one matcher per row
+    override: Override | None = None  # the request's own steering (a profile, a dial); None: the live values
+    readout: ReadoutAsk | None = None  # return_sae_activations, its shape checked
+    constraint: Constraint | None = None  # response_format or tools, one matcher per row
 
 
 def check_token_ids(prompt: TokenPrompt, vocab_size: int) -> list[int]:
@@ -77,3 +86,15 @@ def check_token_ids(prompt: TokenPrompt, vocab_size: int) -> list[int]:
         raise InvalidParameter(f"'{prompt.where}' has token id {bad[0]}, outside this model's vocabulary "
                                f"(0-{vocab_size - 1}).", param=prompt.where)
     return list(prompt.ids)
+
+
+@dataclass(frozen=True)
+class Forced:
+    """A teacher-forced read for research: ``ids`` (a prompt and an answer) read in one forward, steered by
+    ``override`` alone (None: unsteered), and at each answer position (``start`` on) the probability that the
+    token there is one of ``watch``."""
+
+    ids: tuple[int, ...]
+    start: int
+    override: Override | None = None
+    watch: tuple[int, ...] = ()

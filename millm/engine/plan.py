@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from millm.engine.events import Delta, Event, Finish, Usage
 from millm.engine.params import ChatPrompt, Prompt, SamplingParams, TextPrompt
@@ -12,6 +12,8 @@ from millm.errors import ContextLengthExceeded, InvalidParameter
 
 if TYPE_CHECKING:
     from millm.engine.base import StepControl
+    from millm.steering.target import Override, ReadoutSpec
+    from millm.structured.tools import Constraint
 
 
 @dataclass(frozen=True)
@@ -21,9 +23,9 @@ class Plan:
     prompt_ids: list[list[int]]
     params: SamplingParams
     max_tokens: int
-    override: Any = None  # steering Override (transformers only)
-    readout: Any = None  # ReadoutSpec (transformers only)
-    constraint: Any = None  # JsonConstraint (transformers only)
+    override: Override | None = None  # the request's own steering; None: the live values
+    readout: ReadoutSpec | None = None  # bound to an attached SAE (transformers only)
+    constraint: Constraint | None = None  # enforced token by token (transformers only)
 
 
 def token_budget(prompt_ids: list[list[int]], wanted: int | None, window: int, default: int,
@@ -51,7 +53,7 @@ def prompt_characters(prompt: Prompt) -> int:
     return 0
 
 
-def _characters(value: Any) -> int:
+def _characters(value: object) -> int:
     stack, total = [value], 0
     while stack:
         item = stack.pop()

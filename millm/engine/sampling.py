@@ -32,6 +32,16 @@ def apply_penalties(logits: torch.Tensor, counts: torch.Tensor, frequency: PerRo
     return logits - _column(frequency) * counts - _column(presence) * (counts > 0).to(logits.dtype)
 
 
+def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: PerRow) -> torch.Tensor:
+    """The multiplicative repetition penalty (transformers' and vLLM's ``repetition_penalty``): for every token
+    a row has seen (``seen[r, t]``: in its prompt or generated so far) a positive logit is divided by the
+    penalty and a negative one multiplied by it, so above 1 a seen token is less likely; 1 changes nothing."""
+    if not _any(penalty != 1.0):
+        return logits
+    p = _column(penalty.to(logits.dtype) if isinstance(penalty, torch.Tensor) else penalty)
+    return torch.where(seen, torch.where(logits > 0, logits / p, logits * p), logits)
+
+
 def top_p_mask(logits: torch.Tensor, top_p: PerRow) -> torch.Tensor:
     """Keep the smallest set of tokens whose probability mass reaches ``top_p`` (always >= 1 token); a row
     whose ``top_p`` is 1 keeps every token."""

@@ -48,9 +48,7 @@ from millm.engine.output import ChoiceOutput
 from millm.engine.plan import Plan
 from millm.engine.prefill import choose, inputs
 from millm.engine.rows import Row, emit
-from millm.steering.controller import RowView, Steering
-from millm.steering.monitor import Monitor, MonitorSession
-from millm.steering.readout import ReadoutRecorder
+from millm.steering.target import Monitor, MonitorSession, ReadoutRecorder, RowView, Steering
 from millm.structured.constraint import RowGuides, validate
 
 if TYPE_CHECKING:
@@ -77,6 +75,8 @@ class BatchEngine(Protocol):
     @property
     def model_id(self) -> str: ...
 
+    def token_texts(self, ids: list[int]) -> list[str]: ...
+
 
 @dataclass(eq=False)
 class Job:
@@ -97,10 +97,6 @@ class Job:
     recorder: ReadoutRecorder | None = None
     lane: Lane | None = None
     rows: list[BatchRow] = field(default_factory=list)
-
-    @property
-    def override(self) -> Any:
-        return self.plans[0].override
 
     @property
     def prompt_tokens(self) -> int:
@@ -335,8 +331,8 @@ class Scheduler:
             for r in sources + clones:
                 lane.take(r)
                 job.rows.append(r)
-                engine.steering.bind_row(lane.first + r.slot, job.override)
-            job.send(Steered(engine.steering.label(job.override)))
+                engine.steering.bind_row(lane.first + r.slot, r.plan.override)  # each plan its own steering
+            job.send(Steered(engine.steering.label(job.plans[0].override)))
             config = engine.monitor.config
             if config.enabled and config.sae in engine.steering.attachments:
                 job.session = engine.monitor.session()
@@ -344,7 +340,7 @@ class Scheduler:
                 job.monitored_sae = config.sae
             readout = job.plans[0].readout
             if readout is not None:
-                job.recorder = ReadoutRecorder(readout, engine.steering, engine.tokenizer)
+                job.recorder = ReadoutRecorder(readout, engine.steering, engine.token_texts)
         except Exception as exc:  # this request's own setup failed: it ends, the others go on
             self._finish(job, exc)
 
@@ -432,7 +428,7 @@ class Scheduler:
         shared draw fails anyway each row is drawn again on its own, so only the row that breaks it ends.
         """
         try:
-            drawn, failed = draw(rows, logits, lane.counts)
+            drawn, failed = draw(rows, logits, lane.counts, lane.prompted)
         except Exception as exc:
             if len(rows) == 1:
                 self._finish(rows[0].job, exc)
@@ -459,8 +455,9 @@ class Scheduler:
         guide = r.guide
         closes = None if guide is None else (lambda t: bool(guide.advance(0, t)))
         events = emit(r.row, token, closes)
-        if guide is not None and r.row.output.finish_reason == "stop":
-            validate(r.plan.constraint, r.row.output.text)
+        constraint = r.plan.constraint
+        if guide is not None and constraint is not None and r.row.output.finish_reason == "stop":
+            validate(constraint, r.row.output.text)
         for event in events:
             r.job.send(event)
         if r.row.done:

@@ -18,6 +18,8 @@ from millm.validation import check_scoring_temperature
 if TYPE_CHECKING:
     import torch
 
+    from millm.steering.target import ReadoutAsk
+
 MAX_LOGPROBS = 20
 
 
@@ -45,11 +47,13 @@ class ScoreRow:
 
 @dataclass(frozen=True)
 class ScoreRequest:
-    """Rows scored in padded batches, or ``one_at_a_time`` (chat conversations, each failing on its own)."""
+    """Rows scored in padded batches, or ``one_at_a_time`` (chat conversations, each failing on its own); with
+    ``readout`` (return_sae_activations, one row) the SAE activations of the scoring pass too."""
 
     rows: list[ScoreRow]
     one_at_a_time: bool = False
     batch_size: int = 32
+    readout: ReadoutAsk | None = None
 
 
 @dataclass(frozen=True)
@@ -75,6 +79,7 @@ class ScoreResult:
     prompt_tokens: int = 0
     echo: list[PromptToken] | None = None
     prompt_ids: tuple[int, ...] = ()
+    readout: dict[str, Any] | None = None  # the request's read-out body, on the row it read
 
 
 def check_temperature(value: float | None) -> float:

@@ -13,11 +13,13 @@ import torch
 from millm.config import Settings
 from millm.engine import loader
 from millm.engine.admission import BatchSettings
-from millm.engine.base import Capabilities, StepControl, fingerprint
+from millm.engine.base import Capabilities, StepControl, check_scoring_supported, fingerprint
 from millm.engine.chat_tokens import chat_ids, hf_control_tokens, hf_plain
+from millm.engine.detok import token_texts
 from millm.engine.events import Event
 from millm.engine.params import (
     ChatPrompt,
+    Forced,
     GenerationRequest,
     Prompt,
     TextPrompt,
@@ -31,10 +33,15 @@ from millm.engine.scoring import ScoreRequest, ScoreResult, check_in_vocab, echo
 from millm.engine.templates import END_OF_TURN_TOKENS, has_chat_template, render_chat
 from millm.errors import ContextLengthExceeded, InvalidParameter, InvalidScoringRequest, MillmError, NoChatTemplate
 from millm.registry import ModelEntry
-from millm.steering.controller import Steering
-from millm.steering.monitor import Monitor
-from millm.steering.readout import parse_readout
-from millm.steering.target import SteeringTarget
+from millm.steering.target import (
+    UNSTEERED,
+    Monitor,
+    Override,
+    ReadoutRecorder,
+    Steering,
+    SteeringTarget,
+    bind_readout,
+)
 from millm.structured.constraint import ConstraintCompiler
 
 EMBED_BATCH = 32
@@ -57,7 +64,7 @@ class TransformersEngine:
     """A loaded HuggingFace causal LM behind miLLM's engine interface."""
 
     engine_name = "transformers"
-    capabilities = Capabilities(steerable=True, scorable=True, seedable=True, constrainable=True,
+    capabilities = Capabilities(steers=True, reads=True, scores=True, seedable=True, constrainable=True,
                                 multiple_choices=True, batchable=True)
 
     def __init__(self, entry: ModelEntry, model: Any, tokenizer: Any, device: torch.device,
@@ -79,7 +86,7 @@ class TransformersEngine:
         self.monitor = Monitor()
         self.constraints = ConstraintCompiler(tokenizer)
         self.control_tokens = hf_control_tokens(tokenizer)  # only the template's markup may yield these
-        self._target = SteeringTarget(entry.id, self.steering, self.monitor)
+        self._target = SteeringTarget(entry.id, self.steering, self.monitor, reads=self.capabilities.reads)
 
     def close(self) -> None:
         """Remove every hook and the batch's KV slots before the model goes away."""
@@ -147,8 +154,8 @@ class TransformersEngine:
                               prompt_names(request.prompts))
         readout = None
         if request.readout is not None:
-            readout = parse_readout(request.readout, self.steering, rows=len(prompt_ids) * request.params.n,
-                                    prompt_tokens=max(len(ids) for ids in prompt_ids), max_tokens=budget)
+            readout = bind_readout(request.readout, self.steering, rows=len(prompt_ids) * request.params.n,
+                                   prompt_tokens=max(len(ids) for ids in prompt_ids), max_tokens=budget)
         return Plan(prompt_ids, request.params, budget, request.override, readout, request.constraint)
 
     def generate(self, request: GenerationRequest, control: StepControl | None = None) -> Iterator[Event]:
@@ -159,11 +166,17 @@ class TransformersEngine:
         return self.run(self.prepare(request), control)
 
     def run(self, plan: Plan, control: StepControl | None = None) -> Iterator[Event]:
-        """Decode a prepared plan on this thread, alone (the serial path), through this engine's scheduler.
+        """Decode a prepared plan on this thread, alone (the serial path), through this engine's scheduler."""
+        return self.run_all([plan], control)
+
+    def run_all(self, plans: list[Plan], control: StepControl | None = None) -> Iterator[Event]:
+        """Decode prepared plans as one request on this thread, alone in a lane of their own: every row of every
+        plan decodes in one batch, each with its own sampling, seed and steering; choice indices follow on,
+        plan by plan, and one Usage ends it.
 
         The engine lock is held for each step, not between them, so another caller on this thread (a
         scoring pass between two chunks of a stream) is not locked out."""
-        job = Job([plan], control or StepControl(), lambda _: None, lambda _: None, alone=True)
+        job = Job(plans, control or StepControl(), lambda _: None, lambda _: None, alone=True)
         return self.scheduler().drive(job, self._lock)
 
     def _left_pad(self, prompt_ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -188,7 +201,9 @@ class TransformersEngine:
         return out.logits.float() if every else out.logits[:, -1, :].float()
 
     def score(self, request: ScoreRequest) -> list[ScoreResult]:
-        """Next-token log-probabilities per row; never steered or monitored (every hook is suppressed)."""
+        """Next-token log-probabilities per row; never steered or monitored (every hook is suppressed). With a
+        read-out, the SAE's activations of this unsteered pass are read at its layer and carried by the row."""
+        check_scoring_supported(request, self.capabilities, self.engine_name)
         prompt_ids = []
         for row in request.rows:
             if isinstance(row.prompt, ChatPrompt) and not has_chat_template(self.tokenizer):
@@ -197,7 +212,20 @@ class TransformersEngine:
             check_in_vocab(row.params, self.vocab_size)
             check_characters([row.prompt], [row.where], self.context_window, self.max_token_bytes)
             prompt_ids.append(self.tokenize(row.prompt))
-        return [replace(r, prompt_ids=tuple(ids)) for r, ids in zip(self._score(prompt_ids, request), prompt_ids)]
+        if request.readout is None:
+            results = self._score(prompt_ids, request)
+        else:
+            spec = replace(bind_readout(request.readout, self.steering, rows=len(prompt_ids),
+                                        prompt_tokens=len(prompt_ids[0]), max_tokens=0), read_point=UNSTEERED)
+            recorder = ReadoutRecorder(spec, self.steering, self.token_texts)
+            with self.steering.reading_unsteered(spec.sae_id, recorder):
+                results = self._score(prompt_ids, request)
+            results[0] = replace(results[0], readout=recorder.result(prompt_ids[0], len(prompt_ids[0])))
+        return [replace(r, prompt_ids=tuple(ids)) for r, ids in zip(results, prompt_ids)]
+
+    def token_texts(self, ids: list[int]) -> list[str]:
+        """Each token's text in context (a read-out's ``token_text``)."""
+        return token_texts(self.tokenizer, ids)
 
     def _score(self, prompt_ids: list[list[int]], request: ScoreRequest) -> list[ScoreResult]:
         if any(row.params.echo for row in request.rows):
@@ -232,6 +260,32 @@ class TransformersEngine:
                     last = score_row(real[-1].cpu(), row.params, len(ids))
                     results.append(ScoreResult(last.chosen, last.top, len(ids), echo))
         return results
+
+    def forced(self, reads: list[Forced], batch_size: int = 16) -> list[list[float]]:
+        """Per read, the probability of its ``watch`` tokens at each of its answer positions, in left-padded
+        batches, each row steered by its own override alone (live values and other requests' rows untouched):
+        what the screen estimates a feature's effect from without sampling."""
+        self._check_scorable([list(r.ids) for r in reads], [f"reads[{i}]" for i in range(len(reads))])
+        out: list[list[float]] = []
+        with self._lock, torch.inference_mode():
+            for at in range(0, len(reads), batch_size):
+                chunk = reads[at:at + batch_size]
+                ids, mask = self._left_pad([list(r.ids) for r in chunk])
+                keep = max(len(r.ids) - r.start for r in chunk) + 1  # left padding: every answer ends at the end
+                kwargs: dict[str, Any] = {}
+                if mask is not None:
+                    kwargs = {"attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)}
+                with self.steering.each_row([r.override or Override("unsteered", {}) for r in chunk]):
+                    logits = self.model(input_ids=ids, use_cache=False, logits_to_keep=keep, **kwargs).logits
+                for row, r in zip(logits.float(), chunk):
+                    span = len(r.ids) - r.start  # the answer token at i is predicted at i - 1
+                    predicting = row[-span - 1:-1]
+                    if not r.watch or span == 0:
+                        out.append([0.0] * span)
+                        continue
+                    watched = predicting[:, list(r.watch)].logsumexp(-1) - predicting.logsumexp(-1)
+                    out.append(watched.exp().clamp(max=1.0).tolist())
+        return out
 
     def _check_scorable(self, prompt_ids: list[list[int]], names: list[str]) -> None:
         for ids, where in zip(prompt_ids, names):

@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from millm.engine.admission import BatchSettings, fallback_reason
 from millm.engine.base import StepControl
 from millm.engine.busy import TimedExecutor
-from millm.engine.plan import run_each
 from millm.engine.scheduler import Job, Scheduler
 from millm.errors import InsufficientMemory, QueueFull
 
@@ -296,8 +295,8 @@ class EngineWorker:
         and reserves the steering rows): out of memory there is insufficient_memory before any response."""
         make_scheduler: Callable[[BatchSettings | None], Scheduler] | None = getattr(engine, "batch_scheduler", None)
         if make_scheduler is None or not engine.capabilities.batchable:
-            return self.stream(lambda control: run_each(engine.run, plans,
-                                                        control if check is None else control.checking(check)))
+            return self.stream(lambda control: engine.run_all(plans, control if check is None
+                                                              else control.checking(check)))
         reason = None
         if self.batching is not None:
             target = engine.steering_target()

@@ -39,13 +39,13 @@ def whole_body(shape: CompletionShape, events: Iterable[Event]) -> dict[str, Any
     raise MillmError("Generation ended without a result.")
 
 
-def score_body(shape: CompletionShape, engine: Engine, built: Built, results: list[ScoreResult],
-               readout: dict[str, Any] | None) -> dict[str, Any]:
-    """A scoring response's body."""
+def score_body(shape: CompletionShape, engine: Engine, built: Built, results: list[ScoreResult]) -> dict[str, Any]:
+    """A scoring response's body (with the read-out a row carries)."""
     assert built.score is not None
     params = [row.params for row in built.score.rows]
     body = (scoring.chat_body(shape, engine, results, params) if shape.chat
             else scoring.completion_body(shape, engine, built.prompt_texts, results, params))
+    readout = next((r.readout for r in results if r.readout is not None), None)
     if readout is not None:
         body["millm"] = {"sae_activations": shape.sae_activations(readout)}
     return body

@@ -1,43 +1,13 @@
-"""Scoring responses: OpenAI-shaped logprobs objects for completions and chat, and the SAE activations a
-scoring request may ask for. Checking lives in the request builder and running in the engine; this module
-renders, and reads the activations around the engine's scoring pass."""
+"""Scoring responses: OpenAI-shaped logprobs objects for completions and chat. Checking lives in the request
+builder and running (the SAE read-out of the scoring pass included) in the engine; this module renders."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from millm.engine.base import Engine
-from millm.engine.scoring import ScoreRequest, ScoreResult, ScoringParams, TokenScore
-from millm.errors import InvalidParameter
+from millm.engine.scoring import ScoreResult, ScoringParams, TokenScore
 from millm.render.shapes import CompletionShape
-from millm.steering.readout import FIELD, ReadoutRecorder, parse_readout
-
-UNSTEERED = "unsteered"
-UNSTEERED_NOTE = ("Scoring is never steered: every SAE's steering is suppressed for this pass, so this is what the "
-                  "unsteered model computed at this layer for this prompt. Nothing is generated, so no completion "
-                  "position has an activation.")
-
-
-def score_reading(engine: Engine, request: ScoreRequest,
-                  readout: dict[str, Any] | None) -> tuple[list[ScoreResult], dict[str, Any] | None]:
-    """``engine.score(request)``, and with ``readout`` (return_sae_activations, one prompt) the activations of
-    the scoring pass, read at the SAE's layer with steering suppressed: the read point is reported as
-    ``unsteered``. Runs on the engine thread."""
-    if readout is None:
-        return engine.score(request), None
-    target = engine.steering_target()
-    if target is None:
-        raise InvalidParameter(f"'{FIELD}' needs an attached SAE; the {engine.engine_name} engine has none.",
-                               param=FIELD)
-    prompt_ids = engine.tokenize(request.rows[0].prompt)
-    spec = parse_readout(readout, target.steering, rows=len(request.rows), prompt_tokens=len(prompt_ids),
-                         max_tokens=0)
-    recorder = ReadoutRecorder(spec, target.steering, getattr(engine, "tokenizer", None))
-    with target.steering.reading(spec.sae_id, recorder, UNSTEERED):
-        results = engine.score(request)
-    ids = list(results[0].prompt_ids) or prompt_ids
-    body = recorder.result(ids, len(ids))
-    return results, {**body, "read_point": UNSTEERED, "note": UNSTEERED_NOTE}
 
 
 def _key(engine: Engine, score: TokenScore, params: ScoringParams) -> str:

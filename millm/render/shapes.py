@@ -50,7 +50,8 @@ class CompletionShape:
         """The shape of ``built``'s response: its route, the model name it asked for, its constraint (a
         tool-call constraint's text renders as content and tool_calls), and, when its return_sae_activations
         asks for labels, ``labels`` to read them from (the SAE registry's; none given: every label is null)."""
-        ask = built.readout or next((g.readout for g in built.generations if g.readout is not None), None)
+        ask = built.score.readout if built.score is not None else next(
+            (g.readout for g in built.generations if g.readout is not None), None)
         source = (labels or (lambda _: {})) if asks_labels(ask) else None
         return cls(chat=built.route == "chat", model=built.model, fingerprint=fingerprint, constraint=built.constraint,
                    readout_labels=source)

@@ -6,8 +6,9 @@ The default corpus has two parts, both deterministic:
   (weather, food, animals, sport, music, places, feelings ...) in 10 kinds of writing (story,
   explanation, news report, description, letter, facts, poem, dialogue, diary, opinion); 256 documents
   by default (one or two per topic, at most 96 new tokens each). Each document is the whole rendered
-  conversation (template, prompt, answer): what a chat user later steers. Sampling is seeded per batch;
-  the text is cached under MILLM_HOME, batch by batch, so an interrupted generation resumes. It is the
+  conversation (template, prompt, answer): what a chat user later steers. Each answer is a seeded chat
+  request on the engine's request path (``Answerer``); the text is cached under MILLM_HOME, batch by batch,
+  so an interrupted generation resumes. It is the
   only source of concept text on a fresh install, and the costly part (measured here: 256 documents,
   35k tokens with their templates, took 22 minutes on 2 CPU cores shared with other work);
 - Python's own documentation, installed with every Python: the language reference topics
@@ -71,7 +72,9 @@ GENRES = (
     "What do you think about {topic}? Give your opinion.",
 )
 
-GENERATION = {"temperature": 0.8, "top_p": 0.95, "repetition_penalty": 1.15}
+# the sampling of the generated documents (millm.research.answers.SAMPLING); the version names the sampler: the
+# engine's (each prompt seeded alone), whose documents are not the earlier private sampler's
+GENERATION = {"temperature": 0.8, "top_p": 0.95, "repetition_penalty": 1.15, "sampler": "engine-1"}
 
 
 def corpus_prompts(seed: int, per_topic: int = len(GENRES)) -> list[str]:
@@ -90,76 +93,16 @@ def _chat_text(tokenizer: Any, prompt: str, answer: str | None = None) -> str:
     return str(tokenizer.apply_chat_template(messages, tokenize=False))
 
 
-def _sample(logits: torch.Tensor, seen: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """One token per row: repetition penalty on tokens already in the row, temperature, top-p over the
-    64 likeliest (sorting only those keeps a step cheap)."""
-    penalty = GENERATION["repetition_penalty"]
-    logits = torch.where(seen, torch.where(logits > 0, logits / penalty, logits * penalty), logits)
-    top = (logits / GENERATION["temperature"]).topk(64, dim=-1)
-    probs = top.values.softmax(-1)
-    keep = probs.cumsum(-1) - probs < GENERATION["top_p"]
-    probs = probs * keep
-    choice = torch.multinomial(probs / probs.sum(-1, keepdim=True), 1, generator=generator)
-    return top.indices.gather(-1, choice).squeeze(-1)
+Answerer = Callable[[list[str], int, int], list[str]]
+"""Answers to chat prompts, one each: ``(prompts, seed, max_new_tokens)``, sampled on the engine's request path
+with ``GENERATION`` (``millm.research.answers`` makes one from an engine)."""
 
 
-@torch.inference_mode()
-def sample_answers(model: Any, tokenizer: Any, prompts: list[str], seed: int, max_new_tokens: int) -> list[str]:
-    """One sampled answer per chat prompt, as one seeded batch (whatever hooks the model has apply).
-
-    A plain decode loop over the left-padded batch with a preallocated KV cache (a growing one copies
-    the whole cache every step); rows stop at an end-of-turn token.
-    """
-    from transformers import StaticCache
-
-    rows = [tokenizer(_chat_text(tokenizer, p), add_special_tokens=False)["input_ids"] for p in prompts]
-    device = next(model.parameters()).device
-    width = max(len(r) for r in rows)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    ids = torch.full((len(rows), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, width - len(r):], mask[i, width - len(r):] = torch.tensor(r), 1
-    ids, mask = ids.to(device), mask.to(device)
-    seen = torch.zeros((len(rows), model.config.vocab_size), dtype=torch.bool, device=device)
-    seen.scatter_(1, ids, mask.bool())
-    stops = torch.tensor(sorted({tokenizer.eos_token_id, *tokenizer.convert_tokens_to_ids(["<|im_end|>"])} - {None}),
-                         device=device)
-    generator = torch.Generator(device=device).manual_seed(seed)
-    cache = StaticCache(config=model.config, max_cache_len=width + max_new_tokens)
-    out, done = [], torch.zeros(len(rows), dtype=torch.bool, device=device)
-    step_ids, filled = ids, 0
-    for _ in range(max_new_tokens):
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, -step_ids.shape[1]:]
-        where = torch.arange(filled, filled + step_ids.shape[1], device=device)
-        logits = model(input_ids=step_ids, attention_mask=mask, position_ids=positions, cache=cache,
-                       cache_position=where, use_cache=True, logits_to_keep=1).logits[:, -1].float()
-        filled += step_ids.shape[1]
-        token = torch.where(done, pad, _sample(logits, seen, generator))
-        out.append(token)
-        seen[torch.arange(len(rows)), token] = True
-        done |= torch.isin(token, stops)
-        if bool(done.all()):
-            break
-        step_ids, mask = token.unsqueeze(1), torch.cat([mask, mask.new_ones((len(rows), 1))], dim=-1)
-    generated = torch.stack(out, dim=1).tolist()
-    answers = []
-    for row in generated:
-        cut = next((j for j, t in enumerate(row) if t in stops.tolist()), len(row))
-        answers.append(tokenizer.decode(row[:cut], skip_special_tokens=True).strip())
-    return answers
-
-
-def generate_documents(model: Any, tokenizer: Any, prompts: list[str], seed: int, max_new_tokens: int) -> list[str]:
-    """One sampled answer per prompt, each returned as its rendered conversation."""
-    answers = sample_answers(model, tokenizer, prompts, seed, max_new_tokens)
-    return [_chat_text(tokenizer, p, a) for p, a in zip(prompts, answers)]
-
-
-def generated_corpus(model: Any, tokenizer: Any, cache_dir: Path, model_id: str, *, documents: int, seed: int,
+def generated_corpus(answer: Answerer, tokenizer: Any, cache_dir: Path, model_id: str, *, documents: int, seed: int,
                      max_new_tokens: int = 96, batch_size: int = 64,
                      on_batch: Callable[[int, int], None] | None = None) -> list[str]:
-    """``documents`` generated documents for ``seed`` (cached; generation resumes from the cache)."""
+    """``documents`` generated documents for ``seed`` (cached; generation resumes from the cache): each prompt
+    answered by ``answer`` and rendered with its answer as one conversation."""
     rounds = -(-documents // (len(TOPICS) * len(GENRES)))
     per_topic = -(-documents // len(TOPICS)) if rounds == 1 else len(GENRES)
     prompts = [p for r in range(rounds) for p in corpus_prompts(seed + r, per_topic)]
@@ -177,7 +120,8 @@ def generated_corpus(model: Any, tokenizer: Any, cache_dir: Path, model_id: str,
             while len(done) < documents:
                 index = len(done) // batch_size
                 chunk = prompts[len(done):len(done) + batch_size]
-                for text in generate_documents(model, tokenizer, chunk, seed * 100_003 + index, max_new_tokens):
+                answers = answer(chunk, seed * 100_003 + index * batch_size, max_new_tokens)
+                for text in (_chat_text(tokenizer, p, a) for p, a in zip(chunk, answers)):
                     f.write(json.dumps({"text": text}) + "\n")
                     done.append(text)
                 f.flush()

@@ -70,15 +70,18 @@ def _windows_needed(spec: RunSpec) -> int:
     return -(-spec.tokens // (spec.context - SKIP_FIRST))
 
 
-def documents(spec: RunSpec, model: Any, tokenizer: Any, cache_dir: Path,
+def documents(spec: RunSpec, answer: corpus.Answerer | None, tokenizer: Any, cache_dir: Path,
               progress: Progress | None = None) -> tuple[list[str], list[str]]:
     """(training, held-out) documents: the ``--corpus`` files, or the default corpus (generated part
-    first, then Python's documentation), each part split with the same held-out fraction."""
+    first, answered by ``answer``, then Python's documentation), each part split with the same held-out
+    fraction."""
     if spec.corpus_paths:
         return corpus.split_documents(corpus.read_corpus(spec.corpus_paths), spec.holdout_fraction, spec.seed)
+    if answer is None:
+        raise ValueError("The default corpus is written by the model: hand the recipe an engine's answers.")
     progress = progress or Progress()
     progress.phase("the model writes everyday text", spec.generated_documents)
-    generated = corpus.generated_corpus(model, tokenizer, cache_dir, spec.model_id, documents=spec.generated_documents,
+    generated = corpus.generated_corpus(answer, tokenizer, cache_dir, spec.model_id, documents=spec.generated_documents,
                                         seed=spec.seed, on_batch=lambda done, total: progress.advance(done))
     gen_train, gen_held = corpus.split_documents(generated, spec.holdout_fraction, spec.seed)
     doc_train, doc_held = corpus.split_documents(corpus.python_documentation(), spec.holdout_fraction, spec.seed)
@@ -99,13 +102,13 @@ def heldout_windows(spec: RunSpec, tokenizer: Any, held_docs: list[str]) -> dict
 
 
 def _measure(spec: RunSpec, model: Any, tokenizer: Any, cache_dir: Path, work: Path,
-             progress: Progress) -> dict[str, Any]:
+             progress: Progress, answer: corpus.Answerer | None) -> dict[str, Any]:
     """The held-out figures for ``train.json`` (``heldout``): as :class:`quality.Reconstruction`, or ``skipped``."""
     path = work / "heldout.pt"
     if path.is_file():
         held = torch.load(path, weights_only=True)
     else:  # a run resumed from work files written before held-out windows were kept
-        held = heldout_windows(spec, tokenizer, documents(spec, model, tokenizer, cache_dir, progress)[1])
+        held = heldout_windows(spec, tokenizer, documents(spec, answer, tokenizer, cache_dir, progress)[1])
     if "windows" not in held:
         return {"skipped": held["skipped"]}
     progress.phase("held-out FVU and CE", 4)
@@ -198,8 +201,10 @@ def promoted_tokens(model: Any, sae: Any, count: int = 8) -> torch.Tensor:
     return torch.cat(out)
 
 
-def run(spec: RunSpec, model: Any, tokenizer: Any, cache_dir: Path, progress: Progress | None = None) -> Result:
-    """Train, save and label one SAE as ``spec`` says; returns where and a summary (also train.json)."""
+def run(spec: RunSpec, model: Any, tokenizer: Any, cache_dir: Path, progress: Progress | None = None,
+        answer: corpus.Answerer | None = None) -> Result:
+    """Train, save and label one SAE as ``spec`` says (``answer`` writes the default corpus's everyday text);
+    returns where and a summary (also train.json)."""
     progress = progress or Progress()
     activations.check_layer(model, spec.layer)
     work = spec.output / WORK
@@ -214,7 +219,7 @@ def run(spec: RunSpec, model: Any, tokenizer: Any, cache_dir: Path, progress: Pr
     if windows_path.is_file():
         windows = torch.load(windows_path, weights_only=True)
     else:
-        train_docs, held_docs = documents(spec, model, tokenizer, cache_dir, progress)
+        train_docs, held_docs = documents(spec, answer, tokenizer, cache_dir, progress)
         windows = corpus.token_windows(tokenizer, train_docs, spec.context, _windows_needed(spec))
         torch.save(heldout_windows(spec, tokenizer, held_docs), work / "heldout.pt")
         torch.save(windows, windows_path)
@@ -243,7 +248,7 @@ def run(spec: RunSpec, model: Any, tokenizer: Any, cache_dir: Path, progress: Pr
     records = _label(model, tokenizer, saelens.load(spec.output), buffer, windows, progress)
     labels.write_labels(spec.output, records)
     labelled = time.monotonic()
-    heldout = _measure(spec, model, tokenizer, cache_dir, work, progress)
+    heldout = _measure(spec, model, tokenizer, cache_dir, work, progress, answer)
     summary = {"spec": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(spec).items()
                         if k not in ("output", "resume")},
                "train_config": asdict(trainer.config), "windows": windows.shape[0], "tokens": buffer.shape[0],

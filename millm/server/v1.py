@@ -16,7 +16,6 @@ from millm.errors import ModelNotFound
 from millm.generation import Prepared, prepare
 from millm.limits import Limits
 from millm.registry import ModelEntry
-from millm.render import scoring
 from millm.render.bodies import embeddings_body, score_body, whole_body
 from millm.render.headers import miLLM_headers
 from millm.render.shapes import CompletionShape
@@ -134,10 +133,11 @@ async def score(built: Built, entry: ModelEntry) -> Any:
     svc = services()
     assert built.score is not None
     async with engine_held(entry) as engine:
-        results, readout = await svc.worker.call(scoring.score_reading, engine, built.score, built.readout)
-    labels = await read_labels(readout["sae_id"] if readout is not None and asks_labels(built.readout) else None)
+        results = await svc.worker.call(engine.score, built.score)
+    readout = results[0].readout
+    labels = await read_labels(readout["sae_id"] if readout is not None and asks_labels(built.score.readout) else None)
     shape = CompletionShape.of(built, engine.fingerprint, labels)
-    return score_body(shape, engine, built, results, readout), 200, miLLM_headers(built)
+    return score_body(shape, engine, built, results), 200, miLLM_headers(built)
 
 
 @bp.post("/chat/completions")

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from millm.errors import InvalidFeatureIndex, ProfileNotFound
-from millm.steering.controller import Attachment, Override, Steering
+from millm.steering.core import Attachment, Override, SteeringCore
 from millm.steering.documents import Registered, Serving, ServingMode, parse_shape, stored_serving_mode
 from millm.steering.imports import stored_cluster
 from millm.steering.intensity import Base, BaseKind, Context, Dial, IntensitySettings, Strengths, Symbol, resolve
@@ -69,7 +69,7 @@ class RequestSteering:
     rung: int | None = None  # X-miLLM-Circuit-Rung: a circuit steers this response natively
     pinned: Mapping[str, Attachment] = field(default_factory=dict)  # the SAEs the override steers through
 
-    def check(self, steering: Steering) -> None:
+    def check(self, steering: SteeringCore) -> None:
         """Between decode steps: stop a request whose steering an operator change made invalid.
 
         An SAE the override steers through that was detached, or replaced by another attachment, since

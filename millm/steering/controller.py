@@ -2,9 +2,9 @@
 
 What steering is (attachments, values, overrides, rows, deltas, labels, operator wins) lives in
 ``millm.steering.core.SteeringCore``; this class hooks each attachment onto its decoder layer's output.
-Every forward of the scheduler adds each row's own delta (``rows``: a ``RowView``); forwards outside the
-scheduler (no row view) steer with the live base delta. Values are changed by rewriting buffers in
-place, so a captured decode graph would read the new values without being rebuilt.
+Every forward of the scheduler adds each row's own delta (``rows``: a ``RowView``); nothing else is steered.
+Values are changed by rewriting buffers in place, so a captured decode graph would read the new values
+without being rebuilt.
 """
 
 from __future__ import annotations
@@ -83,37 +83,27 @@ class Steering(SteeringCore):
                 self.release_row(first + i)
 
     @contextmanager
-    def reading(self, sae_id: str, reader: Reader, point: str) -> Iterator[None]:
-        """Call ``reader(residual)`` at ``sae_id``'s layer, before ("pre") or after ("post") its delta, or
-        ("unsteered") on suppressed passes only, where no SAE steers."""
+    def reading_unsteered(self, sae_id: str, reader: Reader) -> Iterator[None]:
+        """Call ``reader(residual)`` at ``sae_id``'s layer on the suppressed passes of this block (a scoring
+        read-out), where no SAE steers."""
         att = self._attachment(sae_id)
-        readers = {"pre": att.pre_readers, "post": att.post_readers, "unsteered": att.unsteered_readers}[point]
-        readers.append(reader)
+        att.unsteered_readers.append(reader)
         try:
             yield
         finally:
-            readers.remove(reader)
+            att.unsteered_readers.remove(reader)
 
     def _hook(self, att: Attachment) -> Callable[..., Any]:
+        """The one way a delta reaches the residual: each row of a scheduler forward gets its own slot's delta
+        (``_row_hook``). A suppressed pass (scoring, embeddings) and a forward outside the scheduler are not
+        steered."""
         def hook(module: Any, args: Any, output: Any) -> Any:
             if self._suppressed:
                 for read in att.unsteered_readers:
                     read(output[0] if isinstance(output, tuple) else output)
                 return None
-            if self._view is not None:
-                return self._row_hook(att, self._view, output)
-            hidden = output[0] if isinstance(output, tuple) else output
-            for read in att.pre_readers:
-                read(hidden)
-            if att.steering:
-                # per-position un-normalisation, as the SAE's own decode does for this residual
-                delta = att.delta * att.sae.output_scale(hidden) if att.sae.per_position else att.delta
-                hidden = hidden + delta
-            for read in att.post_readers:
-                read(hidden)
-            if not att.steering:
-                return None
-            return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
+            view = self._view
+            return None if view is None else self._row_hook(att, view, output)
         return hook
 
     def _row_hook(self, att: Attachment, view: RowView, output: Any) -> Any:

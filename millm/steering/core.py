@@ -38,12 +38,9 @@ class Attachment:
     sae_id: str
     sae: SAE
     layer: int
-    delta: torch.Tensor
+    delta: torch.Tensor  # the live base delta (what rows following the live values copy)
     values: dict[int, float] = field(default_factory=dict)
-    steering: bool = False  # whether the live delta is non-zero
     handle: Any = None
-    pre_readers: list[Reader] = field(default_factory=list)
-    post_readers: list[Reader] = field(default_factory=list)
     unsteered_readers: list[Reader] = field(default_factory=list)  # called on suppressed passes (scoring)
     rows: torch.Tensor | None = None  # per-row deltas, [rows, d_model]
     row_steering: set[int] = field(default_factory=set)  # rows whose delta here is non-zero
@@ -63,8 +60,6 @@ class SteeringCore:
     Subclasses apply the deltas: ``_install``/``_uninstall`` put an attachment on the model and take it off,
     ``_check_attach`` refuses what they cannot apply, ``_layer_device`` says where a layer's buffers live.
     """
-
-    can_read = True  # whether the residual can be read (monitoring, read-outs) where this steering applies
 
     def __init__(self, n_layers: int, d_model: int, device: torch.device, dtype: torch.dtype) -> None:
         self.n_layers = n_layers
@@ -341,7 +336,7 @@ class SteeringCore:
                 errors[slot] = InvalidFeatureIndex(f"This request's steering ('{override.name}') no longer fits the "
                                                    f"attached SAEs ({exc}); the request stopped.")
         for att in attachments:
-            att.steering = self._write(att.delta, live[att.sae_id])
+            self._write(att.delta, live[att.sae_id])
         for slot, deltas in rows.items():
             for att, delta in deltas:
                 self._write_row(att, slot, delta)

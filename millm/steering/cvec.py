@@ -14,8 +14,6 @@ layer ``il`` output is HF's ``resid_post`` of decoder layer ``il`` (0-based), it
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,8 +21,7 @@ import torch
 
 from millm.errors import InvalidParameter
 from millm.sae.model import SAE
-from millm.steering.controller import Steering
-from millm.steering.core import Attachment, Reader, SteeringCore
+from millm.steering.core import Attachment, SteeringCore
 
 ROW = 0  # the one row: llama.cpp serves one generation at a time
 
@@ -42,20 +39,15 @@ class ControlVector:
         return self.il_start, self.il_end, self.data.tobytes()
 
 
-class ControlVectorSteering(Steering):
+class ControlVectorSteering(SteeringCore):
     """Attached SAEs and live steering values for a llama.cpp model of ``n_layers`` layers of width ``d_model``.
 
-    A ``Steering`` for every caller (the service, the management API, profiles, the per-request check),
+    The core's rules for every caller (the service, the management API, profiles, the per-request check),
     without hooks: its deltas leave through ``vector()``. Nothing reads the residual here, so monitoring
-    and read-outs are refused (``can_read``)."""
-
-    can_read = False
+    and read-outs are refused (the engine's capabilities say it cannot read)."""
 
     def __init__(self, n_layers: int, d_model: int) -> None:
-        SteeringCore.__init__(self, n_layers, d_model, torch.device("cpu"), torch.float32)
-        self.model = None
-        self.layers = []
-        self._view = None
+        super().__init__(n_layers, d_model, torch.device("cpu"), torch.float32)
         self.version = 0  # bumped whenever the row's deltas may have changed
         self.reserve_rows(1)
 
@@ -96,10 +88,3 @@ class ControlVectorSteering(Steering):
                 data[start:start + self.d_model] = att.rows[slot].detach().cpu().float().numpy()
             layers = [att.layer for att in steering]
             return ControlVector(data, min(layers), max(layers))
-
-    @contextmanager
-    def reading(self, sae_id: str, reader: Reader, point: str) -> Iterator[None]:
-        """llama.cpp exposes no residual stream to read here."""
-        raise InvalidParameter("A GGUF model's residual stream cannot be read here (llama.cpp exposes none); "
-                               "SAE activations are read on transformers models.", param="sae")
-        yield  # pragma: no cover

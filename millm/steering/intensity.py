@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
-from millm.config import ENVELOPE
+from millm.config import DEFAULT_DIAL, ENVELOPE
 from millm.errors import InvalidParameter
 from millm.sfv import sf_decimal
 from millm.steering.values import clamp
@@ -32,9 +32,6 @@ from millm.steering.values import clamp
 if TYPE_CHECKING:
     from millm.config import Settings
 
-
-DEFAULT_DIAL = 1.0
-"""A cluster's persistent dial until an operator sets it: the authored strengths as they are."""
 
 PARAM = "steering_intensity"
 

@@ -18,7 +18,7 @@ import torch
 from millm.errors import InvalidParameter
 
 if TYPE_CHECKING:
-    from millm.steering.controller import Steering
+    from millm.steering.core import SteeringCore
 
 MAX_FEATURES = 1024
 DEFAULT_HISTORY = 100
@@ -33,7 +33,7 @@ class MonitorConfig:
     history: int = DEFAULT_HISTORY
 
 
-def parse_monitor_config(data: dict[str, Any], steering: Steering, history_now: int) -> MonitorConfig:
+def parse_monitor_config(data: dict[str, Any], steering: SteeringCore, history_now: int) -> MonitorConfig:
     """A monitoring configuration checked against the attached SAEs; each problem names its field."""
     enabled = data.get("enabled", True)
     if not isinstance(enabled, bool):

@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from millm.errors import InvalidFeatureIndex, InvalidParameter, SAENotAttached
-from millm.steering.controller import Steering
+from millm.steering.core import SteeringCore
 from millm.steering.names import Name
 
 
@@ -50,7 +50,7 @@ def parse_profile(doc: Any, where: str = "profile") -> ProfileDoc:
         raise InvalidParameter(f"'{loc}': {first['msg']}.", param=loc) from None
 
 
-def resolve_entries(doc: ProfileDoc, steering: Steering, model_id: str) -> dict[str, dict[int, float]]:
+def resolve_entries(doc: ProfileDoc, steering: SteeringCore, model_id: str) -> dict[str, dict[int, float]]:
     """The profile's strengths per attached SAE id; 400 when an entry does not fit what is attached."""
     if doc.model and doc.model != model_id:
         raise InvalidParameter(f"Profile '{doc.name}' was made for model '{doc.model}', not '{model_id}'.",

@@ -6,14 +6,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from millm.engine.detok import IncrementalDetokenizer
 from millm.errors import InvalidFeatureIndex, InvalidParameter
 from millm.fields import READOUT_KEYS
 
 if TYPE_CHECKING:
     import torch
 
-    from millm.steering.controller import Steering
+    from millm.steering.core import SteeringCore
 
 SAE_ACTIVATIONS_MAX_TOP_K = 64
 SAE_ACTIVATIONS_MAX_ENTRIES = 65_536
@@ -22,6 +21,7 @@ POSITION_MODES = ("last", "prompt", "completion", "all")
 READ_POINTS = ("post_steering", "pre_steering")
 FLAGS = ("token_text", "labels")  # opt-in additions to each position (token) and each feature (label)
 FIELD = "return_sae_activations"
+UNSTEERED = "unsteered"  # the read point of a scoring pass: every SAE's steering suppressed
 NOTES = {
     "post_steering": "post_steering is what the model computed at this layer for this request; it is not an "
                      "unsteered counterfactual: steering at earlier layers, and tokens generated under steering, "
@@ -29,6 +29,9 @@ NOTES = {
     "pre_steering": "pre_steering removes only this layer's own steering delta; it is not an unsteered "
                     "counterfactual: steering at earlier layers, and tokens generated under steering, still shape "
                     "the residual here.",
+    UNSTEERED: "Scoring is never steered: every SAE's steering is suppressed for this pass, so this is what the "
+               "unsteered model computed at this layer for this prompt. Nothing is generated, so no completion "
+               "position has an activation.",
 }
 
 
@@ -43,68 +46,79 @@ def check_readout_rows(rows: int) -> None:
                    "no single position axis).")
 
 
+Positions = str | tuple[int, int]  # one of POSITION_MODES, or a half-open [start, end) range
+
+
 @dataclass(frozen=True)
-class ReadoutSpec:
-    sae_id: str
-    layer: int
-    features: list[int] | None
-    top_k: int
-    positions: str | tuple[int, int]
-    read_point: str
+class ReadoutAsk:
+    """A ``return_sae_activations`` ask whose shape is checked (what the request builder decides, before any
+    model is named); which SAE it reads, and the limits that depend on it, are bound by :func:`bind_readout`."""
+
+    sae_id: str | None = None
+    features: tuple[int, ...] | None = None
+    top_k: int | None = None
+    positions: Positions = "last"
+    read_point: str = "post_steering"
     token_text: bool = False  # each position also carries its decoded token text ("token")
     labels: bool = False  # each feature also carries its label ("label", null where the SAE has none)
 
 
-def parse_readout(raw: Any, steering: Steering, *, rows: int, prompt_tokens: int, max_tokens: int) -> ReadoutSpec:
-    """Check a ``return_sae_activations`` object against the request and the attached SAEs."""
+@dataclass(frozen=True)
+class ReadoutSpec:
+    """A read-out bound to an attached SAE: what the engine records."""
+
+    sae_id: str
+    layer: int
+    features: list[int] | None
+    top_k: int
+    positions: Positions
+    read_point: str
+    token_text: bool = False
+    labels: bool = False
+
+
+def _features(raw: Any) -> tuple[int, ...] | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, list) or not raw or not all(isinstance(f, int) and not isinstance(f, bool) for f in raw):
+        raise _bad(f"'{FIELD}.features' must be a non-empty list of feature indices.", "features")
+    return tuple(dict.fromkeys(raw))
+
+
+def _top_k(raw: Any) -> int | None:
+    if raw is None:
+        return None
+    if isinstance(raw, bool) or not isinstance(raw, int) or raw < 1:
+        raise _bad(f"'{FIELD}.top_k' must be a positive integer.", "top_k")
+    if raw > SAE_ACTIVATIONS_MAX_TOP_K:
+        raise _bad(f"'{FIELD}.top_k' is {raw}, over SAE_ACTIVATIONS_MAX_TOP_K ({SAE_ACTIVATIONS_MAX_TOP_K}).", "top_k")
+    return raw
+
+
+def _positions(raw: Any) -> Positions:
+    if isinstance(raw, dict):
+        start, end = raw.get("start"), raw.get("end")
+        if (set(raw) != {"start", "end"} or not isinstance(start, int) or not isinstance(end, int)
+                or isinstance(start, bool) or isinstance(end, bool) or not 0 <= start < end):
+            raise _bad(f"'{FIELD}.positions' range must be {{\"start\": int, \"end\": int}} with 0 <= start < end.",
+                       "positions")
+        return start, end
+    if raw not in POSITION_MODES:
+        raise _bad(f"'{FIELD}.positions' must be one of {', '.join(POSITION_MODES)} or a start/end range.",
+                   "positions")
+    return str(raw)
+
+
+def check_readout(raw: Any) -> ReadoutAsk:
+    """The shape of a ``return_sae_activations`` object (its keys, types and the bounds that depend on nothing
+    loaded); a 400 naming the key otherwise."""
     if not isinstance(raw, dict):
         raise _bad(f"'{FIELD}' must be an object.")
     if unknown := sorted(set(raw) - READOUT_KEYS):
         raise _bad(f"'{FIELD}' has unknown keys: {', '.join(unknown)}.", unknown[0])
-    check_readout_rows(rows)
-    if not steering.attachments:
-        raise _bad(f"'{FIELD}': no SAE is attached to the loaded model.", "sae_id")
     sae_id = raw.get("sae_id")
-    if sae_id is None:
-        if len(steering.attachments) > 1:
-            raise _bad(f"'{FIELD}.sae_id' is needed: several SAEs are attached ({', '.join(steering.attachments)}).",
-                       "sae_id")
-        sae_id = next(iter(steering.attachments))
-    if sae_id not in steering.attachments:
-        raise _bad(f"'{FIELD}.sae_id' {sae_id!r} is not attached (attached: {', '.join(steering.attachments)}).",
-                   "sae_id")
-    att = steering.attachments[sae_id]
-    features = raw.get("features")
-    if features is not None:
-        if not isinstance(features, list) or not features or not all(
-                isinstance(f, int) and not isinstance(f, bool) for f in features):
-            raise _bad(f"'{FIELD}.features' must be a non-empty list of feature indices.", "features")
-        if bad := [f for f in features if not 0 <= f < att.sae.d_sae]:
-            raise InvalidFeatureIndex(f"'{FIELD}.features' has {bad[0]}, outside this SAE's 0-{att.sae.d_sae - 1}.",
-                                      param=f"{FIELD}.features")
-        features = list(dict.fromkeys(features))
-    default_k = min(len(features), SAE_ACTIVATIONS_MAX_TOP_K) if features else DEFAULT_TOP_K
-    top_k = raw.get("top_k", default_k)
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
-        raise _bad(f"'{FIELD}.top_k' must be a positive integer.", "top_k")
-    if top_k > SAE_ACTIVATIONS_MAX_TOP_K:
-        raise _bad(f"'{FIELD}.top_k' is {top_k}, over SAE_ACTIVATIONS_MAX_TOP_K ({SAE_ACTIVATIONS_MAX_TOP_K}).",
-                   "top_k")
-    positions = raw.get("positions", "last")
-    if isinstance(positions, dict):
-        start, end = positions.get("start"), positions.get("end")
-        if (set(positions) != {"start", "end"} or not isinstance(start, int) or not isinstance(end, int)
-                or isinstance(start, bool) or isinstance(end, bool) or not 0 <= start < end):
-            raise _bad(f"'{FIELD}.positions' range must be {{\"start\": int, \"end\": int}} with 0 <= start < end.",
-                       "positions")
-        positions = (start, end)
-        count = end - start
-    elif positions in POSITION_MODES:
-        count = {"last": 1, "prompt": prompt_tokens, "completion": max_tokens,
-                 "all": prompt_tokens + max_tokens}[positions]
-    else:
-        raise _bad(f"'{FIELD}.positions' must be one of {', '.join(POSITION_MODES)} or a start/end range.",
-                   "positions")
+    if sae_id is not None and not isinstance(sae_id, str):
+        raise _bad(f"'{FIELD}.sae_id' must be a string.", "sae_id")
     read_point = raw.get("read_point", "post_steering")
     if read_point not in READ_POINTS:
         raise _bad(f"'{FIELD}.read_point' must be post_steering or pre_steering.", "read_point")
@@ -112,32 +126,38 @@ def parse_readout(raw: Any, steering: Steering, *, rows: int, prompt_tokens: int
     for key, value in flags.items():
         if not isinstance(value, bool):
             raise _bad(f"'{FIELD}.{key}' must be true or false.", key)
+    return ReadoutAsk(sae_id, _features(raw.get("features")), _top_k(raw.get("top_k")),
+                      _positions(raw.get("positions", "last")), str(read_point), **flags)
+
+
+def bind_readout(ask: ReadoutAsk, steering: SteeringCore, *, rows: int, prompt_tokens: int,
+                 max_tokens: int) -> ReadoutSpec:
+    """``ask`` bound to the attached SAE it reads, checked against that SAE and the request's size."""
+    check_readout_rows(rows)
+    attached = steering.attachments
+    if not attached:
+        raise _bad(f"'{FIELD}': no SAE is attached to the loaded model.", "sae_id")
+    if ask.sae_id is None and len(attached) > 1:
+        raise _bad(f"'{FIELD}.sae_id' is needed: several SAEs are attached ({', '.join(attached)}).", "sae_id")
+    sae_id = ask.sae_id if ask.sae_id is not None else next(iter(attached))
+    if sae_id not in attached:
+        raise _bad(f"'{FIELD}.sae_id' {sae_id!r} is not attached (attached: {', '.join(attached)}).", "sae_id")
+    att = attached[sae_id]
+    if bad := [f for f in ask.features or () if not 0 <= f < att.sae.d_sae]:
+        raise InvalidFeatureIndex(f"'{FIELD}.features' has {bad[0]}, outside this SAE's 0-{att.sae.d_sae - 1}.",
+                                  param=f"{FIELD}.features")
+    default_k = min(len(ask.features), SAE_ACTIVATIONS_MAX_TOP_K) if ask.features else DEFAULT_TOP_K
+    top_k = ask.top_k if ask.top_k is not None else default_k
+    if isinstance(ask.positions, tuple):
+        count = ask.positions[1] - ask.positions[0]
+    else:
+        count = {"last": 1, "prompt": prompt_tokens, "completion": max_tokens,
+                 "all": prompt_tokens + max_tokens}[ask.positions]
     if count * top_k > SAE_ACTIVATIONS_MAX_ENTRIES:
         raise _bad(f"'{FIELD}' could return {count} positions x top_k {top_k} = {count * top_k} entries, over "
                    f"SAE_ACTIVATIONS_MAX_ENTRIES ({SAE_ACTIVATIONS_MAX_ENTRIES}); narrow positions or top_k.")
-    return ReadoutSpec(sae_id, att.layer, features, top_k, positions, read_point, **flags)
-
-
-class _KeepSpecial:
-    """A tokenizer whose decode keeps special tokens: a read-out's texts cover every position it reports
-    (a chat template's ``<|im_start|>`` included), so they join to the text the model read."""
-
-    def __init__(self, tokenizer: Any) -> None:
-        self.tokenizer = tokenizer
-
-    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
-        return str(self.tokenizer.decode(ids, skip_special_tokens=False))
-
-
-def token_texts(tokenizer: Any, ids: list[int]) -> list[str]:
-    """Each token's text in context, joining to the decoded ``ids``: decoded incrementally as generation is
-    (``millm.engine.detok``), so a SentencePiece token keeps the leading space its neighbour gives it, and a
-    token that ends mid-way through a character has "" while the token completing it carries the character."""
-    detok = IncrementalDetokenizer(_KeepSpecial(tokenizer))
-    texts = [detok.push(token) for token in ids]
-    if texts:
-        texts[-1] += detok.flush()
-    return texts
+    features = list(ask.features) if ask.features is not None else None
+    return ReadoutSpec(sae_id, att.layer, features, top_k, ask.positions, ask.read_point, ask.token_text, ask.labels)
 
 
 def with_labels(body: dict[str, Any], labels: Mapping[int, str]) -> dict[str, Any]:
@@ -150,9 +170,12 @@ def with_labels(body: dict[str, Any], labels: Mapping[int, str]) -> dict[str, An
 LabelSource = Callable[[str], Mapping[int, str]]  # an SAE id's feature labels
 
 
-def asks_labels(ask: Any) -> bool:
-    """Whether a ``return_sae_activations`` ask (already checked by :func:`parse_readout`) wants labels."""
-    return isinstance(ask, dict) and ask.get("labels") is True
+TokenTexts = Callable[[list[int]], list[str]]  # each token's text in context (the engine's detokeniser)
+
+
+def asks_labels(ask: ReadoutAsk | None) -> bool:
+    """Whether a read-out ask wants each feature's label."""
+    return ask is not None and ask.labels
 
 
 @dataclass
@@ -160,8 +183,8 @@ class ReadoutRecorder:
     """Encodes each forward's residual at the SAE's layer and keeps the top_k per position."""
 
     spec: ReadoutSpec
-    steering: Steering
-    tokenizer: Any = None  # decodes the positions' texts when the ask has token_text
+    steering: SteeringCore
+    texts: TokenTexts | None = None  # the positions' texts when the ask has token_text (handed in by the engine)
     values: list[torch.Tensor] = field(default_factory=list)
     indices: list[torch.Tensor] = field(default_factory=list)
 
@@ -200,8 +223,8 @@ class ReadoutRecorder:
         selected = self.selected(values.shape[0], prompt_tokens)
         texts: list[str] = []
         if self.spec.token_text and selected:
-            assert self.tokenizer is not None, "a read-out with token_text needs the engine's tokenizer"
-            texts = token_texts(self.tokenizer, token_ids[:selected[-1] + 1])
+            assert self.texts is not None, "a read-out with token_text needs the engine's detokeniser"
+            texts = self.texts(token_ids[:selected[-1] + 1])
         positions = []
         for p in selected:
             feats = [{"index": int(i), "value": round(float(v), 6)}

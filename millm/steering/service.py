@@ -320,7 +320,7 @@ class SteeringService:
     def configure_monitor(self, engine: SteeringTarget, data: dict[str, Any]) -> dict[str, Any]:
         """Check and apply a monitoring configuration; returns the configuration now in force."""
         config: MonitorConfig = parse_monitor_config(data, engine.steering, engine.monitor.config.history)
-        if config.enabled and not engine.steering.can_read:  # a GGUF model: llama.cpp's residual cannot be read
+        if config.enabled and not engine.reads:  # a GGUF model: llama.cpp's residual cannot be read
             raise InvalidParameter(f"'{engine.model_id}' is steered through llama.cpp's control vectors, which read "
                                    "nothing; monitor a transformers model.", param="enabled")
         engine.monitor.configure(config)

@@ -1,21 +1,34 @@
-"""What steering needs of a loaded model: its id, its hook controller and its monitor.
+"""The typed seam between the engine and steering: what an engine needs of steering, and what steering needs
+of a loaded model.
 
-``SteeringService`` is typed against this, so ``millm.steering`` never imports an engine. An engine
-that can be steered hands one out (``Engine.steering_target()``); one that cannot returns None.
+Steering never imports an engine: ``SteeringService`` and the rest of ``millm.steering`` are typed against
+``SteeringTarget``, which an engine that can be steered hands out (``Engine.steering_target()``; one that
+cannot returns None). The engine reaches steering only through this module: every name it uses is
+re-exported here, and an import-linter contract (pyproject.toml) keeps any other path closed.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from millm.steering.controller import Steering
-from millm.steering.monitor import Monitor
+from millm.steering.controller import RowView, Steering
+from millm.steering.core import Override, Reader, SteeringCore
+from millm.steering.cvec import ROW, ControlVector, ControlVectorSteering
+from millm.steering.monitor import Monitor, MonitorSession
+from millm.steering.readout import UNSTEERED, ReadoutAsk, ReadoutRecorder, ReadoutSpec, bind_readout
+
+__all__ = ["ROW", "UNSTEERED", "ControlVector", "ControlVectorSteering", "Monitor", "MonitorSession", "Override",
+           "ReadoutAsk", "ReadoutRecorder", "ReadoutSpec", "Reader", "RowView", "Steering", "SteeringCore",
+           "SteeringTarget", "bind_readout"]
 
 
 @dataclass(frozen=True)
 class SteeringTarget:
-    """A steerable model: ``steering`` holds its hooks and values, ``monitor`` what it records."""
+    """A steerable model: ``steering`` holds its attachments and values (applied by hooks on a transformers
+    model, by control vectors on llama.cpp), ``monitor`` what it records, ``reads`` whether its residual can
+    be read there (monitoring, read-outs: the engine's capability record says so)."""
 
     model_id: str
-    steering: Steering
+    steering: SteeringCore
     monitor: Monitor
+    reads: bool = True

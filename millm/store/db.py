@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
-from millm.steering.intensity import DEFAULT_DIAL
+from millm.config import DEFAULT_DIAL
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS saes (

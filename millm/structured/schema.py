@@ -108,7 +108,7 @@ def _type(value: Any, here: list[str], w: _Walk, depth: int) -> None:
 
 def _format(value: Any, here: list[str], w: _Walk, depth: int) -> None:
     if not isinstance(value, str) or value not in FORMATS:
-        w.problems.append(f"'format' {_shown(value)} at '{_pointer(here)}' (enforced: {', '.join(sorted(FORMATS))})")
+        w.problems.append(f"'format' {value!r} at '{_pointer(here)}' (enforced: {', '.join(sorted(FORMATS))})")
 
 
 def _pattern(value: Any, here: list[str], w: _Walk, depth: int) -> None:

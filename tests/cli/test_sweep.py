@@ -111,7 +111,7 @@ def test_save_on_the_bundled_sae_is_refused_before_sweeping(engine, untouched):
 
 def test_screen_estimates_the_labelled_features_sweeps_the_promising_and_saves_what_steers(engine, untouched,
                                                                                         tmp_path):
-    from millm.steering.screen import FLOOR, SWEEP_STRENGTHS
+    from millm.research.screen import FLOOR, SWEEP_STRENGTHS
 
     copy = tmp_path / "sae"
     shutil.copytree(BUNDLED_DIR / SAE, copy)

@@ -19,9 +19,11 @@ from millm.engine.base import StepControl
 from millm.engine.events import Delta
 from millm.engine.llama_engine import LlamaCppEngine
 from millm.engine.params import ChatPrompt, GenerationRequest, SamplingParams, TextPrompt
+from millm.engine.scoring import ScoreRequest
 from millm.errors import FieldNotHonoured, InvalidParameter
 from millm.steering.controller import Override
 from millm.steering.cvec import ROW, ControlVectorSteering
+from millm.steering.readout import ReadoutAsk
 from tests.saes import random_sae
 
 SAE_ID, LAYER, FEATURE, STRENGTH = "sae_gguf_test", 10, 3, 60.0
@@ -193,12 +195,14 @@ def test_attach_checks_the_files_width_and_layers(steered, steering):
 
 def test_readouts_and_monitoring_stay_refused(steered, steering):
     with pytest.raises(FieldNotHonoured):
-        steered.prepare(GenerationRequest([CHAT], GREEDY, readout={"sae_id": SAE_ID}))
-    with pytest.raises(InvalidParameter):
-        with steering.reading(SAE_ID, lambda _: None, "pre"):
-            pass
+        steered.prepare(GenerationRequest([CHAT], GREEDY, readout=ReadoutAsk(SAE_ID)))
+    caps = steered.capabilities
+    assert caps.steers and not caps.reads and not caps.scores and not steered.steering_target().reads
+    assert not hasattr(steering, "reading_unsteered")  # control vectors have nothing to read with
     with pytest.raises(FieldNotHonoured):
-        steered.score(None)  # type: ignore[arg-type]
+        steered.score(ScoreRequest([]))
+    with pytest.raises(FieldNotHonoured):
+        steered.forced([])
 
 
 def test_off_by_default_nothing_steers(gguf_engine):
@@ -228,8 +232,9 @@ def _cvec_logits(llm, steering: ControlVectorSteering | None, ids: list[int]) ->
         llm.reset()
 
 
-def _hf_logits(engine, ids: list[int]) -> np.ndarray:
-    with torch.no_grad():
+def _hf_logits(engine, ids: list[int], values: dict[int, float] | None = None) -> np.ndarray:
+    """The transformers engine's last logits for ``ids``, as a scheduler row steered by ``values`` on "pin"."""
+    with torch.no_grad(), engine.steering.each_row([Override("pin", {"pin": values or {}})]):
         return engine.model(torch.tensor([ids], device=engine.model.device)).logits[0, -1].float().cpu().numpy()
 
 
@@ -262,8 +267,7 @@ def test_a_control_vector_at_layer_l_is_resid_post_of_hf_layer_l(gguf_engine, en
             continue
         engine.steering.attach("pin", sae, hf_layer)
         try:
-            engine.steering.set_values("pin", {0: 30.0}, merge=False)
-            cosines[hf_layer] = _cos(gguf_effect, _hf_logits(engine, ids) - base)
+            cosines[hf_layer] = _cos(gguf_effect, _hf_logits(engine, ids, {0: 30.0}) - base)
         finally:
             engine.steering.detach("pin")
     assert cosines[layer] > 0.95, cosines

@@ -18,6 +18,7 @@ from millm.engine.admission import BatchSettings
 from millm.engine.events import Activations, Delta, Finish, Usage
 from millm.engine.params import ChatPrompt, GenerationRequest, SamplingParams, TextPrompt
 from millm.engine.scheduler import Job, Scheduler
+from millm.steering.readout import check_readout
 from millm.structured.schema import JsonConstraint
 from tests.engine.test_batching import Consumer, alone, drain, plan, submit
 from tests.saes import random_sae
@@ -137,7 +138,8 @@ def steered(engine):
 def readout(engine, sae_id: str, point: str) -> tuple[dict, str]:
     ask = {"sae_id": sae_id, "features": [3, 5], "top_k": 2, "positions": "all", "read_point": point}
     p = engine.prepare(GenerationRequest([TextPrompt("Rivers flow to the")], SamplingParams(temperature=0.0,
-                                                                                          max_tokens=4), readout=ask))
+                                                                                          max_tokens=4),
+                                         readout=check_readout(ask)))
     events = list(engine.run(p))
     found = [e for e in events if isinstance(e, Activations)]
     assert len(found) == 1 and isinstance(events[-1], Usage)

@@ -82,3 +82,13 @@ def test_tiny_temperatures_sample_safely_as_near_greedy(temperature):
 def test_scaled_is_a_shifted_division():
     logits = torch.tensor([[1.0, 3.0, 2.0]])
     assert torch.allclose(torch.softmax(scaled(logits, 0.5), -1).float(), torch.softmax(logits / 0.5, -1))
+
+
+def test_repetition_penalty_divides_positive_and_multiplies_negative_logits_of_seen_tokens():
+    from millm.engine.sampling import apply_repetition_penalty
+
+    logits = torch.tensor([[2.0, -2.0, 2.0, -2.0], [1.0, 1.0, -1.0, -1.0]])
+    seen = torch.tensor([[True, True, False, False], [False, True, True, False]])
+    out = apply_repetition_penalty(logits, seen, torch.tensor([2.0, 1.0]))
+    assert out.tolist() == [[1.0, -4.0, 2.0, -2.0], [1.0, 1.0, -1.0, -1.0]]  # row 1: penalty 1 changes nothing
+    assert apply_repetition_penalty(logits, seen, 1.0) is logits

@@ -16,7 +16,6 @@ import pytest
 from millm.builder import build_chat
 from millm.engine.events import Delta, Steered
 from millm.engine.llama_engine import LlamaCppEngine
-from millm.engine.plan import run_each
 from millm.generation import prepare
 from millm.limits import Limits
 from millm.steering.service import SteeringService
@@ -57,7 +56,7 @@ def ask(engine, service, **fields):
 
 def run(engine, prepared) -> tuple[str, str | None]:
     """The answer's text and the label its Steered event carried (None: no such event)."""
-    events = list(run_each(engine.run, prepared.plans))
+    events = list(engine.run_all(prepared.plans))
     label = next((e.label for e in events if isinstance(e, Steered)), None)
     return "".join(e.text for e in events if isinstance(e, Delta)), label
 

@@ -29,6 +29,7 @@ from millm.sae.formats import load_sae
 from millm.sae.model import SAE
 from millm.steering.controller import Steering
 from tests.saes import write_llama_scope, write_saelens_files, write_sparsify
+from tests.steering.tiny import as_scheduled
 
 D_IN, D_SAE, K = 64, 256, 8
 FEATURE, STRENGTH = 37, 3.0
@@ -153,12 +154,13 @@ def model() -> LlamaForCausalLM:
 IDS = torch.tensor([[5, 17, 42, 8, 99, 3, 61, 12], [7, 7, 30, 2, 88, 45, 19, 70]])
 
 
-def layer0(model: LlamaForCausalLM) -> torch.Tensor:
-    """Layer 0's output as the next layer sees it (recorded after any steering hook)."""
+def layer0(model: LlamaForCausalLM, steering: Steering) -> torch.Tensor:
+    """Layer 0's output as the next layer sees it (recorded after any steering hook), in a forward run as the
+    scheduler runs one."""
     seen: list[torch.Tensor] = []
     handle = model.model.layers[0].register_forward_hook(
         lambda m, a, o: seen.append((o[0] if isinstance(o, tuple) else o).clone()))
-    with torch.inference_mode():
+    with torch.inference_mode(), as_scheduled(steering, IDS.shape[0]):
         model(IDS)
     handle.remove()
     return seen[0]
@@ -168,10 +170,10 @@ def steering_added(model: LlamaForCausalLM, sae: SAE) -> tuple[torch.Tensor, tor
     """(the unsteered residual at layer 0, what steering FEATURE at STRENGTH adds to it at each position)."""
     steering = Steering(model)
     att = steering.attach("sae", sae, layer=0)
-    base = layer0(model)
+    base = layer0(model, steering)
     pointer = att.delta.data_ptr()
     steering.set_values("sae", {FEATURE: STRENGTH}, merge=False)
-    steered = layer0(model)
+    steered = layer0(model, steering)
     assert att.delta.data_ptr() == pointer  # the preallocated buffer is rewritten in place, never replaced
     steering.detach_all()
     return base, steered - base

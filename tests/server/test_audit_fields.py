@@ -12,6 +12,7 @@ import pytest
 
 from millm.builder import build_chat, build_completion
 from millm.errors import InvalidParameter, MillmError, ResponseFormatUnsupported, UnusedFieldsRefused
+from millm.steering.readout import ReadoutAsk
 from tests.fakes import FakeEngine
 from tests.server.test_contract import chat, frames, make, run
 
@@ -98,7 +99,7 @@ def test_read_nested_keys_are_not_reported_and_reported_keys_are_not_passed_on()
     built = build_chat(chat(stream=True, stream_options={"include_usage": False},
                             return_sae_activations={"top_k": 2, "positions": "last", "colour": None, "x": 1}), TF)
     assert built.ignored == ["return_sae_activations.x"]
-    assert built.generations[0].readout == {"top_k": 2, "positions": "last"}  # the readout never sees x
+    assert built.generations[0].readout == ReadoutAsk(top_k=2, positions="last")  # the readout never sees x
 
 
 def test_nested_keys_are_reported_over_http_too(tmp_path):
@@ -179,10 +180,10 @@ def test_non_boolean_logprobs_on_chat_is_refused_naming_it(engine_of, value):
 # return_sae_activations on scoring
 def test_readout_on_a_scoring_request_is_served_not_refused():
     built = build_chat(chat(logprobs=True, max_tokens=1, return_sae_activations={"positions": "prompt"}), TF)
-    assert built.score is not None and built.readout == {"positions": "prompt"} and built.ignored == []
+    assert built.score is not None and built.score.readout == ReadoutAsk(positions="prompt") and built.ignored == []
     done = build_completion({"model": "m", "prompt": "x", "max_tokens": 1, "logprobs": 2,
                              "return_sae_activations": {}}, TF)
-    assert done.score is not None and done.readout == {}
+    assert done.score is not None and done.score.readout == ReadoutAsk()
     with pytest.raises(InvalidParameter) as err:  # one position axis, as on generation
         build_completion({"model": "m", "prompt": ["a", "b"], "max_tokens": 1, "logprobs": 2,
                           "return_sae_activations": {}}, TF)

@@ -4,21 +4,34 @@ import pytest
 import torch
 
 from millm.errors import InvalidFeatureIndex, InvalidParameter, SAENotAttached
-from millm.steering.controller import Override, Steering
+from millm.steering.controller import Override, RowView, Steering
 from millm.steering.values import STRENGTH_LIMIT, clamp, parse_assignments
 from tests.saes import random_sae
-from tests.steering.tiny import IDS, D
+from tests.steering.tiny import IDS, D, as_scheduled
 
 
-def layer_outputs(model, ids):
-    """Each decoder layer's output, recorded by hooks that run after any steering hook."""
+def layer_outputs(model, ids, steering=None, view=None):
+    """Each decoder layer's output, recorded by hooks that run after any steering hook; with ``steering``, the
+    forward runs as the scheduler runs one: row 0 bound to the live values, under a row view."""
     outs = []
     handles = [layer.register_forward_hook(lambda m, a, o: outs.append((o[0] if isinstance(o, tuple) else o).clone()))
                for layer in model.model.layers]
-    with torch.inference_mode():
-        model(ids)
-    for h in handles:
-        h.remove()
+    try:
+        with torch.inference_mode():
+            if steering is None:
+                model(ids)
+            elif view is not None:
+                steering.reserve_rows(1)
+                steering.bind_row(0, None)
+                with steering.rows(view):
+                    model(ids)
+                steering.release_row(0)
+            else:
+                with as_scheduled(steering, ids.shape[0]):
+                    model(ids)
+    finally:
+        for h in handles:
+            h.remove()
     return outs
 
 
@@ -29,18 +42,19 @@ def test_delta_added_at_layer_only(model):
     steering = Steering(model)
     sae = random_sae(D, 64)
     steering.attach("sae_a", sae, layer=2)
-    assert all(torch.equal(a, b) for a, b in zip(layer_outputs(model, IDS), base))  # attached, no values: no-op
+    assert all(torch.equal(a, b) for a, b in zip(layer_outputs(model, IDS, steering), base))  # no values: no-op
     steering.set_values("sae_a", {"3": 5.0, 10: -2.5}, merge=False)
-    steered = layer_outputs(model, IDS)
+    steered = layer_outputs(model, IDS, steering)
     delta = 5.0 * sae.W_dec[3] - 2.5 * sae.W_dec[10]
     assert torch.equal(steered[0], base[0]) and torch.equal(steered[1], base[1])  # earlier layers bit-identical
     assert torch.allclose(steered[2], base[2] + delta, atol=1e-6)  # every position gets the delta
     assert not torch.allclose(steered[3], base[3])
+    assert all(torch.equal(a, b) for a, b in zip(layer_outputs(model, IDS), base))  # outside the scheduler: none
     steering.set_enabled(False)
-    assert all(torch.equal(a, b) for a, b in zip(layer_outputs(model, IDS), base))
+    assert all(torch.equal(a, b) for a, b in zip(layer_outputs(model, IDS, steering), base))
     steering.set_enabled(True)
     steering.detach("sae_a")
-    assert all(torch.equal(a, b) for a, b in zip(layer_outputs(model, IDS), base))
+    assert all(torch.equal(a, b) for a, b in zip(layer_outputs(model, IDS, steering), base))
     assert not model.model.layers[2]._forward_hooks
 
 
@@ -76,11 +90,11 @@ def test_several_saes_and_suppression(model):
     steering.attach("sae_b", b, layer=3)
     steering.set_values("sae_a", {0: 2.0}, merge=False)
     steering.set_values("sae_b", {1: 3.0}, merge=False)
-    steered = layer_outputs(model, IDS)
+    steered = layer_outputs(model, IDS, steering)
     assert not torch.allclose(steered[0], base[0]) and not torch.allclose(steered[3], base[3])
     with steering.suppressed():
-        assert all(torch.equal(x, y) for x, y in zip(layer_outputs(model, IDS), base))
-    assert all(torch.equal(x, y) for x, y in zip(layer_outputs(model, IDS), steered))
+        assert all(torch.equal(x, y) for x, y in zip(layer_outputs(model, IDS, steering), base))
+    assert all(torch.equal(x, y) for x, y in zip(layer_outputs(model, IDS, steering), steered))
 
 
 def test_row_override_keeps_the_base_and_operator_wins(model):
@@ -112,16 +126,28 @@ def test_reserving_more_rows_keeps_the_bound_ones(model):
     assert torch.allclose(att.rows[0], 9.0 * att.sae.W_dec[5]) and torch.count_nonzero(att.rows[1:]) == 0
 
 
-def test_readers_see_pre_and_post(model):
+def test_row_readers_see_the_residual_before_and_after_the_delta(model):
     steering = Steering(model)
     att = steering.attach("sae_a", random_sae(D, 64), layer=2)
     steering.set_values("sae_a", {4: 3.0}, merge=False)
     seen = {}
-    with steering.reading("sae_a", lambda h: seen.setdefault("pre", h.clone()), "pre"), \
-            steering.reading("sae_a", lambda h: seen.setdefault("post", h.clone()), "post"):
-        layer_outputs(model, IDS)
+    view = RowView(0, 1, readers={"sae_a": [(0, lambda h: seen.setdefault("pre", h.clone()))]},
+                   post={"sae_a": [(0, lambda h: seen.setdefault("post", h.clone()))]})
+    layer_outputs(model, IDS, steering, view)
     assert torch.allclose(seen["post"], seen["pre"] + att.delta)
-    assert not att.pre_readers and not att.post_readers
+
+
+def test_unsteered_readers_read_suppressed_passes_only(model):
+    steering = Steering(model)
+    att = steering.attach("sae_a", random_sae(D, 64), layer=2)
+    steering.set_values("sae_a", {4: 3.0}, merge=False)
+    seen: list[torch.Tensor] = []
+    with steering.reading_unsteered("sae_a", seen.append):
+        layer_outputs(model, IDS, steering)  # a steered forward: not read
+        with steering.suppressed():
+            layer_outputs(model, IDS)
+    assert len(seen) == 1 and torch.allclose(seen[0], layer_outputs(model, IDS)[2])
+    assert not att.unsteered_readers
 
 
 def test_refusals(model):

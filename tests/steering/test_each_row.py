@@ -1,11 +1,10 @@
-"""Per-row steering for sweeps and the screen's estimate, on a tiny random Llama: each row gets its own delta,
-nothing else changes, and the screen's direct run of the upper layers is the model's own forward."""
+"""Per-row steering for teacher-forced reads (the screen's estimate), on a tiny random Llama: each row gets its
+own delta, and nothing else changes."""
 
 import pytest
 import torch
 
 from millm.steering.controller import Override, Steering
-from millm.steering.screen import Contexts
 from tests.saes import random_sae
 from tests.steering.tiny import IDS, D
 
@@ -24,9 +23,8 @@ def test_each_row_steers_each_row_by_its_own_values_only(model):
     held = steering.attachments["sae"].rows[1].clone()
     alone = {}
     for values in ({5: 6.0}, {7: -2.0, 11: 1.5}, {}):
-        steering.set_values("sae", values, merge=False)
-        alone[tuple(values)] = logits(model, IDS)[0]
-    steering.set_values("sae", {2: 3.0}, merge=False)
+        with steering.each_row([Override("alone", {"sae": values})]):
+            alone[tuple(values)] = logits(model, IDS)[0]
     overrides = [Override("a", {"sae": {5: 6.0}}), Override("b", {"sae": {7: -2.0, 11: 1.5}}), Override("c", {})]
     with steering.each_row(overrides):
         together = logits(model, IDS.repeat(3, 1))
@@ -45,30 +43,3 @@ def test_each_row_with_an_index_the_sae_lacks_releases_every_row(model):
         with steering.each_row([Override("ok", {"sae": {3: 1.0}}), Override("bad", {"sae": {64: 1.0}})]):
             pass
     assert not steering._row_sources and not steering.attachments["sae"].row_steering
-
-
-def test_screen_contexts_run_the_upper_layers_as_the_model_does(model):
-    steering = Steering(model)
-    sae = random_sae(D, 64)
-    steering.attach("sae", sae, layer=1)
-    pairs = [([1, 2, 3, 4], [10, 11, 12]), ([5, 6], [20, 21, 22, 23, 24])]  # prompts and answers, unequal
-    contexts = Contexts(model, steering, pairs, layer=1)
-    words = [10, 21, 40]
-
-    def chance_by_forward() -> float:
-        """The estimate from the model's own forward of each row alone, with the steering hook."""
-        chances = []
-        for head, body in pairs:
-            with torch.inference_mode():
-                logp = model(torch.tensor([head + body])).logits[0, len(head) - 1:-1].float().log_softmax(-1)
-            p = logp[:, words].logsumexp(-1).exp()
-            chances.append(float(1 - (1 - p).prod()))
-        return sum(chances) / len(chances)
-
-    assert contexts.baseline(words) == pytest.approx(chance_by_forward(), abs=1e-5)
-    zero = contexts.mention_chance(torch.zeros(1, D), [words])
-    assert float(zero[0]) == pytest.approx(contexts.baseline(words), abs=1e-5)
-    steering.set_values("sae", {7: 8.0}, merge=False)
-    steered = contexts.mention_chance(8.0 * sae.W_dec[7:8], [words])
-    assert float(steered[0]) == pytest.approx(chance_by_forward(), abs=1e-5)
-    assert float(steered[0]) != pytest.approx(float(zero[0]), abs=1e-4)  # the delta matters

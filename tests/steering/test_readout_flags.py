@@ -6,25 +6,20 @@ import pytest
 import torch
 
 from millm.builder import build_chat, build_completion
+from millm.engine.detok import token_texts
 from millm.engine.events import Activations, Delta, Finish, Usage
 from millm.errors import InvalidParameter, UnusedFieldsRefused
 from millm.fields import NESTED_KEYS
 from millm.render.bodies import whole_body
 from millm.render.shapes import CompletionShape
-from millm.steering.readout import (
-    ReadoutRecorder,
-    ReadoutSpec,
-    parse_readout,
-    token_texts,
-    with_labels,
-)
+from millm.steering.readout import ReadoutRecorder, ReadoutSpec, bind_readout, check_readout, with_labels
 from millm.store.db import SAE_COLUMNS, Store
 
 STEERING = SimpleNamespace(attachments={"sae_a": SimpleNamespace(sae=SimpleNamespace(d_sae=16), layer=3)})
 
 
 def parse(**ask):
-    return parse_readout(ask, STEERING, rows=1, prompt_tokens=5, max_tokens=4)  # type: ignore[arg-type]
+    return bind_readout(check_readout(ask), STEERING, rows=1, prompt_tokens=5, max_tokens=4)  # type: ignore[arg-type]
 
 
 def test_flags_default_off_and_parse_true():
@@ -49,10 +44,10 @@ def test_flags_are_read_keys_not_reported_as_ignored():
     ask = {"positions": "all", "token_text": True, "labels": True}
     chat = build_chat({"model": "m", "messages": [{"role": "user", "content": "hi"}], "return_sae_activations": ask},
                       lambda _: "transformers")
-    assert chat.ignored == [] and chat.generations[0].readout == ask
+    assert chat.ignored == [] and chat.generations[0].readout == check_readout(ask)
     scoring = build_completion({"model": "m", "prompt": "hi", "max_tokens": 1, "logprobs": 0,
                                 "return_sae_activations": {**ask, "bogus": 1}}, lambda _: "transformers")
-    assert scoring.ignored == ["return_sae_activations.bogus"] and scoring.readout == ask
+    assert scoring.ignored == ["return_sae_activations.bogus"] and scoring.score.readout == check_readout(ask)
     with pytest.raises(UnusedFieldsRefused):  # strict mode refuses only what is unread
         build_completion({"model": "m", "prompt": "hi", "max_tokens": 1, "logprobs": 0,
                           "return_sae_activations": {**ask, "bogus": 1}}, lambda _: "transformers", True)
@@ -80,7 +75,7 @@ def test_token_texts_join_to_the_text_and_never_split_a_character():
 
 def recorder(**flags):
     spec = ReadoutSpec("sae_a", 3, None, 2, "all", "post_steering", **flags)
-    rec = ReadoutRecorder(spec, STEERING, ByteTokenizer())  # type: ignore[arg-type]
+    rec = ReadoutRecorder(spec, STEERING, lambda ids: token_texts(ByteTokenizer(), ids))  # type: ignore[arg-type]
     rec.values.append(torch.tensor([[2.0, 1.0], [3.0, 0.0], [0.5, 0.25]]))
     rec.indices.append(torch.tensor([[4, 9], [9, 1], [7, 4]]))
     return rec

@@ -7,8 +7,9 @@ import random
 import pytest
 
 from millm.builder import build_chat
+from millm.config import DEFAULT_DIAL, ENVELOPE
 from millm.errors import InvalidParameter
-from millm.steering.intensity import DEFAULT_DIAL, ENVELOPE, Symbol
+from millm.steering.intensity import Symbol
 from millm.steering.rung import LADDER, rung_header
 from millm.steering.values import STRENGTH_LIMIT
 from tui.client import SteeringState, readout_ask, readout_tokens, rung_phrase

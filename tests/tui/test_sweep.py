@@ -8,8 +8,9 @@ import io
 
 from rich.console import Console
 
+from millm.research.measure import Point
+from millm.research.sweep import SweepResult
 from millm.sae.cards import FeatureCard
-from millm.steering.sweep import Point, SweepResult
 from tests.tui.fakes import LABELS, SAE, ScriptedClient
 from tests.tui.helpers import drive, settle, type_text
 from tui.dials import STRENGTH_LARGE_STEP, large_step

@@ -7,7 +7,7 @@ from textual import work
 from textual.screen import Screen
 
 from millm.errors import MillmError
-from tui.client import Client, Feature, SteeringState
+from tui.client import Client, Feature, SAEInfo, SteeringState
 from tui.screens.card import CardScreen
 from tui.screens.sweep import SweepScreen
 from tui.widgets.activation_strip import ActivationStrip
@@ -25,8 +25,17 @@ class FeatureActions(Screen[None]):
     _asked: set[tuple[str, int]]  # features whose label was asked for by index
     busy: str
 
-    def _busy(self, what: str) -> None:
+    _labelled: set[str]  # SAEs whose labels were all read
+
+    def set_busy(self, what: str) -> None:
         raise NotImplementedError
+
+    async def read_labels(self, saes: list[SAEInfo]) -> None:
+        """Every label of each attached SAE not read yet."""
+        for sae in saes:
+            if sae.attached_layer is not None and sae.id not in self._labelled:
+                self.labels.setdefault(sae.id, {}).update(await self.client.labels(sae.id))
+                self._labelled.add(sae.id)
 
     async def label_of(self, sae_id: str, index: int) -> str:
         """A feature's label: known already, or read from its card (a remote server lists only its first
@@ -90,7 +99,7 @@ class FeatureActions(Screen[None]):
         if self.busy:
             self.notify(f"wait until {self.busy} is done", severity="warning", title="not swept")
             return
-        self._busy("sweeping")
+        self.set_busy("sweeping")
         self.run_sweep(message.feature)
 
     @work(exclusive=True, group="answer")
@@ -103,5 +112,5 @@ class FeatureActions(Screen[None]):
             self.notify(exc.message, severity="error", title="not swept")
             return
         finally:
-            self._busy("")
+            self.set_busy("")
         await self.app.push_screen(SweepScreen(result))

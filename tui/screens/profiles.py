@@ -14,13 +14,47 @@ from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
-from textual.screen import ModalScreen
+from textual.screen import ModalScreen, Screen
 from textual.widgets import DataTable, Label
 
 from millm.errors import MillmError
 from millm.paths import user_path
 from tui.client import Client, ProfileInfo
 from tui.screens.prompt import TextPrompt
+
+
+class ProfileActions(Screen[None]):
+    """Save the live values as a profile (ctrl+s) and the profiles dialog (F2), for a screen that says what to
+    do once a profile is loaded for chats (``profile_changed``)."""
+
+    client: Client
+    loaded_profile: str | None
+
+    def profile_changed(self, loaded: str | None, values_changed: bool) -> None:
+        raise NotImplementedError
+
+    def action_save_profile(self) -> None:
+        self.app.push_screen(TextPrompt("Save the live values as a profile named:"), self._save_profile)
+
+    def _save_profile(self, name: str | None) -> None:
+        if name:
+            self.save_profile(name)
+
+    @work(group="profiles")
+    async def save_profile(self, name: str) -> None:
+        try:
+            await self.client.save_profile(name)
+        except MillmError as exc:
+            self.notify(exc.message, severity="error", title="not saved")
+            return
+        self.notify(f"saved profile {name}")
+
+    def action_profiles(self) -> None:
+        self.app.push_screen(ProfilesScreen(self.client, self.loaded_profile), self._profiles_closed)
+
+    def _profiles_closed(self, outcome: ProfilesOutcome | None) -> None:
+        if outcome is not None:
+            self.profile_changed(outcome.loaded, outcome.changed)
 
 
 @dataclass(frozen=True)

@@ -15,12 +15,12 @@ from textual.screen import ModalScreen
 from textual.widgets import Static
 
 if TYPE_CHECKING:
-    from millm.steering.sweep import SweepResult
+    from millm.research.sweep import SweepResult
 
 
 def sweep_view(result: SweepResult) -> Group:
     """The sweep as the modal shows it: strength, concept rate, fluency Δ, inside the bound; bars; verdict."""
-    from millm.steering.sweep import bar_lines
+    from millm.research.plots import bar_lines
 
     recommended = result.recommended
     table = Table("strength", "concept rate", "fluency Δ", "inside bound?", "e.g. (first answer)",

@@ -1,4 +1,4 @@
-"""Pure parts of ``millm.steering.sweep``: concept matching, the recommendation rule, the PNG writer, --save."""
+"""Pure parts of ``millm.research``: concept matching, the recommendation rule, the PNG writer, --save."""
 
 import json
 import struct
@@ -7,25 +7,11 @@ import zlib
 import pytest
 
 from millm.errors import InvalidParameter
-from millm.steering.sweep import (
-    FLUENCY_BOUND,
-    Case,
-    Point,
-    Recommendation,
-    bar_chart,
-    bar_lines,
-    concept_rate,
-    label_words,
-    mentions,
-    parse_strengths,
-    png_bytes,
-    recommend,
-    refine,
-    save_recommendations,
-    swept_points,
-    word_forms,
-    write_png,
-)
+from millm.research.measure import FLUENCY_BOUND, Case, Point
+from millm.research.plots import bar_chart, bar_lines, png_bytes, write_png
+from millm.research.saving import Recommendation, save_recommendations
+from millm.research.sweep import parse_strengths, recommend, refine, swept_points
+from millm.research.words import concept_rate, label_words, mentions, word_forms
 
 
 def point(strength, rate, fluency):
@@ -215,7 +201,7 @@ def test_save_recommendation_refuses_a_folder_it_cannot_write(tmp_path, monkeypa
         save_recommendations(tmp_path, {1: Recommendation(20.0, 1.0)})
     (tmp_path / "features.jsonl").write_text('{"index": 1}\n')
     # the tests may run as root, who may write anywhere: a read-only folder as os.access reports it
-    monkeypatch.setattr("millm.steering.sweep.os.access", lambda path, mode: False)
+    monkeypatch.setattr("millm.research.saving.os.access", lambda path, mode: False)
     with pytest.raises(InvalidParameter, match="not writable"):
         save_recommendations(tmp_path, {1: Recommendation(20.0, 1.0)})
     assert (tmp_path / "features.jsonl").read_text() == '{"index": 1}\n'

@@ -1,0 +1,37 @@
+"""Sampled answers on the engine's request path: each a chat request (the model's template and end-of-turn
+stops, ``SAMPLING``), prompt ``i`` seeded ``seed + i``, every answer of a call one engine job of plans decoded
+as batched rows, each plan steered by its own override. Measures and the SAE training corpus sample here."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from millm.engine.base import Engine
+from millm.engine.events import Delta
+from millm.engine.params import ChatPrompt, GenerationRequest, SamplingParams
+from millm.steering.core import Override
+
+# the sampling fields of every sampled answer (a chat request's: temperature, top_p, vLLM's repetition_penalty)
+SAMPLING = SamplingParams(temperature=0.8, top_p=0.95, repetition_penalty=1.15)
+UNSTEERED = Override("unsteered", {})  # pins a plan unsteered, whatever the live values are
+SEED_SPACE = 2**32  # the seeds a request takes
+
+
+def chat_request(prompt: str, seed: int, max_tokens: int, override: Override = UNSTEERED) -> GenerationRequest:
+    """The chat request answering ``prompt``: what a client sending these fields would get."""
+    params = replace(SAMPLING, max_tokens=max_tokens, seed=seed % SEED_SPACE)
+    return GenerationRequest([ChatPrompt([{"role": "user", "content": prompt}])], params, override=override)
+
+
+def sample_answers(engine: Engine, prompts: Sequence[str], seed: int, max_tokens: int,
+                   overrides: Sequence[Override] = (UNSTEERED,)) -> list[list[str]]:
+    """Each override's answers to every prompt (prompt ``i`` seeded ``seed + i`` under every override, so two
+    overrides differ by their steering, not their draw): one engine job, decoded as batched rows."""
+    plans = [engine.prepare(chat_request(p, seed + i, max_tokens, o)) for o in overrides for i, p in enumerate(prompts)]
+    texts = [""] * len(plans)
+    for event in engine.run_all(plans):
+        if isinstance(event, Delta):
+            texts[event.index] += event.text
+    per = len(prompts)
+    return [texts[k * per:(k + 1) * per] for k in range(len(overrides))]

@@ -1,0 +1,179 @@
+"""Strength sweeps: one feature (or any case) measured at a range of strengths, refined where fluency gives way,
+and the strength to recommend.
+
+- refinement (:func:`refine`): when no strength inside the fluency bound reaches the target, the sweep adds
+  the strength halfway to the next one past the bound (twice, ``REFINE_ROUNDS``), where the best strength
+  lies;
+- the recommended strength (:func:`recommend`): the lowest steering strength whose rate reaches
+  ``TARGET_RATE`` inside the fluency bound, else the one with the highest (non-zero) rate inside the bound,
+  else none.
+
+The measures are ``millm.research.measure``'s: answers sampled and scored on the engine's request path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from functools import partial
+from typing import Any
+
+from millm.engine.base import Engine
+from millm.errors import InvalidParameter
+from millm.research.measure import (
+    FLUENCY_BOUND,
+    MAX_NEW_TOKENS,
+    NEUTRAL_PROMPTS,
+    SEED,
+    TARGET_RATE,
+    Case,
+    Measure,
+    Point,
+)
+from millm.research.words import concept_rate, label_words
+
+STRENGTHS = (0.0, 20.0, 40.0, 60.0, 80.0)
+REFINE_ROUNDS = 2  # strengths a sweep adds at the fluency crossing (:func:`refine`): 40/60 gives 50, then 45 or 55
+REFINE_CLOSEST = 5.0  # strengths closer than this are not told apart by a few prompts
+
+
+@dataclass
+class SweepResult:
+    sae: str
+    layer: int
+    feature: int
+    label: str
+    words: tuple[str, ...]
+    prompts: int
+    tokens: int
+    seed: int
+    unsteered_rate: float
+    unsteered_logprob: float
+    points: list[Point] = field(default_factory=list)
+    bound: float = FLUENCY_BOUND
+    target: float = TARGET_RATE
+
+    @property
+    def recommended(self) -> float | None:
+        return recommend(self.points, self.target, self.bound)
+
+    def point(self, strength: float | None) -> Point | None:
+        return next((p for p in self.points if p.strength == strength), None)
+
+    def to_json(self) -> dict[str, Any]:
+        body = asdict(self)
+        body["words"] = list(self.words)
+        body["recommended_strength"] = self.recommended
+        return body
+
+
+def recommend(points: Sequence[Point], target: float = TARGET_RATE, bound: float = FLUENCY_BOUND) -> float | None:
+    """The lowest strength (by size; 0 steers nothing and is never recommended) whose concept rate reaches
+    ``target`` with fluency inside ``-bound``; else the strength with the highest non-zero rate inside the
+    bound (the lower on a tie); else None."""
+    steered = sorted((p for p in points if p.strength != 0 and p.fluency >= -bound), key=lambda p: abs(p.strength))
+    reached = [p for p in steered if p.rate >= target]
+    if reached:
+        return reached[0].strength
+    best = max(steered, key=lambda p: p.rate, default=None)  # max keeps the first (lowest) of equals
+    return best.strength if best is not None and best.rate > 0 else None
+
+
+def refine(points: Sequence[Point], target: float = TARGET_RATE, bound: float = FLUENCY_BOUND,
+           closest: float = REFINE_CLOSEST) -> float | None:
+    """The strength to measure next, when no strength inside the fluency bound reaches ``target``: halfway
+    between the strongest one inside the bound and the next one past it (on one side of 0; positive
+    first). The rate tends to rise with the strength until fluency gives way, so the best strength lies
+    near that crossing, which a coarse grid (40 inside, 60 past) can step over. None when no side has such
+    a crossing, or its two strengths are within ``2 * closest`` of each other, or the side never mentions
+    the concept at all."""
+    for sign in (1, -1):
+        side = sorted((p for p in points if p.strength * sign > 0), key=lambda p: abs(p.strength))
+        inside = [p for p in side if p.fluency >= -bound]
+        if not inside or any(p.rate >= target for p in inside) or not any(p.rate > 0 for p in side):
+            continue
+        below = inside[-1]
+        past = next((p for p in side if abs(p.strength) > abs(below.strength)), None)
+        if past is not None and abs(past.strength - below.strength) >= 2 * closest:
+            return (below.strength + past.strength) / 2
+    return None
+
+
+def swept_points(measure: Measure, sweeps: Sequence[Callable[[float], Case]], strengths: Sequence[float],
+                 rounds: int = REFINE_ROUNDS) -> list[list[Point]]:
+    """Each sweep (its case at a strength) measured at every strength, all sampled together, then with up to
+    ``rounds`` strengths added where :func:`refine` asks for one, every round's strengths sampled together;
+    points in strength order."""
+    points = measure.points([at(s) for at in sweeps for s in strengths])
+    n = len(strengths)
+    out = [sorted(points[i * n:(i + 1) * n], key=lambda p: p.strength) for i in range(len(sweeps))]
+    for _ in range(rounds):
+        asked = [(i, s) for i, mine in enumerate(out) if (s := refine(mine, bound=measure.bound)) is not None]
+        if not asked:
+            break
+        for (i, _), point in zip(asked, measure.points([sweeps[i](s) for i, s in asked])):
+            out[i] = sorted([*out[i], point], key=lambda p: p.strength)
+    return out
+
+
+def need_words(feature: int, words: Sequence[str]) -> Sequence[str]:
+    """``words``, or a refusal naming --concept when the feature's label gave none to look for."""
+    if not words:
+        raise InvalidParameter(f"Feature {feature} has no label words to look for; name them with --concept.",
+                               param="concept")
+    return words
+
+
+def run_sweep(measure: Measure, sae_id: str, layer: int, feature: int, label: str, words: Sequence[str],
+              strengths: Sequence[float]) -> SweepResult:
+    """``feature`` of ``sae_id`` (attached at ``layer`` on ``measure``'s steering) at each strength, the
+    strengths sampled together, then refined at the fluency crossing (:func:`swept_points`)."""
+    words = tuple(w.lower() for w in need_words(feature, words))
+    result = SweepResult(sae_id, layer, feature, label, words, len(measure.prompts), measure.tokens, measure.seed,
+                         concept_rate(measure.plain, words), measure.plain_logprob, bound=measure.bound)
+    [result.points] = swept_points(measure, [partial(Case.feature, sae_id, feature, words=words)], strengths)
+    return result
+
+
+def check_sizes(prompts: int, tokens: int) -> None:
+    """The neutral prompts and tokens per answer a sweep may ask for."""
+    if not 1 <= prompts <= len(NEUTRAL_PROMPTS):
+        raise InvalidParameter(f"--prompts must be 1-{len(NEUTRAL_PROMPTS)}.", param="prompts")
+    if not 1 <= tokens <= 512:
+        raise InvalidParameter("--tokens must be 1-512.", param="tokens")
+
+
+def sweep_feature(service: Any, engine: Engine, sae_id: str, feature: int, *, label: str = "",
+                  words: Sequence[str] = (), strengths: Sequence[float] = STRENGTHS, prompts: int = 8,
+                  seed: int = SEED, tokens: int = MAX_NEW_TOKENS, layer: int | None = None) -> SweepResult:
+    """A sweep on a loaded engine (whose steering ``service``'s registry knows): ``sae_id`` is attached for the
+    sweep only (``millm chat --sae``'s session: at ``layer``, default where it is attached, else its hint; an
+    SAE on that layer set aside); live values steer none of the sweep's answers, and afterwards attachments,
+    values and the active profile are as they were; nothing is persisted. ``words`` default to the label's
+    (:func:`label_words`)."""
+    from millm.research.measure import check_engine
+    from millm.steering.session import chat_steering
+
+    check_sizes(prompts, tokens)
+    check_engine(engine)
+    words = need_words(feature, tuple(words) or label_words(label))  # before anything is attached
+    target = engine.steering_target()
+    assert target is not None
+    with chat_steering(service, target, sae_id, layer, {}, None):
+        measure = Measure(engine, NEUTRAL_PROMPTS[:prompts], seed, tokens)
+        layer_at = target.steering.attachments[sae_id].layer
+        return run_sweep(measure, sae_id, layer_at, feature, label, words, strengths)
+
+
+def parse_strengths(text: str) -> list[float]:
+    """``"0,20,40"`` as strengths (each within ±200, no repeats)."""
+    try:
+        values = [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise InvalidParameter(f"--strengths '{text}' is not a comma-separated list of numbers.",
+                               param="strengths") from None
+    if not values or any(not -200 <= v <= 200 for v in values) or len(set(values)) != len(values):
+        raise InvalidParameter(f"--strengths '{text}': give distinct numbers within -200..200.", param="strengths")
+    return values
+
+
