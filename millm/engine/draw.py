@@ -12,7 +12,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from millm.engine.sampling import apply_penalties, apply_repetition_penalty, sample_rows, unsampleable, update_counts
+from millm.engine.sampling import (
+    apply_penalties,
+    apply_repetition_penalty,
+    nucleus,
+    unsampleable,
+    update_counts,
+)
 from millm.errors import ConstrainedOutputInvalid, NonFiniteLogits
 
 if TYPE_CHECKING:
@@ -40,17 +46,21 @@ def draw(rows: list[BatchRow], logits: torch.Tensor, counts: torch.Tensor,
     if not keep:
         return [], failed
     rows, logits = [rows[i] for i in keep], logits[keep]
-    tokens = torch.zeros(len(rows), dtype=torch.long, device=device)
-    for generator, members in by_generator(rows).items():
-        index = torch.tensor(members, device=device)
-        temperature = torch.tensor([rows[i].row.params.temperature for i in members], dtype=torch.float64,
+    tokens = torch.argmax(logits, dim=-1)  # greedy rows (temperature 0)
+    drawn = [i for i, r in enumerate(rows) if r.row.params.temperature > 0]
+    if drawn:  # every sampled row's distribution in one pass; each then draws from its own generator
+        temperature = torch.tensor([rows[i].row.params.temperature for i in drawn], dtype=torch.float64,
                                    device=device)  # float64: a temperature of 1e-40 is not 0
-        top_p = torch.tensor([rows[i].row.params.top_p for i in members], device=device)
-        tokens[index] = sample_rows(logits[index], temperature, top_p, generator)
+        top_p = torch.tensor([rows[i].row.params.top_p for i in drawn], device=device)
+        probs, ids = nucleus(logits[drawn], temperature, top_p)
+        for generator, members in by_generator([rows[i] for i in drawn]).items():
+            picked = torch.multinomial(probs[members], 1, generator=generator)
+            picked = picked.squeeze(-1) if ids is None else ids[members].gather(1, picked).squeeze(-1)
+            tokens[torch.tensor([drawn[m] for m in members], device=device)] = picked
     slots = [r.slot for r in rows]
-    drawn = counts[slots]
-    update_counts(drawn, tokens)
-    counts[slots] = drawn
+    seen = counts[slots]
+    update_counts(seen, tokens)
+    counts[slots] = seen
     return list(zip(rows, tokens.tolist())), failed
 
 

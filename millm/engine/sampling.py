@@ -42,21 +42,30 @@ def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: 
     return torch.where(seen, torch.where(logits > 0, logits / p, logits * p), logits)
 
 
+NUCLEUS_CANDIDATES = 1024  # the likeliest tokens the top-p set is looked for among first (a full sort costs more)
+
+
 def top_p_mask(logits: torch.Tensor, top_p: PerRow) -> torch.Tensor:
     """Keep the smallest set of tokens whose probability mass reaches ``top_p`` (always >= 1 token); a row
-    whose ``top_p`` is 1 keeps every token."""
+    whose ``top_p`` is 1 keeps every token. The set is looked for among the ``NUCLEUS_CANDIDATES`` likeliest
+    tokens, and among all of them only when those hold less than ``top_p`` of the mass."""
     restricted = top_p < 1.0
     if not _any(restricted):
         return logits
-    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-    probs = torch.softmax(sorted_logits, dim=-1)
+    k = min(NUCLEUS_CANDIDATES, logits.shape[-1])
+    ranked, order = torch.topk(logits, k, dim=-1)
+    probs = torch.exp(ranked - torch.logsumexp(logits, dim=-1, keepdim=True))
     mass_before = torch.cumsum(probs, dim=-1) - probs
-    drop_sorted = mass_before >= _column(top_p)
-    if isinstance(restricted, torch.Tensor):
-        drop_sorted &= restricted.view(-1, 1)
-    drop_sorted[..., 0] = False
-    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-    return logits.masked_fill(drop, float("-inf"))
+    reached = (mass_before[..., -1] + probs[..., -1] >= top_p) | ~torch.as_tensor(restricted)
+    if not bool(reached.all()):
+        ranked, order = torch.sort(logits, dim=-1, descending=True)
+        probs = torch.softmax(ranked, dim=-1)
+        mass_before = torch.cumsum(probs, dim=-1) - probs
+    keep_ranked = mass_before < _column(top_p)
+    keep_ranked[..., 0] = True
+    keep = torch.zeros_like(logits, dtype=torch.bool).scatter(-1, order, keep_ranked)
+    masked = logits.masked_fill(~keep, float("-inf"))
+    return torch.where(restricted.view(-1, 1), masked, logits) if isinstance(restricted, torch.Tensor) else masked
 
 
 def update_counts(counts: torch.Tensor, tokens: torch.Tensor) -> None:
@@ -69,13 +78,45 @@ def unsampleable(logits: torch.Tensor) -> torch.Tensor:
     return torch.isnan(logits).any(-1) | torch.isposinf(logits).any(-1) | torch.isneginf(logits).all(-1)
 
 
+FLOAT32_TEMPERATURE = 1e-3  # at or above it, (logits - max) / T stays well inside float32's range
+
+
 def scaled(logits: torch.Tensor, temperature: PerRow) -> torch.Tensor:
-    """``logits / T`` computed as ``(logits - max) / T`` in float64: the largest logit becomes 0 and the rest
-    are at most 0, so any T > 0, however small (5e-324 included), gives 0, negative values or -inf, never
-    +inf or NaN."""
-    shifted = (logits.float() - logits.float().max(dim=-1, keepdim=True).values).double()
+    """``logits / T`` computed as ``(logits - max) / T``: the largest logit becomes 0 and the rest are at most
+    0, so any T > 0, however small (5e-324 included), gives 0, negative values or -inf, never +inf or NaN. In
+    float32 when every T is at least FLOAT32_TEMPERATURE, else in float64 (where a T of 1e-40 is not 0)."""
+    shifted = logits.float() - logits.float().max(dim=-1, keepdim=True).values
+    low = temperature.min() if isinstance(temperature, torch.Tensor) else temperature
+    if float(low) >= FLOAT32_TEMPERATURE:
+        t = temperature.float() if isinstance(temperature, torch.Tensor) else temperature
+        return shifted / _column(t)
     t = temperature.double() if isinstance(temperature, torch.Tensor) else temperature
-    return shifted / _column(t)
+    return shifted.double() / _column(t)
+
+
+def sampling_probs(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """The distribution each row draws from: softmax(logits / T) restricted by its top_p (rows with T > 0)."""
+    return torch.softmax(top_p_mask(scaled(logits, temperature), top_p), dim=-1)
+
+
+def nucleus(logits: torch.Tensor, temperature: torch.Tensor,
+            top_p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The distribution each row draws from (rows with T > 0), as ``(probs, ids)``: when every row's top_p
+    set lies among its ``NUCLEUS_CANDIDATES`` likeliest tokens, ``probs[r, j]`` is the chance of token
+    ``ids[r, j]`` (a draw over a thousand candidates rather than the whole vocabulary); else ``ids`` is None
+    and ``probs`` covers the vocabulary (:func:`sampling_probs`). The two are the same distribution."""
+    k = min(NUCLEUS_CANDIDATES, logits.shape[-1])
+    if bool((top_p < 1.0).all()) and k < logits.shape[-1]:
+        values = scaled(logits, temperature)
+        ranked, ids = torch.topk(values, k, dim=-1)
+        probs = torch.exp(ranked - torch.logsumexp(values, dim=-1, keepdim=True))
+        mass_before = torch.cumsum(probs, dim=-1) - probs
+        if bool((mass_before[..., -1] + probs[..., -1] >= top_p).all()):
+            keep = mass_before < top_p.view(-1, 1)
+            keep[..., 0] = True
+            kept = probs * keep
+            return kept / kept.sum(dim=-1, keepdim=True), ids
+    return sampling_probs(logits, temperature, top_p), None
 
 
 def sample_rows(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor,
@@ -86,6 +127,6 @@ def sample_rows(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Te
     chosen = torch.argmax(logits, dim=-1)
     drawn = torch.nonzero(temperature > 0).view(-1)
     if drawn.numel():
-        probs = torch.softmax(top_p_mask(scaled(logits[drawn], temperature[drawn]), top_p[drawn]), dim=-1)
+        probs = sampling_probs(logits[drawn], temperature[drawn], top_p[drawn])
         chosen[drawn] = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
     return chosen

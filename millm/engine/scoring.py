@@ -43,6 +43,7 @@ class ScoreRow:
     prompt: Prompt
     params: ScoringParams
     where: str = "prompt"
+    echo_from: int = 0  # with echo: the first prompt token scored (research reads an answer, not its prompt)
 
 
 @dataclass(frozen=True)

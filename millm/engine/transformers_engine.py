@@ -29,7 +29,7 @@ from millm.engine.params import (
 )
 from millm.engine.plan import Plan, check_characters, token_budget
 from millm.engine.scheduler import Job, Scheduler
-from millm.engine.scoring import ScoreRequest, ScoreResult, check_in_vocab, echo_row, score_row
+from millm.engine.scoring import PromptToken, ScoreRequest, ScoreResult, check_in_vocab, echo_row, score_row
 from millm.engine.templates import END_OF_TURN_TOKENS, has_chat_template, render_chat
 from millm.errors import ContextLengthExceeded, InvalidParameter, InvalidScoringRequest, MillmError, NoChatTemplate
 from millm.registry import ModelEntry
@@ -190,15 +190,15 @@ class TransformersEngine:
             mask[r, width - len(row):] = 1
         return ids.to(self.device), mask.to(self.device)
 
-    def _forward(self, ids: torch.Tensor, mask: torch.Tensor | None, every: bool = False) -> torch.Tensor:
-        """Last-position logits (fp32) of a cacheless forward, or with ``every`` the logits at every position.
-        With padding, positions come from the mask."""
+    def _forward(self, ids: torch.Tensor, mask: torch.Tensor | None, keep: int = 1) -> torch.Tensor:
+        """The logits (fp32, ``[rows, keep, vocab]``) of a cacheless forward at the last ``keep`` positions. With
+        padding, positions come from the mask."""
         kwargs: dict[str, Any] = {}
         if mask is not None:
             positions = (mask.cumsum(-1) - 1).clamp(min=0)
             kwargs = {"attention_mask": mask, "position_ids": positions}
-        out = self.model(input_ids=ids, use_cache=False, logits_to_keep=0 if every else 1, **kwargs)
-        return out.logits.float() if every else out.logits[:, -1, :].float()
+        out = self.model(input_ids=ids, use_cache=False, logits_to_keep=keep, **kwargs)
+        return out.logits[:, -keep:].float()
 
     def score(self, request: ScoreRequest) -> list[ScoreResult]:
         """Next-token log-probabilities per row; never steered or monitored (every hook is suppressed). With a
@@ -244,21 +244,25 @@ class TransformersEngine:
         return results
 
     def _echo(self, prompt_ids: list[list[int]], request: ScoreRequest) -> list[ScoreResult]:
-        """Every prompt token's log-probability given those before it, and the next token, in padded batches
-        (logits at every position are reduced batch by batch, never kept whole)."""
+        """Every prompt token's log-probability given those before it (from each row's ``echo_from``; the tokens
+        before it are listed without one), and the next token, in padded batches: logits are computed only at
+        the positions asked for, and reduced batch by batch, never kept whole."""
         self._check_scorable(prompt_ids, [r.where for r in request.rows])
         results: list[ScoreResult] = []
         with self._lock, torch.inference_mode(), self.steering.suppressed():
             for start in range(0, len(prompt_ids), request.batch_size):
-                chunk = prompt_ids[start:start + request.batch_size]
+                end = start + request.batch_size
+                chunk, rows = prompt_ids[start:end], request.rows[start:end]
+                froms = [min(max(row.echo_from, 1), len(ids)) for ids, row in zip(chunk, rows)]
                 batch, mask = self._left_pad(chunk)
-                logits = self._forward(batch, mask, every=True)
-                for ids, row_logits, row in zip(chunk, logits, request.rows[start:start + request.batch_size]):
-                    real = row_logits[-len(ids):]  # left padding: the row's tokens are the last len(ids)
+                logits = self._forward(batch, mask, keep=max(len(ids) - f for ids, f in zip(chunk, froms)) + 1)
+                for ids, row_logits, row, f in zip(chunk, logits, rows, froms):
+                    real = row_logits[-(len(ids) - f + 1):]  # left padding: the row's positions f - 1 .. end
                     scaled = real / row.params.temperature if row.params.temperature > 0 else real
-                    echo = echo_row(torch.log_softmax(scaled.double(), dim=-1), ids, row.params.top_n)
+                    echo = echo_row(torch.log_softmax(scaled.double(), dim=-1), ids[f - 1:], row.params.top_n)
+                    unread = [PromptToken(t, None, []) for t in ids[:f - 1]]
                     last = score_row(real[-1].cpu(), row.params, len(ids))
-                    results.append(ScoreResult(last.chosen, last.top, len(ids), echo))
+                    results.append(ScoreResult(last.chosen, last.top, len(ids), unread + echo))
         return results
 
     def forced(self, reads: list[Forced], batch_size: int = 16) -> list[list[float]]:
@@ -306,7 +310,7 @@ class TransformersEngine:
         with self._lock, torch.inference_mode(), self.steering.suppressed():
             for start in range(0, len(prompt_ids), batch_size):
                 batch, mask = self._left_pad(prompt_ids[start:start + batch_size])
-                rows.append(self._forward(batch, mask).cpu())
+                rows.append(self._forward(batch, mask)[:, -1].cpu())
         return torch.cat(rows)
 
     def embed(self, inputs: list[Any]) -> tuple[list[list[float]], int]:

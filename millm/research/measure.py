@@ -85,15 +85,30 @@ def check_engine(engine: Engine) -> None:
 class Measure:
     """Answers to the first ``prompts`` neutral prompts under each case's steering alone, on ``engine`` (its
     steering must hold the SAEs the cases name), measured against the unsteered answers (sampled and scored
-    once)."""
+    once: beside the first cases measured, in their job, or alone when asked for first)."""
 
     def __init__(self, engine: Engine, prompts: Sequence[str] = NEUTRAL_PROMPTS, seed: int = SEED,
                  tokens: int = MAX_NEW_TOKENS, bound: float = FLUENCY_BOUND) -> None:
         check_engine(engine)
         self.engine = engine
         self.prompts, self.seed, self.tokens, self.bound = tuple(prompts), seed, tokens, bound
-        self.plain = self.answers([UNSTEERED])[0]
-        self.plain_logprob = mean(self.logprobs(self.plain))
+        self._plain: tuple[list[str], float] | None = None
+
+    @property
+    def plain(self) -> list[str]:
+        """The unsteered answers."""
+        return self._unsteered()[0]
+
+    @property
+    def plain_logprob(self) -> float:
+        """The unsteered answers' mean token log-probability after their prompts."""
+        return self._unsteered()[1]
+
+    def _unsteered(self) -> tuple[list[str], float]:
+        if self._plain is None:
+            self.points([])
+        assert self._plain is not None
+        return self._plain
 
     def answers(self, overrides: Sequence[Override]) -> list[list[str]]:
         """Each override's answers to every prompt: one engine job of plans, decoded as batched rows."""
@@ -107,7 +122,7 @@ class Measure:
             prompt = self.prompts[k % len(self.prompts)]
             head = self.engine.tokenize(ChatPrompt([{"role": "user", "content": prompt}]))
             body = self.engine.tokenize(TextPrompt(answer, add_special_tokens=False)) if answer else []
-            rows.append(ScoreRow(TokenPrompt(tuple(head + body), f"answers[{k}]"), ECHO))
+            rows.append(ScoreRow(TokenPrompt(tuple(head + body), f"answers[{k}]"), ECHO, echo_from=len(head)))
             spans.append((len(head), len(body)))
         results = self.engine.score(ScoreRequest(rows, batch_size=SCORE_BATCH))
         out = []
@@ -120,10 +135,14 @@ class Measure:
         """Each case measured: its answers sampled beside every other case's (one job), then scored by the
         unsteered model. A case that steers nothing is the unsteered answers themselves."""
         steered = [c for c in cases if any(c.values.values())]
-        answered = self.answers([c.override for c in steered]) if steered else []
-        flat = [a for answers in answered for a in answers]
-        scored = self.logprobs(flat) if flat else []
+        first = self._plain is None  # the unsteered answers ride in the first job
+        overrides = [UNSTEERED] * first + [c.override for c in steered]
+        answered = self.answers(overrides) if overrides else []
+        scored = self.logprobs([a for answers in answered for a in answers]) if overrides else []
         per, measured = len(self.prompts), {}
+        if first:
+            self._plain = (answered[0], mean(scored[:per]))
+            answered, scored = answered[1:], scored[per:]
         for n, (case, answers) in enumerate(zip(steered, answered)):
             measured[id(case)] = self._point(case, answers, mean(scored[n * per:(n + 1) * per]))
         return [measured[id(c)] if id(c) in measured else self._point(c, self.plain, self.plain_logprob)
