@@ -74,9 +74,10 @@ def batch(
     check_counts(batch_size, workers)
     job = open_job(input, output)
     if ray is not None:
-        from millm.batch.distributed import answer_on_ray
+        from millm.batch.distributed import answer_on_ray, ray_session
 
-        with progress_bar("batch (ray)", len(job.lines), job.done) as advance:
+        # connected first: no cluster at the address is one line and exit 1, before any work or progress bar
+        with ray_session(ray_address(ray)), progress_bar("batch (ray)", len(job.lines), job.done) as advance:
             answer_on_ray(job, output, steering_service(), get_settings(), ray_address(ray), workers, batch_size,
                           advance)
     else:

@@ -269,7 +269,7 @@ def serve(
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
     model: Annotated[str | None, typer.Option(help="Model to load at start (default: the bundled one).")] = None,
     batching: Annotated[bool, typer.Option("--batching", help="Continuous batching of generations (as "
-                                           "MILLM_BATCHING=true); response_format is refused while on.")] = False,
+                                           "MILLM_BATCHING=true).")] = False,
 ) -> None:
     """Serve the OpenAI-compatible /v1 API and the management API with Hypercorn."""
     import logging

@@ -202,7 +202,7 @@ class ScoreWorker:
 def score_on_ray(lines: list[str], output: Path, model: str | None, defaults: dict[str, Any], address: str | None,
                  workers: int, batch_size: int) -> None:
     """The pending rows over Ray (one engine per actor), appended to ``output`` in input order."""
-    from millm.batch.distributed import require_ray, run_rows
+    from millm.batch.distributed import ray_session, require_ray, run_rows
 
     require_ray()
     name = model or get_settings().default_model
@@ -210,7 +210,9 @@ def score_on_ray(lines: list[str], output: Path, model: str | None, defaults: di
         raise InvalidParameter(f"'{name}' does not run on transformers, which scoring needs.", param="model")
     done = done_rows(output)
     todo = [(i, lines[i]) for i in range(len(lines)) if i not in done]
-    with output.open("a") as sink, progress_bar("scoring (ray)", len(lines), len(done)) as advance:
+    # connected first, as batch is: no cluster at the address is one line, before the progress bar
+    with (ray_session(address), output.open("a") as sink,
+          progress_bar("scoring (ray)", len(lines), len(done)) as advance):
         def write(line: str) -> None:
             sink.write(line)
             sink.flush()

@@ -154,7 +154,7 @@ def _check_scoring(body: Mapping[str, Any], echo: bool = False) -> None:
 
 
 # generation
-def response_format_constraint(value: Any) -> JsonConstraint | None:
+def response_format_constraint(value: Any, undeclared: str = "omit") -> JsonConstraint | None:
     """response_format's constraint. ``{"type": "json_object", "schema": {...}}`` (llama.cpp server's shape,
     sent by older instructor, Together and Fireworks clients) enforces that schema, checked as a json_schema's
     is; X-miLLM-Constrained then says ``json_object;schema``."""
@@ -163,10 +163,10 @@ def response_format_constraint(value: Any) -> JsonConstraint | None:
             raise ResponseFormatUnsupported("'response_format.schema' must be a JSON Schema object.",
                                             param="response_format")
         checked = check_response_format({"type": "json_schema",
-                                         "json_schema": {"name": "schema", "schema": value["schema"]}})
+                                         "json_schema": {"name": "schema", "schema": value["schema"]}}, undeclared)
         assert checked is not None
         return replace(checked, kind="json_object", name=None)
-    return check_response_format(value)
+    return check_response_format(value, undeclared)
 
 
 def readout_ask(raw: dict[str, Any] | None) -> ReadoutAsk | None:
@@ -191,34 +191,34 @@ def include_usage(body: Mapping[str, Any]) -> bool:
     return value
 
 
-def constraint_for(body: Mapping[str, Any], params: SamplingParams) -> Constraint | None:
+def constraint_for(body: Mapping[str, Any], params: SamplingParams, undeclared: str = "omit") -> Constraint | None:
     """response_format and tools (one constraint: text or calls, the text satisfying response_format), with the
-    combination they cannot live with. Streamed, every prefix the constraint lets out extends to a valid
-    document, and a stream cut by max_tokens ends with finish_reason "length", as a whole response does."""
-    text = response_format_constraint(body.get("response_format"))
+    combination they cannot live with (response_format and stop; tools take stop: it cuts free text only).
+    Streamed, every prefix the constraint lets out extends to a valid document, and a stream cut by max_tokens
+    ends with finish_reason "length", as a whole response does."""
+    text = response_format_constraint(body.get("response_format"), undeclared)
     constraint: Constraint | None = text
     if body.get("tools") is not None or body.get("tool_choice") is not None:
         constraint = tool_constraint(body.get("tools"), body.get("tool_choice"), body.get("parallel_tool_calls"),
-                                     text) or text
-    if constraint is not None and params.stop:
-        name = constraint.param
-        error = ResponseFormatUnsupported if name == "response_format" else InvalidParameter
-        raise error(f"'{name}' cannot be combined with 'stop': a stop string could cut a "
-                    f"{'document' if name == 'response_format' else 'tool call'} and report it complete.", param=name)
+                                     text, undeclared) or text
+    if text is not None and params.stop:  # beside tools, stops apply to free text only: the engine's stop_scope
+        raise ResponseFormatUnsupported("'response_format' cannot be combined with 'stop': a stop string could cut "
+                                        "a document and report it complete.", param="response_format")
     return constraint
 
 
 def refuse_under_batching(built: Built) -> None:
-    """response_format on a server with continuous batching enabled: refused before loading (spec). Tool calls
-    are not refused there (Open WebUI sends tools with every message): like any constrained plan they are
-    served on the serial path, alone."""
+    """response_format on a server with continuous batching enabled and MILLM_BATCHING_CONSTRAINTS=refuse:
+    refused before loading (the spec's rule; by default a constrained row is batched like any other). Tool
+    calls are not refused there (Open WebUI sends tools with every message): they are served on the serial
+    path, alone."""
     constraint = built.constraint
     if isinstance(constraint, ToolConstraint):
         constraint = constraint.text
     if constraint is not None:
         raise ResponseFormatUnsupported("'response_format' cannot be honoured while continuous batching is enabled "
-                                        "on this server (MILLM_BATCHING); it was refused rather than ignored.",
-                                        param="response_format")
+                                        "on this server (MILLM_BATCHING with MILLM_BATCHING_CONSTRAINTS=refuse); "
+                                        "it was refused rather than ignored.", param="response_format")
 
 
 # arguments miLLM passes to the template renderer itself; a client's value would clash with them (a 500)
@@ -274,7 +274,7 @@ def build_chat(body: Any, engine_of: EngineOf, strict: bool = False, limits: Lim
                      seed=_scoring_seed(body))
     params = sampling_params(body)
     stream = _stream(params, bool(wire.stream))
-    constraint = constraint_for(body, params)
+    constraint = constraint_for(body, params, limits.undeclared)
     intensity = parse_intensity(body.get("steering_intensity"))
     check_rows("extra_messages", len(conversations), params.n, limits)
     if readout is not None:

@@ -38,6 +38,9 @@ class Settings(BaseSettings):
     batch_max_tokens: int = Field(default=32768, ge=1)  # KV token budget, split into one slot per row
     batch_prefill_chunk: int = Field(default=256, ge=1)  # tokens in one merged prefill forward (rows x width)
     batching_monitoring: Literal["batch", "serial"] = "batch"  # serial: monitored requests skip the batch
+    # MILLM_BATCHING_CONSTRAINTS: "batch" serves response_format and tools in the batch, per row; "refuse" is the
+    # spec's rule (response_format 400 while batching is on, tool calls on the serial path)
+    batching_constraints: Literal["batch", "refuse"] = "batch"
     graceful_unload_timeout: float = Field(default=30.0, ge=0)  # seconds running requests get before an unload
     preflight_timeout: float = Field(default=30.0, gt=0)  # seconds a load's file checks may take (then 500)
     api_key: str | None = None
@@ -51,6 +54,10 @@ class Settings(BaseSettings):
     # MILLM_TOOLS: "honour" calls tools by constrained decoding (transformers); "refuse" answers tools and
     # tool_choice with 400 field_not_honoured, the spec's table (README: Structured output and tools)
     tools: Literal["honour", "refuse"] = "honour"
+    # MILLM_UNDECLARED_PROPERTIES: "omit" generates an object that declares properties and leaves
+    # additionalProperties unset without undeclared keys (xgrammar's strict reading); "allow" as JSON Schema's
+    # literal reading (README: Structured output and tools)
+    undeclared_properties: Literal["omit", "allow"] = "omit"
     # MILLM_GGUF_STEERING: SAEs attach to GGUF models and steer llama.cpp through its control vectors (profile and
     # steering_intensity honoured on GGUF chat); off, the spec's table refuses them (README: GGUF models)
     gguf_steering: bool = False

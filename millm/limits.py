@@ -1,5 +1,6 @@
-"""What one request may ask of the engine: rows, prompts, embedding inputs and prompt tokens, and the two
-serving policies that change the field table (MILLM_TOOLS, MILLM_GGUF_STEERING).
+"""What one request may ask of the engine: rows, prompts, embedding inputs and prompt tokens, the two
+serving policies that change the field table (MILLM_TOOLS, MILLM_GGUF_STEERING) and the reading of a schema's
+unset additionalProperties (MILLM_UNDECLARED_PROPERTIES).
 
 Without bounds one request could hold the engine or the memory (1,000 conversations ran 69 s with every
 other client waiting; 16 choices x 101 conversations took 4 GB). Each bound is a setting (MILLM_MAX_*,
@@ -27,12 +28,14 @@ class Limits:
     max_prompt_tokens: int  # MILLM_MAX_PROMPT_TOKENS: prompt tokens over every row of a request
     tools: str = "honour"  # MILLM_TOOLS: whether a request may ask for tool calls ("refuse": 400, the spec's table)
     gguf_steering: bool = False  # MILLM_GGUF_STEERING: GGUF chat honours profile and steering_intensity
+    undeclared: str = "omit"  # MILLM_UNDECLARED_PROPERTIES: "allow" generates keys a schema did not declare
 
     @classmethod
     def of(cls, settings: Settings | None = None) -> Limits:
         """The limits ``settings`` set (the process settings by default)."""
         s = settings or get_settings()
-        return cls(s.max_rows, s.max_prompts, s.max_embedding_inputs, s.max_prompt_tokens, s.tools, s.gguf_steering)
+        return cls(s.max_rows, s.max_prompts, s.max_embedding_inputs, s.max_prompt_tokens, s.tools, s.gguf_steering,
+                   s.undeclared_properties)
 
 
 def _refuse(field: str, what: str, count: int, limit: int, setting: str) -> InvalidParameter:

@@ -13,7 +13,8 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +37,26 @@ def require_ray() -> Any:
     except ImportError:
         raise InvalidParameter(INSTALL_HINT, param="ray") from None
     return ray
+
+
+@contextmanager
+def ray_session(address: str | None) -> Iterator[Any]:
+    """Ray, connected for the block: a local instance for ``address`` None, else the cluster at ``address``
+    (``auto``: the one this node belongs to), shut down after; a session already connected is used as it is.
+    No cluster there is a clear error, not Ray's ConnectionError and its traceback."""
+    ray = require_ray()
+    started = not ray.is_initialized()
+    if started:
+        try:
+            ray.init(address=address, log_to_driver=False, configure_logging=False, include_dashboard=False)
+        except ConnectionError:
+            raise InvalidParameter(f"No Ray cluster was found at {address}: start one with `ray start --head`, "
+                                   "or use --ray local.", param="ray") from None
+    try:
+        yield ray
+    finally:
+        if started:
+            ray.shutdown()
 
 
 def actor_resources() -> dict[str, float]:
@@ -77,11 +98,7 @@ def run_rows(rows: list[tuple[int, str]], worker: type, worker_args: dict[str, A
     ``write`` (what a resumed job keeps) only when its whole block is done."""
     if not rows:
         return
-    ray = require_ray()
-    started = not ray.is_initialized()
-    if started:
-        ray.init(address=address, log_to_driver=False, configure_logging=False, include_dashboard=False)
-    try:
+    with ray_session(address) as ray:
         context = ray.data.DataContext.get_current()
         context.execution_options.preserve_order = True
         context.enable_progress_bars = False
@@ -98,9 +115,6 @@ def run_rows(rows: list[tuple[int, str]], worker: type, worker_args: dict[str, A
                 write(str(row["out"]))
                 if advance is not None:
                     advance(1, int(row["tokens"]))
-    finally:
-        if started:
-            ray.shutdown()
 
 
 def shipped(arg: list[Any]) -> Any:

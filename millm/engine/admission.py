@@ -14,13 +14,15 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class BatchSettings:
     """How big the batch may grow: rows, the KV token budget (split into equal slots), the tokens a
-    step's merged prefill forward may hold (padding included), and whether monitored requests are
-    batched or served serially."""
+    step's merged prefill forward may hold (padding included), whether monitored requests are
+    batched or served serially, and whether constrained ones (response_format, tools) are batched, per row, or
+    refused as the spec's rule has it (MILLM_BATCHING_CONSTRAINTS)."""
 
     max_rows: int = 16
     max_tokens: int = 32768
     prefill_chunk: int = 256
     monitoring: Literal["batch", "serial"] = "batch"
+    constraints: Literal["batch", "refuse"] = "batch"
 
     @property
     def slot_len(self) -> int:
@@ -30,7 +32,7 @@ class BatchSettings:
     def of(cls, settings: Settings) -> BatchSettings:
         """The configured bounds, whether or not the server batches (``millm batch`` always may)."""
         return cls(settings.batch_max_rows, settings.batch_max_tokens, settings.batch_prefill_chunk,
-                   settings.batching_monitoring)
+                   settings.batching_monitoring, settings.batching_constraints)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> BatchSettings | None:
@@ -47,9 +49,9 @@ def fallback_reason(plans: list[Plan], batch: BatchSettings, monitoring: bool) -
     """Why a generation is served alone (the serial path) instead of in the batch (None: it is batched).
 
     n > 1, a seed (its text must not depend on other traffic), several conversations (extra_messages),
-    a read-out (return_sae_activations), a constraint, active monitoring when
-    MILLM_BATCHING_MONITORING=serial, and what cannot fit the batch: a row longer than a KV slot, or more
-    rows than the batch has.
+    a read-out (return_sae_activations), a constraint when MILLM_BATCHING_CONSTRAINTS=refuse (a row's
+    constraint is its own matcher otherwise), active monitoring when MILLM_BATCHING_MONITORING=serial, and
+    what cannot fit the batch: a row longer than a KV slot, or more rows than the batch has.
     """
     for plan in plans:
         if plan.params.n > 1:
@@ -60,8 +62,8 @@ def fallback_reason(plans: list[Plan], batch: BatchSettings, monitoring: bool) -
             return "extra_messages"
         if plan.readout is not None:
             return "return_sae_activations"
-        if plan.constraint is not None:  # response_format, or tools (a tool-call constraint names its field)
-            return str(getattr(plan.constraint, "param", "response_format"))
+        if plan.constraint is not None and batch.constraints == "refuse":  # named by its field
+            return plan.constraint.param
     if monitoring and batch.monitoring == "serial":
         return "monitoring"
     if rows_of(plans) > batch.max_rows or any(len(ids) + p.max_tokens > batch.slot_len

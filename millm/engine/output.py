@@ -12,29 +12,40 @@ class ChoiceOutput:
     """Turns sampled token ids into emitted text for one choice, and says when it is finished.
 
     Text that could still become a stop sequence is held back; once a stop matches, the text is cut
-    before it and nothing of the stop is ever emitted.
+    before it and nothing of the stop is ever emitted. With ``until`` (a tool call's marker), stop sequences
+    apply to the free text before it only: a call, once begun, is never cut.
     """
 
-    def __init__(self, tokenizer: Decoder, stops: Sequence[str], stop_ids: frozenset[int]) -> None:
+    def __init__(self, tokenizer: Decoder, stops: Sequence[str], stop_ids: frozenset[int],
+                 until: str | None = None) -> None:
         self.detok = IncrementalDetokenizer(tokenizer)
         self.stops = tuple(stops)
         self.stop_ids = stop_ids
+        self.until = until
         self.text = ""
         self.emitted = 0
         self.tokens = 0
         self.finish_reason: str | None = None
         self._longest_stop = max((len(s) for s in self.stops), default=0)
         self._matcher = StopMatcher(self.stops)
+        self._free_end: int | None = None  # where the free text ends, once ``until`` is seen
 
     def _advance(self, new_text: str, final: bool) -> str:
-        search_from = max(0, self.emitted - self._longest_stop + 1)
+        start = len(self.text)
         self.text += new_text
-        held = self._matcher.feed(new_text) if self.stops else 0
-        cut = find_stop(self.text, self.stops, search_from) if self.stops else None
-        if cut is not None:
-            self.text = self.text[:cut]
-            self.finish_reason = "stop"
-            final = True
+        held = 0
+        if self.stops and self._free_end is None:
+            if self.until is not None and (at := self.text.find(self.until, max(0, start - len(self.until) + 1))) >= 0:
+                self._free_end = at
+            free = self.text[:self._free_end]
+            held = self._matcher.feed(free[start:])
+            cut = find_stop(free, self.stops, max(0, self.emitted - self._longest_stop + 1))
+            if cut is not None:
+                self.text = self.text[:cut]
+                self.finish_reason = "stop"
+                final = True
+            if self._free_end is not None:
+                held = 0
         end = len(self.text) if final else len(self.text) - held
         piece = self.text[self.emitted:end]
         self.emitted = end

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from millm.engine.events import Delta, Event, Finish, Usage
 from millm.engine.params import ChatPrompt, Prompt, SamplingParams, TextPrompt
+from millm.engine.templates import TOOLS_KWARG
 from millm.errors import ContextLengthExceeded, InvalidParameter
 
 if TYPE_CHECKING:
@@ -29,9 +30,10 @@ class Plan:
 
 
 def token_budget(prompt_ids: list[list[int]], wanted: int | None, window: int, default: int,
-                 names: list[str] | None = None) -> int:
+                 names: list[str] | None = None, explain: Callable[[int], str | None] | None = None) -> int:
     """max_tokens for the plan: the asked number, checked against the window, or what fits of the default.
-    Errors name the prompt (``names``, parallel to ``prompt_ids``) that does not fit."""
+    Errors name the prompt (``names``, parallel to ``prompt_ids``) that does not fit, with ``explain``'s
+    sentence about it (given its index)."""
     lengths = [len(ids) for ids in prompt_ids]
     longest = max(lengths)
     where = (names or ["prompt"] * len(lengths))[lengths.index(longest)]
@@ -40,8 +42,19 @@ def token_budget(prompt_ids: list[list[int]], wanted: int | None, window: int, d
     budget = wanted if wanted is not None else min(default, window - longest)
     if longest + max(budget, 1) > window:
         raise ContextLengthExceeded(requested=longest + max(budget, 1), available=window, prompt_tokens=longest,
-                                    param=where)
+                                    param=where, detail=explain(lengths.index(longest)) if explain else None)
     return budget
+
+
+def tool_listing(prompt: Prompt, tokens: int, tokenize: Callable[[Prompt], list[int]]) -> str | None:
+    """How many of a chat prompt's ``tokens`` its tool listings take (None without tools): a client that sends
+    many tools (Open WebUI's 36 take about 7,000 tokens) learns why a short message does not fit."""
+    if not isinstance(prompt, ChatPrompt) or not prompt.template_kwargs.get(TOOLS_KWARG):
+        return None
+    bare = {k: v for k, v in prompt.template_kwargs.items() if k != TOOLS_KWARG}
+    listed = tokens - len(tokenize(replace(prompt, template_kwargs=bare)))
+    count = len(prompt.template_kwargs[TOOLS_KWARG])  # type: ignore[arg-type]
+    return f"The listings of the {count} tools take {listed} of the prompt's {tokens} tokens."
 
 
 def prompt_characters(prompt: Prompt) -> int:

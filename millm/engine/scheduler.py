@@ -49,7 +49,7 @@ from millm.engine.plan import Plan
 from millm.engine.prefill import choose, inputs
 from millm.engine.rows import Row, emit
 from millm.steering.target import Monitor, MonitorSession, ReadoutRecorder, RowView, Steering
-from millm.structured.constraint import RowGuides, validate
+from millm.structured.constraint import RowGuides, stop_scope, validate
 
 if TYPE_CHECKING:
     from millm.engine.base import StepControl
@@ -316,10 +316,11 @@ class Scheduler:
                 generator = None
                 if plan.params.seed is not None:
                     generator = torch.Generator(device=engine.device).manual_seed(plan.params.seed)
+                stops, until = stop_scope(plan.constraint, plan.params.stop)
                 for prompt in plan.prompt_ids:
                     first: BatchRow | None = None
                     for _ in range(plan.params.n):
-                        row = Row(index, ChoiceOutput(engine.tokenizer, plan.params.stop, engine.stop_ids),
+                        row = Row(index, ChoiceOutput(engine.tokenizer, stops, engine.stop_ids, until),
                                   plan.params, plan.max_tokens)
                         guide = None
                         if plan.constraint is not None:

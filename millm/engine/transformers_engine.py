@@ -27,7 +27,7 @@ from millm.engine.params import (
     check_token_ids,
     prompt_names,
 )
-from millm.engine.plan import Plan, check_characters, token_budget
+from millm.engine.plan import Plan, check_characters, token_budget, tool_listing
 from millm.engine.scheduler import Job, Scheduler
 from millm.engine.scoring import PromptToken, ScoreRequest, ScoreResult, check_in_vocab, echo_row, score_row
 from millm.engine.templates import END_OF_TURN_TOKENS, has_chat_template, render_chat
@@ -151,7 +151,8 @@ class TransformersEngine:
         check_characters(request.prompts, prompt_names(request.prompts), self.context_window, self.max_token_bytes)
         prompt_ids = [self.tokenize(p) for p in request.prompts]
         budget = token_budget(prompt_ids, request.params.max_tokens, self.context_window, self.default_max_tokens,
-                              prompt_names(request.prompts))
+                              prompt_names(request.prompts),
+                              lambda i: tool_listing(request.prompts[i], len(prompt_ids[i]), self.tokenize))
         readout = None
         if request.readout is not None:
             readout = bind_readout(request.readout, self.steering, rows=len(prompt_ids) * request.params.n,
@@ -323,7 +324,14 @@ class TransformersEngine:
             if isinstance(item, str):
                 check_characters([TextPrompt(item)], [where], self.context_window, self.max_token_bytes)
                 ids = self.tokenizer(item, add_special_tokens=True)["input_ids"]
-            elif any(not 0 <= t < vocab for t in item):
+            elif past := [t for t in item if t >= vocab]:
+                # what LangChain's OpenAIEmbeddings sends by default: the text as tiktoken's ids, not this model's
+                raise InvalidParameter(
+                    f"'{where}' holds token id {past[0]}, past this model's vocabulary (0-{vocab - 1}): these look "
+                    "like another tokenizer's ids (for example tiktoken's, which LangChain's OpenAIEmbeddings sends "
+                    "by default), which stand for other tokens here. Send the text itself; with LangChain, pass "
+                    "check_embedding_ctx_length=False to OpenAIEmbeddings.", param=where)
+            elif any(t < 0 for t in item):
                 raise InvalidParameter(f"'{where}' holds a token id outside this model's vocabulary (0-{vocab - 1}).",
                                        param=where)
             else:

@@ -5,17 +5,25 @@ bodies are written here, by endpoint, and ``check`` holds every body to its sche
 it, so a wrong type is a 400 naming the field rather than reaching SQLite or a path (a list as ``sae``
 answered 500). They hold types only: ranges are the routes' own (written once, where they are checked
 against the loaded model and the store).
+
+Every body is closed: a field its schema does not name, at any depth, is refused with 400
+``unused_fields_refused`` naming each one (the code /v1 gives a field it does not use), never ignored, so
+``{"path", "name"}`` to POST /api/models says ``name`` is not a field rather than registering the model
+under another id than the client meant. An object schema is open only where it says so
+(``additionalProperties``: a circuit's ``evidence``, a steering ``values`` map).
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from pydantic import BaseModel
 
-from millm.errors import InvalidParameter
+from millm.errors import InvalidParameter, UnusedFieldsRefused
 from millm.steering.documents import CircuitDoc, ClusterDoc
 from millm.steering.profiles import ProfileDoc
+from millm.structured.schema import closed
 
 STRING = {"type": "string"}
 OPTIONAL_STRING = {"type": ["string", "null"]}
@@ -58,12 +66,72 @@ BODIES: dict[str, dict[str, Any] | type[BaseModel]] = {
     "steering_docs.set_cluster_intensity": {"type": "object", "required": ["lambda"], "properties": {
         "lambda": {"type": "number"}}},
 }
+BODIES = {endpoint: closed(body) if isinstance(body, dict) else body for endpoint, body in BODIES.items()}
+
+
+@functools.cache
+def _model_schema(model: type[BaseModel]) -> dict[str, Any]:
+    return model.model_json_schema()
+
+
+def unknown_fields(schema: dict[str, Any], value: Any, defs: dict[str, Any] | None = None,
+                   path: tuple[str, ...] = ()) -> list[str]:
+    """Where ``value`` holds a field ``schema`` does not name, in document order (``entries.0.weight``).
+
+    An object schema that names its properties takes no others unless its ``additionalProperties`` says so
+    (a schema there is applied to each other field). A value of another kind than the schema's (a list where
+    an object belongs, a ``kind`` whose ``const`` differs) is the type check's to refuse, not this one's."""
+    defs = schema.get("$defs", {}) if defs is None else defs
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#/$defs/"):
+        schema = defs.get(ref.removeprefix("#/$defs/"), {})
+    for branch in schema.get("anyOf", schema.get("oneOf", ())):
+        resolved = defs.get(branch["$ref"].removeprefix("#/$defs/"), {}) if "$ref" in branch else branch
+        if (resolved.get("type") == "object") == isinstance(value, dict) and \
+                (resolved.get("type") == "array") == isinstance(value, list):
+            return unknown_fields(resolved, value, defs, path)
+    found: list[str] = []
+    if isinstance(value, dict) and "properties" in schema:
+        properties: dict[str, Any] = schema["properties"]
+        if any("const" in properties[k] and properties[k]["const"] != v for k, v in value.items() if k in properties):
+            return []  # a document of another kind: its kind is what is wrong
+        others = schema.get("additionalProperties", False)
+        for key, child in value.items():
+            sub = properties.get(key, others)
+            if sub is False:
+                found.append(".".join((*path, key)))
+            elif isinstance(sub, dict):
+                found += unknown_fields(sub, child, defs, (*path, key))
+    elif isinstance(value, dict) and isinstance(schema.get("additionalProperties"), dict):
+        for key, child in value.items():
+            found += unknown_fields(schema["additionalProperties"], child, defs, (*path, key))
+    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
+        for i, child in enumerate(value):
+            found += unknown_fields(schema["items"], child, defs, (*path, str(i)))
+    return found
+
+
+def refuse_unknown(schema: dict[str, Any], body: Any) -> None:
+    """A 400 ``unused_fields_refused`` naming every field of ``body`` that ``schema`` does not name."""
+    unknown = unknown_fields(schema, body)
+    if not unknown:
+        return
+    names = ", ".join(f"'{where}'" for where in unknown)
+    top = sorted(schema.get("properties", {}))
+    takes = f" This body's fields are: {', '.join(top)}." if top and all("." not in u for u in unknown) else ""
+    plural = "s" if len(unknown) > 1 else ""
+    raise UnusedFieldsRefused(f"Unknown field{plural} {names}: the management API refuses fields it does not "
+                              f"use rather than ignoring them.{takes}", param=unknown[0])
 
 
 def check(endpoint: str | None, body: Any) -> None:
-    """Hold ``body`` to the schema written here for ``endpoint`` (a 400 naming the field); bodies with a model
-    of their own are checked by the route with it."""
+    """Hold ``body`` to the schema written here for ``endpoint``: a field it does not name is a 400 naming
+    every such field, then a wrong type a 400 naming the field; a body with a model of its own has its types
+    checked by the route with it."""
     schema = BODIES.get(endpoint or "")
+    if schema is None:
+        return
+    refuse_unknown(schema if isinstance(schema, dict) else _model_schema(schema), body)
     if not isinstance(schema, dict):
         return
     import jsonschema

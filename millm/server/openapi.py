@@ -10,6 +10,7 @@ from quart import Quart
 
 from millm import __version__
 from millm.server.api_bodies import BODIES
+from millm.structured.schema import closed
 from millm.wire import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 
 REQUEST_BODIES: dict[str, dict[str, Any] | type[BaseModel]] = {
@@ -59,6 +60,8 @@ def _component(body: dict[str, Any] | type[BaseModel], endpoint: str, schemas: d
         schemas[name] = body
         return name
     schema = body.model_json_schema(ref_template="#/components/schemas/{model}")
+    if endpoint in BODIES:  # a management body refuses the fields it does not name (api_bodies.unknown_fields)
+        schema = closed(schema)
     schemas.update(schema.pop("$defs", {}))
     schemas[body.__name__] = schema
     return body.__name__

@@ -106,7 +106,7 @@ async def generate(built: Built, entry: ModelEntry) -> Any:
     """Generation: prepared on the engine thread (steering, tokens, limits), then run by the engine's
     scheduler, streamed or collected."""
     svc = services()
-    if svc.worker.batching is not None:
+    if svc.worker.batching is not None and svc.worker.batching.constraints == "refuse":
         refuse_under_batching(built)
     if built.profile is not None:
         svc.steering.profile(built.profile)  # 404 before any load

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -17,7 +18,7 @@ import torch
 from millm.errors import ConstrainedOutputInvalid, ResponseFormatUnsupported
 from millm.structured.bounded import BoundedCache
 from millm.structured.schema import linear_regex
-from millm.structured.tools import Constraint, ToolConstraint, split
+from millm.structured.tools import OPEN, Constraint, ToolConstraint, split
 
 COMPILED_MAX = 64  # compiled constraints kept per engine
 COMPILED_MAX_BYTES = 256 * 2**20  # and the memory they may hold, as ``compiled_bytes`` estimates it
@@ -89,6 +90,17 @@ class RowGuides:
         matcher = self.matchers[row]
         matcher.consume_token(token)
         return matcher.is_stopped()
+
+
+def stop_scope(constraint: Constraint | None, stops: Sequence[str]) -> tuple[tuple[str, ...], str | None]:
+    """The stop sequences that apply to a row under ``constraint``, and the text before which they apply (None:
+    all of it). A tool call is never cut: stops apply to an "auto" answer's free text before its first call
+    marker, and not at all where the text is calls alone. (A document of response_format with stop is refused
+    before this: the builder's rule.)"""
+    if isinstance(constraint, ToolConstraint):
+        free = constraint.choice == "auto" and constraint.text is None
+        return (tuple(stops) if free else ()), OPEN
+    return tuple(stops), None
 
 
 def validate(constraint: Constraint, text: str) -> None:

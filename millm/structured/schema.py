@@ -40,25 +40,65 @@ SCHEMA_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 WHITESPACE = "[ ]?"
 
 
+# objects nested in a schema: the keywords whose value is one schema, a list of them, or named ones
+ONE_SCHEMA, SCHEMA_LIST, NAMED_SCHEMAS = ("items", "additionalProperties"), \
+    ("anyOf", "oneOf", "allOf", "prefixItems"), ("properties", "$defs")
+OMITTED = ";undeclared=omitted"  # X-miLLM-Constrained's parameter when ``closed`` changed what is generated
+
+
+def closed(schema: Any) -> Any:
+    """The schema as generated: every object that declares ``properties`` and leaves ``additionalProperties``
+    unset gets ``additionalProperties: false``, as xgrammar's strict mode and OpenAI's structured outputs
+    read it (Pydantic and most hand-written schemas leave it unset, and a small model then adds keys the
+    schema never named and runs to max_tokens). What is generated stays valid under the original schema,
+    which is what the document is validated against; an object without ``properties`` (a free-form map)
+    stays open. (The management API's bodies are closed by the same rule: ``millm.server.api_bodies``.)"""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in ONE_SCHEMA:
+        if key in out:
+            out[key] = closed(out[key])
+    for key in SCHEMA_LIST:
+        if isinstance(out.get(key), list):
+            out[key] = [closed(sub) for sub in out[key]]
+    for key in NAMED_SCHEMAS:
+        if isinstance(out.get(key), dict):
+            out[key] = {name: closed(sub) for name, sub in out[key].items()}
+    if isinstance(out.get("properties"), dict) and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    return out
+
+
 @dataclass(frozen=True)
 class JsonConstraint:
-    """What to enforce: ``kind`` json_object or json_schema, the schema, and the name for the header."""
+    """What to enforce: ``kind`` json_object or json_schema, the schema, and the name for the header;
+    ``undeclared`` "omit" generates the schema ``closed`` (the default), "allow" as written (the literal
+    reading: MILLM_UNDECLARED_PROPERTIES=allow)."""
 
     kind: str
     schema: dict[str, Any]
     name: str | None = None
+    undeclared: str = "omit"
     param = PARAM  # the request field that asked for it (what refusals and errors name)
 
     @property
+    def generated(self) -> dict[str, Any]:
+        """The schema the grammar is made of (validation reads ``schema``)."""
+        return closed(self.schema) if self.undeclared == "omit" else self.schema
+
+    @property
     def key(self) -> str:
-        """Canonical text of the schema: the cache key for its compiled constraint."""
-        return canonical(self.schema)
+        """Canonical text of the generated schema: the cache key for its compiled constraint."""
+        return canonical(self.generated)
 
     def header(self) -> str:
-        """X-miLLM-Constrained."""
+        """X-miLLM-Constrained, with ``;undeclared=omitted`` when objects the schema left open are generated
+        closed."""
+        omitted = OMITTED if self.generated != self.schema else ""
         if self.kind == "json_object":  # with a schema of the client's own (llama.cpp server's shape): say so
-            return "json_object" if self.schema == {"type": "object"} else "json_object;schema"
-        return f"json_schema;name={sf_string(self.name or '')}"
+            return ("json_object" if self.schema == {"type": "object"} else "json_object;schema") + omitted
+        return f"json_schema;name={sf_string(self.name or '')}{omitted}"
 
     def grammar(self) -> str:
         """The constraint library's grammar for it."""
@@ -276,8 +316,9 @@ def canonical(schema: dict[str, Any]) -> str:
     return json.dumps(schema, separators=(",", ":"))
 
 
-def check_response_format(value: Any) -> JsonConstraint | None:
-    """The constraint a response_format asks for (None for text), or a 400 naming every problem."""
+def check_response_format(value: Any, undeclared: str = "omit") -> JsonConstraint | None:
+    """The constraint a response_format asks for (None for text), or a 400 naming every problem; ``undeclared``
+    is MILLM_UNDECLARED_PROPERTIES (``JsonConstraint``)."""
     if value is None:
         return None
     if not isinstance(value, dict) or value.get("type") not in ("text", "json_object", "json_schema"):
@@ -285,7 +326,7 @@ def check_response_format(value: Any) -> JsonConstraint | None:
     if value["type"] == "text":
         return None
     if value["type"] == "json_object":
-        return JsonConstraint("json_object", {"type": "object"})
+        return JsonConstraint("json_object", {"type": "object"}, undeclared=undeclared)
     spec = value.get("json_schema")
     if not isinstance(spec, dict) or not isinstance(spec.get("name"), str) or not isinstance(spec.get("schema"), dict):
         raise ResponseFormatUnsupported("'response_format.json_schema' needs a 'name' and a 'schema' object.",
@@ -294,7 +335,7 @@ def check_response_format(value: Any) -> JsonConstraint | None:
         raise ResponseFormatUnsupported("'response_format.json_schema.name' must be 1-64 letters, digits, '_' or "
                                         "'-' (as OpenAI's API requires).", param=PARAM)
     check_schema(spec["schema"])
-    return JsonConstraint("json_schema", spec["schema"], spec["name"])
+    return JsonConstraint("json_schema", spec["schema"], spec["name"], undeclared)
 
 
 def check_compiles(constraint: JsonConstraint) -> None:

@@ -119,6 +119,58 @@ def test_openai_sdk_parse_with_a_date_field(client):
     assert isinstance(final.choices[0].message.parsed, Birthday)
 
 
+class Landing(BaseModel):
+    """Pydantic's default: extra keys are ignored on input, and its schema leaves additionalProperties unset."""
+
+    when: str = Field(max_length=30)
+    where: str = Field(max_length=30)
+
+
+class StrictLanding(Landing, extra="forbid"):
+    pass
+
+
+def test_a_pydantic_schema_without_strict_parses_with_no_undeclared_keys(client):
+    schema = Landing.model_json_schema()
+    assert "additionalProperties" not in schema
+    completion = client.chat.completions.create(
+        model=MODEL, max_tokens=80, temperature=0.8, seed=3,
+        messages=[{"role": "user", "content": "When and where did the first moon landing happen?"}],
+        response_format={"type": "json_schema", "json_schema": {"name": "landing", "schema": schema}})
+    choice = completion.choices[0]
+    assert choice.finish_reason == "stop"
+    StrictLanding.model_validate_json(choice.message.content)  # no key the model was not asked for
+
+
+def test_smolagents_tool_calling_agent_runs_with_its_defaults(server):
+    """smolagents' ToolCallingAgent sends stop ["Observation:", "Calling tools:"] and tool_choice "required"
+    with every step; its steps must be answered, with calls it can run."""
+    from smolagents import AgentGenerationError, AgentMaxStepsError, OpenAIServerModel, ToolCallingAgent, tool
+
+    asked: list[str] = []
+
+    @tool
+    def weather(city: str) -> str:
+        """The current weather in a city.
+
+        Args:
+            city: the city's name
+        """
+        asked.append(city)
+        return f"18 degrees and sunny in {city}"
+
+    model = OpenAIServerModel(model_id=MODEL, api_base=server + "/v1", api_key="not-needed", max_tokens=60,
+                              temperature=0)
+    agent = ToolCallingAgent(tools=[weather], model=model, max_steps=2, verbosity_level=0)
+    agent.run("What is the weather in Paris?")
+    steps = [s for s in agent.memory.steps if hasattr(s, "tool_calls")]
+    assert not any(isinstance(s.error, AgentGenerationError) for s in steps)  # no step refused or unparsed
+    acted = [s for s in steps if not isinstance(s.error, AgentMaxStepsError)]  # the last is the agent's own
+    assert len(acted) == 2 and all(s.tool_calls for s in acted)  # each step a call the agent parsed and ran
+    assert {c.name for s in acted for c in s.tool_calls} <= {"weather", "final_answer"}
+    assert asked and set(asked) <= {"Paris"}
+
+
 def test_open_webui_s_shape_answers(server):
     """What Open WebUI sends with native function calling: its built-in tools on every message, streamed,
     with stream_options. It must answer (text or a call), never refuse."""

@@ -162,6 +162,26 @@ def test_embedding_refuses_empty_and_oversized(engine):
         engine.embed(["word " * (engine.context_window + 5)])
 
 
+TIKTOKEN_IDS = [791, 6864, 315, 9822, 374, 12366, 13, 100257]  # cl100k: "The capital of France is Paris." + eot
+
+
+def test_embedding_token_ids_past_the_vocabulary_are_named_as_another_tokenizers(engine):
+    """LangChain's OpenAIEmbeddings sends tiktoken ids by default: the 400 says so and names the fix (issue 36)."""
+    vocab = len(engine.tokenizer)
+    for inputs, where in (([TIKTOKEN_IDS], "input"), ([[1, 2], [3, vocab]], "input[1]")):
+        with pytest.raises(InvalidParameter) as exc:
+            engine.embed(inputs)
+        assert exc.value.param == where and exc.value.status == 400
+        message = exc.value.message
+        assert "another tokenizer" in message and "tiktoken" in message, message
+        assert "check_embedding_ctx_length=False" in message and f"0-{vocab - 1}" in message, message
+    with pytest.raises(InvalidParameter, match="outside this model's vocabulary") as exc:
+        engine.embed([[1, -1]])
+    assert "tiktoken" not in exc.value.message  # a negative id is no other tokenizer's
+    vectors, tokens = engine.embed([[1, 2, vocab - 1]])  # ids inside the vocabulary are this model's
+    assert len(vectors) == 1 and tokens == 3
+
+
 def test_fingerprint_format(engine):
     assert engine.fingerprint == "millm:SmolLM2-135M-Instruct@unrecorded:float32/Q4_1:transformers"
 

@@ -99,3 +99,42 @@ def test_stop_sequences_are_bounded():
         with pytest.raises(InvalidParameter) as info:
             check_stop(bad)
         assert info.value.param == "stop"
+
+
+def fed(out: ChoiceOutput, text: str) -> str:
+    """What ``out`` emits for ``text``, fed byte by byte until it finishes (the engine then ends the row)."""
+    emitted = ""
+    for i in ids_of(text):
+        emitted += out.feed(i)
+        if out.finish_reason is not None:
+            break
+    return emitted
+
+
+def test_stops_apply_to_free_text_before_a_call_only():
+    from millm.structured.tools import OPEN, call_text
+
+    call = call_text("search", '{"query": "Observation: rain"}')
+    out = ChoiceOutput(ByteTokenizer(), ["Observation:"], frozenset({999}), until=OPEN)
+    text = fed(out, "Let me look. " + call) + out.feed(999)
+    assert text == "Let me look. " + call  # the stop inside the call's arguments cuts nothing
+
+    out = ChoiceOutput(ByteTokenizer(), ["Observation:"], frozenset({999}), until=OPEN)
+    text = fed(out, "Thought. Observation: " + call)
+    assert text == "Thought. " and out.finish_reason == "stop"  # before any call it is a stop like any other
+
+    out = ChoiceOutput(ByteTokenizer(), ["<tool"], frozenset({999}), until=OPEN)
+    text = fed(out, "A. " + call)
+    assert text == "A. " and out.finish_reason == "stop"  # the call had not begun: it is absent, not cut
+
+
+def test_stop_scope_under_each_constraint():
+    from millm.structured.constraint import stop_scope
+    from millm.structured.schema import JsonConstraint
+    from millm.structured.tools import OPEN, tool_constraint
+
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    assert stop_scope(tool_constraint(tools, "auto"), ["x"]) == (("x",), OPEN)
+    assert stop_scope(tool_constraint(tools, "required"), ["x"]) == ((), OPEN)  # calls alone: nothing free
+    assert stop_scope(JsonConstraint("json_object", {"type": "object"}), ["x"]) == (("x",), None)
+    assert stop_scope(None, ["x"]) == (("x",), None)

@@ -114,7 +114,7 @@ def test_json_object_with_a_schema_enforces_that_schema_and_says_so():
     schema = {"type": "object", "properties": {"label": {"enum": ["a", "b"]}}, "required": ["label"]}
     built = build_chat(chat(response_format={"type": "json_object", "schema": schema}), TF)
     assert built.constraint is not None and built.constraint.schema == schema
-    assert built.constraint.header() == "json_object;schema"
+    assert built.constraint.header() == "json_object;schema;undeclared=omitted"
     assert built.ignored == []
     plain = build_chat(chat(response_format={"type": "json_object"}), TF)
     assert plain.constraint is not None and plain.constraint.header() == "json_object"

@@ -92,6 +92,14 @@ def test_embeddings_float_and_base64(client, engine):
     assert list(decoded) == b64.data[0].embedding
 
 
+def test_embeddings_of_another_tokenizers_ids_say_what_to_pass(client):
+    """The ids LangChain's OpenAIEmbeddings sends by default (tiktoken's) are a 400 naming the fix (issue 36)."""
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.embeddings.create(model=MODEL, input=[[791, 6864, 315, 9822, 374, 12366, 13, 100257]])
+    assert exc.value.code == "invalid_parameter" and exc.value.param == "input"
+    assert "tiktoken" in exc.value.message and "check_embedding_ctx_length=False" in exc.value.message
+
+
 def test_models(client):
     ids = [m.id for m in client.models.list()]
     assert MODEL in ids

@@ -46,6 +46,44 @@ def test_every_refused_keyword_is_listed():
     assert "/properties/a/multipleOf" in exc.value.message and "/properties/b/format" in exc.value.message
 
 
+def test_objects_that_declare_properties_are_generated_closed():
+    from millm.structured.schema import closed
+
+    item = {"type": "object", "properties": {"n": {"type": "integer"}}}
+    schema = {"type": "object", "properties": {
+        "items": {"type": "array", "items": item},
+        "either": {"anyOf": [item, {"type": "string"}]},
+        "map": {"type": "object", "additionalProperties": item},  # a free-form map of closed objects
+        "open": {"type": "object", "properties": {"a": {"type": "string"}}, "additionalProperties": True},
+        "ref": {"$ref": "#/$defs/thing"}},
+        "$defs": {"thing": item}}
+    before = json.dumps(schema)
+    out = closed(schema)
+    assert json.dumps(schema) == before  # the original is left as it is: validation reads it
+    assert out["additionalProperties"] is False
+    props = out["properties"]
+    assert props["items"]["items"]["additionalProperties"] is False
+    assert props["either"]["anyOf"][0]["additionalProperties"] is False and props["either"]["anyOf"][1] == \
+        {"type": "string"}
+    assert "additionalProperties" in props["map"] and props["map"]["additionalProperties"]["additionalProperties"] \
+        is False and "properties" not in props["map"]
+    assert props["open"]["additionalProperties"] is True  # set by the client: kept
+    assert out["$defs"]["thing"]["additionalProperties"] is False
+    assert closed({"type": "object"}) == {"type": "object"}  # no properties: a free-form object stays open
+
+
+def test_the_header_says_when_undeclared_properties_are_omitted():
+    schema = {"type": "object", "properties": {"a": {"type": "string"}}}
+    omitted = check_response_format(rf(schema))
+    literal = check_response_format(rf(schema), undeclared="allow")
+    already = check_response_format(rf({**schema, "additionalProperties": False}))
+    assert omitted is not None and literal is not None and already is not None
+    assert omitted.header() == 'json_schema;name="s";undeclared=omitted'
+    assert literal.header() == already.header() == 'json_schema;name="s"'
+    assert '"additionalProperties":false' in omitted.key and "additionalProperties" not in literal.key
+    assert omitted.schema == literal.schema == schema  # what the document is validated against
+
+
 def test_limits_and_annotations():
     deep = {"type": "object"}
     for _ in range(40):

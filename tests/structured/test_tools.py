@@ -79,10 +79,13 @@ def test_choices_and_what_they_constrain():
     assert tool_constraint(None, "required") is None  # nothing to call: reported by the field table
     auto = constraint()
     assert (auto.choice, auto.forced, auto.parallel) == ("auto", None, True)
-    assert auto.header() == 'tools;choice="auto"'
+    assert auto.header() == 'tools;choice="auto";undeclared=omitted'  # their objects leave it unset
+    literal = constraint(undeclared="allow")
+    assert literal.header() == 'tools;choice="auto"' and '"additionalProperties": false' not in literal.grammar()
+    assert '"additionalProperties": false' in auto.grammar() and literal.key != auto.key
     named = constraint(tool_choice={"type": "function", "function": {"name": "get_time"}})
     assert (named.choice, named.forced) == ("function", "get_time")
-    assert named.header() == 'tools;choice="function";name="get_time"'
+    assert named.header() == 'tools;choice="function";name="get_time";undeclared=omitted'
     assert [t["function"]["name"] for t in named.prompt_tools()] == ["get_time"]
     assert constraint(parallel=False).parallel is False
     assert constraint().tools[1].parameters == {"type": "object", "properties": {"zone": {"type": "string"}}}
@@ -97,7 +100,9 @@ def test_grammar_fixes_the_wrapper_and_lists_only_callable_tools():
     assert "start: TEXT | lead calls" in auto and '"get_weather\\", \\"arguments\\": "' in auto
     assert "args1: %json" in auto and '"x-guidance": {"whitespace_pattern": "[ ]?"}' in auto
     required = constraint(tool_choice="required", parallel=False).grammar()
-    assert required.splitlines()[1] == f"start: {json.dumps(OPEN)} calls" and "calls: call\n" in required
+    assert required.splitlines()[1] == f"start: {json.dumps(OPEN)} calls" and "calls: call END?\n" in required
+    # after a complete call the model may end, a few blanks first (a newline is what it writes most)
+    assert "calls: call (" in auto and " call)* END?\n" in auto and 'END: /[ \\t\\r\\n]{1,4}/' in auto
     named = constraint(tool_choice={"type": "function", "function": {"name": "get_time"}}).grammar()
     assert "get_weather" not in named and "get_time" in named
     assert len({constraint().key, constraint(parallel=False).key, constraint(tool_choice="required").key}) == 3
@@ -112,6 +117,7 @@ TWO = CALL + "\n" + call_text("get_time", '{"zone": "CET"}')
     (CALL, "", [("get_weather", ARGS)]),
     ("Let me look." + CALL, "Let me look.", [("get_weather", ARGS)]),
     (TWO, "", [("get_weather", ARGS), ("get_time", '{"zone": "CET"}')]),
+    (CALL + "\n", "", [("get_weather", ARGS)]),  # the blanks the grammar lets end the calls are nobody's
     ("a <tool_ call", "a <tool_ call", []),
     ("ends with <tool_c", "ends with <tool_c", []),  # held back while it could open a call, then content
     (call_text("get_weather", '{"city": "Pa}ris\\" {"}'), "", [("get_weather", '{"city": "Pa}ris\\" {"}')]),
@@ -212,7 +218,7 @@ def test_a_call_comes_back_as_tool_calls(tmp_path):
     [call] = choice["message"]["tool_calls"]
     assert call["id"].startswith("call_") and call["type"] == "function"
     assert call["function"] == {"name": "get_weather", "arguments": ARGS}
-    assert headers["X-miLLM-Constrained"] == 'tools;choice="required"'
+    assert headers["X-miLLM-Constrained"] == 'tools;choice="required";undeclared=omitted'
 
 
 def test_text_and_none_answer_as_content(tmp_path):
@@ -278,10 +284,12 @@ def test_refused_under_the_setting_and_on_gguf(tmp_path):
 def test_bad_tool_requests_are_400s_naming_the_field(tmp_path):
     app, _ = make(tmp_path)
     results = post(app, chat(tools="x"), chat(tools=[{"type": "function"}]), chat(tool_choice="sometimes"),
-                   chat(stop=["\n"]), chat(tool_choice={"type": "function", "function": {"name": "nope"}}))
-    params = [body["error"]["param"] for _, _, body in results]
-    assert [s for s, _, _ in results] == [400] * 5
-    assert params[:5] == ["tools", "tools[0].function", "tool_choice", "tools", "tool_choice.function.name"]
+                   chat(stop=["\n"], response_format={"type": "json_object"}),
+                   chat(tool_choice={"type": "function", "function": {"name": "nope"}}),
+                   chat(stop=["Observation:"]))  # with tools alone, stop cuts free text only
+    params = [body["error"]["param"] for _, _, body in results[:5]]
+    assert [s for s, _, _ in results] == [400] * 5 + [200]
+    assert params == ["tools", "tools[0].function", "tool_choice", "response_format", "tool_choice.function.name"]
 
 
 def test_streaming_with_response_format_is_allowed(tmp_path):

@@ -157,14 +157,110 @@ def test_steering_and_profiles_apply_to_tool_calls(steered_base):
     assert arguments[1] != arguments[0] and arguments[2] == arguments[0]  # steered, and the dial turns it off
 
 
-def test_tool_calls_are_served_while_batching_and_response_format_stays_refused(engine, settings):
+def without_ids(choice: dict) -> dict:
+    """A choice without its calls' ids (fresh for every response)."""
+    calls = [{**c, "id": None} for c in choice["message"].get("tool_calls") or []]
+    return {**choice, "message": {**choice["message"], "tool_calls": calls}}
+
+
+def test_constrained_requests_are_batched_and_their_text_is_the_same_in_a_crowd(engine, settings):
+    from concurrent.futures import ThreadPoolExecutor
+
     from millm.server.app import create_app
     from tests.live import live_server
 
+    person = {"messages": [{"role": "user", "content": "Name a famous scientist and their birth date."}],
+              "response_format": FORMAT, "max_tokens": 60}
+    called = {"messages": ASK, "tools": [WEATHER, TIME], "tool_choice": "required", "max_tokens": 60}
     on = settings.model_copy(update={"batching": True, "batch_max_rows": 4, "batch_max_tokens": 4 * 512})
-    with live_server(create_app(on, engine)) as base:
-        called = post(base, messages=ASK, tools=[WEATHER], tool_choice="required", parallel_tool_calls=False)
-        refused = post(base, messages=ASK, tools=[WEATHER], response_format={"type": "json_object"})
-    assert called.status_code == 200, called.text
-    assert called.json()["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
+    with live_server(create_app(settings, engine)) as serial:
+        alone = [post(serial, **body).json()["choices"][0] for body in (person, called)]
+    with live_server(create_app(on, engine)) as base, ThreadPoolExecutor(4) as pool:
+        crowd = [pool.submit(post, base, messages=[{"role": "user", "content": f"Tell me about {topic}."}],
+                             max_tokens=40) for topic in ("rivers", "bread")]
+        together = [pool.submit(post, base, **body) for body in (person, called)]
+        batched = [f.result() for f in together]
+        assert all(f.result().status_code == 200 for f in crowd)
+        batch = httpx.get(base + "/api/health/inference", timeout=10).json()["batch"]
+    for r in batched:
+        assert r.status_code == 200, r.text
+    assert [without_ids(r.json()["choices"][0]) for r in batched] == [without_ids(c) for c in alone]  # greedy
+    assert alone[0]["finish_reason"] == "stop" and alone[1]["finish_reason"] == "tool_calls"
+    assert batch["serial_fallbacks"] == {} and batch["batched_requests"] == 4  # the constrained ones too
+
+    refusing = on.model_copy(update={"batching_constraints": "refuse"})  # the spec's rule, restored
+    with live_server(create_app(refusing, engine)) as base:
+        tools = post(base, **called)
+        refused = post(base, **person)
+    assert tools.status_code == 200 and tools.json()["choices"][0]["message"]["tool_calls"]
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "response_format"
+    assert "MILLM_BATCHING_CONSTRAINTS" in refused.json()["error"]["message"]
+
+
+def test_a_newline_after_a_complete_call_may_end_the_calls(engine):
+    from millm.structured.tools import call_text, tool_constraint
+
+    for parallel in (True, False):
+        matcher = engine.constraints.matcher(tool_constraint([WEATHER, TIME], "required", parallel))
+        call = call_text("get_weather", '{"city": "Paris", "unit": "celsius"}')
+        assert matcher.consume_tokens(engine.tokenizer.encode(call + "\n")), matcher.get_error()
+        assert matcher.is_accepting()  # the end is allowed after the newline the model writes there
+    assert matcher.consume_tokens(engine.tokenizer.encode("\n")) and matcher.is_accepting()
+    second = engine.constraints.matcher(tool_constraint([WEATHER, TIME], "required"))
+    assert second.consume_tokens(engine.tokenizer.encode(call + "\n" + call_text("get_time", '{"zone": "CET"}')))
+
+
+def test_required_with_a_clients_defaults_ends_in_valid_calls(server):
+    from openai import OpenAI
+
+    client = OpenAI(base_url=server + "/v1", api_key="not-needed", max_retries=0)
+    schemas = {"get_weather": WEATHER_PARAMS, "get_time": TIME["function"]["parameters"]}
+    for seed in range(3):  # parallel_tool_calls and temperature left to their defaults (true, 1.0)
+        reply = client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER, TIME],
+                                               tool_choice="required", seed=seed, max_tokens=120)
+        choice = reply.choices[0]
+        assert choice.finish_reason == "tool_calls", choice
+        for call in choice.message.tool_calls:
+            jsonschema.validate(json.loads(call.function.arguments), schemas[call.function.name])
+
+
+def test_stop_applies_to_the_text_around_calls_never_inside_them(server):
+    agent_stops = ["Observation:", "Calling tools:"]  # what smolagents sends with every step
+    called = post(server, messages=ASK, tools=[WEATHER], tool_choice="required", stop=agent_stops + ['"'])
+    assert called.status_code == 200, called.text
+    choice = called.json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"  # '"' is in every call, which is never cut
+    jsonschema.validate(json.loads(choice["message"]["tool_calls"][0]["function"]["arguments"]), WEATHER_PARAMS)
+
+    hello = {"messages": [{"role": "user", "content": "Say hello to me."}], "tools": [WEATHER], "max_tokens": 30}
+    free = post(server, **hello).json()["choices"][0]["message"]
+    assert free["content"] and not free.get("tool_calls")  # this prompt is answered in text
+    word = free["content"].split()[2]
+    cut = post(server, **hello, stop=[word]).json()["choices"][0]
+    assert cut["finish_reason"] == "stop" and cut["message"]["content"] == free["content"][:free["content"].index(word)]
+
+    both = post(server, **hello, stop=[word], response_format={"type": "json_object"})
+    assert both.status_code == 400 and both.json()["error"]["param"] == "response_format"
+
+
+def test_undeclared_properties_are_not_generated(server):
+    open_schema = {"type": "object", "properties": {"when": {"type": "string", "maxLength": 20},
+                                                    "where": {"type": "string", "maxLength": 20}},
+                   "required": ["when"]}  # additionalProperties unset: Pydantic's default
+    r = post(server, messages=[{"role": "user", "content": "When and where was the moon landing?"}], max_tokens=80,
+             response_format={"type": "json_schema", "json_schema": {"name": "event", "schema": open_schema}})
+    assert r.status_code == 200, r.text
+    assert r.headers["X-miLLM-Constrained"] == 'json_schema;name="event";undeclared=omitted'
+    choice = r.json()["choices"][0]
+    assert choice["finish_reason"] == "stop"
+    assert set(json.loads(choice["message"]["content"])) <= {"when", "where"}
+
+
+def test_a_prompt_too_long_says_what_its_tool_listings_take(server):
+    tools = [WEATHER, TIME]
+    sizes = [post(server, messages=ASK, max_tokens=1, **extra).json()["usage"]["prompt_tokens"]
+             for extra in ({}, {"tools": tools})]
+    r = post(server, messages=ASK, tools=tools, max_tokens=8192)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+    assert f"The listings of the 2 tools take {sizes[1] - sizes[0]} of the prompt's {sizes[1]} tokens." \
+        in r.json()["error"]["message"]
