@@ -3,7 +3,8 @@
     python bench/steering.py [--tokens 96] [--rounds 3] [--d-sae 8192]
 
 Greedy decode tokens/s of the bundled model with: no SAE; one SAE attached with 16 features steered;
-that plus monitoring of 64 features; a native two-layer circuit (two SAEs, 16 members each) dialled
+that plus monitoring of 64 features; 4 steering vector sets (``millm vectors``) at layers 8, 10, 12 and 14, each
+steered; a native two-layer circuit (two SAEs, 16 members each) dialled
 per request (the request's steering resolved from an imported circuit through the store, as a
 ``steering_intensity`` request is, inside the timed region); and the cost of return_sae_activations
 (top_k 8, all positions) as a share of the request time. The SAEs are random (ReLU, d_sae
@@ -31,12 +32,15 @@ from millm.steering.documents import Registered
 from millm.steering.imports import import_document
 from millm.steering.intensity import IntensitySettings
 from millm.steering.monitor import MonitorConfig
+from millm.steering.readout import ReadoutAsk, check_readout
 from millm.store import Store
 from millm.validation import sampling_params
+from millm.vectors.files import VectorSet
 
 PROMPT = "Once upon a time, in a village by the sea, there lived"
 CIRCUIT = "bench-circuit"
 DIAL = 0.8
+VECTOR_LAYERS = (8, 10, 12, 14)
 
 
 def random_sae(d_in: int, d_sae: int, seed: int = 0) -> SAE:
@@ -68,7 +72,7 @@ def main() -> None:
                     Registered({sae: args.d_sae for sae in layers}, {layer: sae for sae, layer in layers.items()}))
     bases = Bases(store, target, IntensitySettings.from_settings(settings))
 
-    def run(readout: dict | None = None, dialled: bool = False) -> float:
+    def run(readout: ReadoutAsk | None = None, dialled: bool = False) -> float:
         start = time.perf_counter()
         override = None
         if dialled:
@@ -90,16 +94,25 @@ def main() -> None:
             for seed, (sae, layer) in enumerate(layers.items()):
                 engine.steering.attach(sae, random_sae(engine.steering.d_model, args.d_sae, seed), layer)
             return
+        if case == "vectors":
+            for seed, layer in enumerate(VECTOR_LAYERS):
+                name = f"vec{layer}"
+                direction = random_sae(engine.steering.d_model, 1, seed).W_dec
+                vs = VectorSet((name,), direction, layer, engine.model_id)
+                engine.steering.attach(name, vs.as_sae(), layer)
+                engine.steering.set_values(name, {0: 8.0}, merge=False)
+            return
         engine.steering.attach("sae_bench", random_sae(engine.steering.d_model, args.d_sae), args.layer)
         engine.steering.set_values("sae_bench", {i * 37: 2.0 for i in range(16)}, merge=False)
         if case == "monitor":
             engine.monitor.configure(MonitorConfig(True, "sae_bench", list(range(0, 64 * 5, 5)), 100))
 
-    cases = ["none", "steer", "monitor", "circuit", "readout"]
+    cases = ["none", "steer", "monitor", "vectors", "circuit", "readout"]
     times: dict[str, list[float]] = {c: [] for c in cases}
 
     def measure(case: str) -> float:
-        return run({"positions": "all", "top_k": 8} if case == "readout" else None, dialled=case == "circuit")
+        return run(check_readout({"positions": "all", "top_k": 8}) if case == "readout" else None,
+                   dialled=case == "circuit")
 
     for case in cases:  # warm up every path once
         set_up(case)
@@ -116,6 +129,8 @@ def main() -> None:
     print(f"no SAE:                          {tps['none']:7.1f} tok/s")
     print(f"1 SAE, 16 features steered:      {tps['steer']:7.1f} tok/s   ratio {tps['steer'] / tps['none']:.3f}")
     print(f"  + monitoring 64 features:      {tps['monitor']:7.1f} tok/s   ratio {tps['monitor'] / tps['none']:.3f}")
+    print(f"4 vector sets (layers {', '.join(map(str, VECTOR_LAYERS))}), each steered: {tps['vectors']:7.1f} tok/s   "
+          f"ratio {tps['vectors'] / tps['none']:.3f}")
     print(f"native circuit, 2 SAEs (layers {args.layer}, {args.layer2}) x 16 members, dialled per request "
           f"(steering_intensity {DIAL}): {tps['circuit']:7.1f} tok/s   ratio {tps['circuit'] / tps['none']:.3f}")
     extra = (median["readout"] - median["steer"]) / median["readout"]

@@ -28,6 +28,7 @@ from cli.common import (
     steering_service,
 )
 from cli.sae_train import steer_assignments
+from cli.vectors import vectors_app
 from millm.config import get_settings
 from millm.errors import MillmError
 from millm.steering.session import ChatSteering, chat_steering, profile_unfit
@@ -41,6 +42,7 @@ app = typer.Typer(help="miLLM: run a local language model, steer it by SAE featu
                   no_args_is_help=True, pretty_exceptions_enable=False)
 models_app = typer.Typer(help="Models on this machine.", no_args_is_help=True)
 app.add_typer(models_app, name="models")
+app.add_typer(vectors_app, name="vectors")
 models_cli.register(models_app)
 steering_cli.register(app)
 documents_cli.register(app)

@@ -83,13 +83,14 @@ def result_table(result: SweepResult) -> Table:
     recommended = result.recommended
     title = (f"feature {result.feature} ({result.label or 'no label'}) on {result.sae} L{result.layer}: "
              f"{result.prompts} prompts, {result.tokens} tokens, seed {result.seed}")
-    table = Table("strength", "concept rate", "fluency Δ", "inside bound?",
+    table = Table("strength", "concept rate", "fluency Δ", "inside bound?", "relevance Δ", "degenerate",
                   Column("e.g. (first answer)", no_wrap=True, overflow="ellipsis", max_width=60),
                   title=Text(title))  # labels and answers are never markup
     for p in result.points:
         mark = " ←" if p.strength == recommended else ""
         table.add_row(f"{p.strength:g}{mark}", f"{p.rate:.0%}", f"{p.fluency:+.2f}",
-                      "yes" if p.inside else "no", Text(p.example.replace("\n", " ")))
+                      "yes" if p.inside else "no", f"{p.relevance:+.2f}", f"{p.degenerate:.0%}",
+                      Text(p.example.replace("\n", " ")))
     return table
 
 

@@ -129,6 +129,12 @@ class FakeEngine:
         """Teacher-forced reads need the residual and the distribution, which the scripted engine does not expose."""
         raise FieldNotHonoured("Teacher-forced reads (the screen's estimate) need a transformers model.", param="model")
 
+    def residuals(self, reads: list[Forced], layer: int, position: str = "mean",
+                  batch_size: int = 16) -> Any:
+        """Residual reads (learning a steering vector) need the model's layers, which the scripted engine lacks."""
+        raise FieldNotHonoured("Learning a steering vector reads the residual stream: it needs a transformers "
+                               "model.", param="model")
+
     def embed(self, inputs: list[Any]) -> tuple[list[list[float]], int]:
         return [[float(len(x)), 1.0] for x in inputs], sum(len(x) for x in inputs)
 

@@ -18,6 +18,8 @@ from millm.engine.params import Forced, GenerationRequest, Prompt
 from millm.engine.plan import Plan
 
 if TYPE_CHECKING:
+    import torch
+
     from millm.engine.scoring import ScoreRequest, ScoreResult
     from millm.registry import ModelEntry
     from millm.steering.target import SteeringTarget
@@ -102,6 +104,9 @@ class Engine(Protocol):
     def score(self, request: ScoreRequest) -> list[ScoreResult]: ...
 
     def forced(self, reads: list[Forced], batch_size: int = 16) -> list[list[float]]: ...
+
+    def residuals(self, reads: list[Forced], layer: int, position: str = "mean",
+                  batch_size: int = 16) -> torch.Tensor: ...
 
     def embed(self, inputs: list[Any]) -> tuple[list[list[float]], int]: ...
 

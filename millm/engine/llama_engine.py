@@ -181,6 +181,12 @@ class LlamaCppEngine:
         """Teacher-forced reads need the residual and the distribution, which llama.cpp does not expose."""
         raise FieldNotHonoured("Teacher-forced reads (the screen's estimate) need a transformers model.", param="model")
 
+    def residuals(self, reads: list[Forced], layer: int, position: str = "mean",
+                  batch_size: int = 16) -> Any:
+        """Residual reads (learning a steering vector) need the model's layers, which llama.cpp does not expose."""
+        raise FieldNotHonoured("Learning a steering vector reads the residual stream: it needs a transformers "
+                               "model.", param="model")
+
     def _special_text(self, token_id: int) -> str:
         return "" if token_id < 0 else self.llm.detokenize([token_id], special=True).decode("utf-8", errors="replace")
 

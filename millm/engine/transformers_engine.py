@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import torch
@@ -291,6 +292,31 @@ class TransformersEngine:
                     watched = predicting[:, list(r.watch)].logsumexp(-1) - predicting.logsumexp(-1)
                     out.append(watched.exp().clamp(max=1.0).tolist())
         return out
+
+    def residuals(self, reads: list[Forced], layer: int, position: str = "mean",
+                  batch_size: int = 16) -> torch.Tensor:
+        """``[len(reads), d_model]`` (fp32, CPU): the residual stream after decoder layer ``layer`` (where SAEs
+        hook) for each read's ``ids``, averaged over its answer positions (``start`` on) or taken at its last,
+        unsteered (every hook suppressed): what steering vectors are learned from."""
+        from millm.sae.activations import captured_output
+
+        if not 0 <= layer < (layers := self.steering.n_layers):
+            raise InvalidParameter(f"'layer' must be between 0 and {layers - 1}, got {layer}.", param="layer")
+        self._check_scorable([list(r.ids) for r in reads], [f"reads[{i}]" for i in range(len(reads))])
+        rows: list[torch.Tensor] = []
+        with self._lock, torch.inference_mode(), self.steering.suppressed():
+            for at in range(0, len(reads), batch_size):
+                chunk = reads[at:at + batch_size]
+                ids, mask = self._left_pad([list(r.ids) for r in chunk])
+                kwargs: dict[str, Any] = {}
+                if mask is not None:
+                    kwargs = {"attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)}
+                hidden = captured_output(self.model, layer, partial(self.model, input_ids=ids, use_cache=False,
+                                                                    **kwargs))
+                for row, r in zip(hidden.float().cpu(), chunk):
+                    span = row[-(len(r.ids) - r.start):] if position == "mean" else row[-1:]
+                    rows.append(span.mean(0))
+        return torch.stack(rows)
 
     def _check_scorable(self, prompt_ids: list[list[int]], names: list[str]) -> None:
         for ids, where in zip(prompt_ids, names):

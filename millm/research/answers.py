@@ -9,7 +9,7 @@ from dataclasses import replace
 
 from millm.engine.base import Engine
 from millm.engine.events import Delta
-from millm.engine.params import ChatPrompt, GenerationRequest, SamplingParams
+from millm.engine.params import ChatPrompt, GenerationRequest, Json, SamplingParams
 from millm.steering.core import Override
 
 # the sampling fields of every sampled answer (a chat request's: temperature, top_p, vLLM's repetition_penalty)
@@ -18,17 +18,22 @@ UNSTEERED = Override("unsteered", {})  # pins a plan unsteered, whatever the liv
 SEED_SPACE = 2**32  # the seeds a request takes
 
 
-def chat_request(prompt: str, seed: int, max_tokens: int, override: Override = UNSTEERED) -> GenerationRequest:
-    """The chat request answering ``prompt``: what a client sending these fields would get."""
+def chat_request(prompt: str, seed: int, max_tokens: int, override: Override = UNSTEERED,
+                 system: str | None = None) -> GenerationRequest:
+    """The chat request answering ``prompt`` (after a ``system`` message, if any): what a client sending these
+    fields would get."""
     params = replace(SAMPLING, max_tokens=max_tokens, seed=seed % SEED_SPACE)
-    return GenerationRequest([ChatPrompt([{"role": "user", "content": prompt}])], params, override=override)
+    messages: list[dict[str, Json]] = [{"role": "system", "content": system}] if system is not None else []
+    messages.append({"role": "user", "content": prompt})
+    return GenerationRequest([ChatPrompt(messages)], params, override=override)
 
 
 def sample_answers(engine: Engine, prompts: Sequence[str], seed: int, max_tokens: int,
-                   overrides: Sequence[Override] = (UNSTEERED,)) -> list[list[str]]:
+                   overrides: Sequence[Override] = (UNSTEERED,), system: str | None = None) -> list[list[str]]:
     """Each override's answers to every prompt (prompt ``i`` seeded ``seed + i`` under every override, so two
     overrides differ by their steering, not their draw): one engine job, decoded as batched rows."""
-    plans = [engine.prepare(chat_request(p, seed + i, max_tokens, o)) for o in overrides for i, p in enumerate(prompts)]
+    plans = [engine.prepare(chat_request(p, seed + i, max_tokens, o, system)) for o in overrides
+             for i, p in enumerate(prompts)]
     texts = [""] * len(plans)
     for event in engine.run_all(plans):
         if isinstance(event, Delta):

@@ -4,10 +4,19 @@ path.
 - answers: one seeded answer per neutral prompt (``NEUTRAL_PROMPTS``) and case, sampled as chat requests
   (``millm.research.answers``: prompt ``i`` seeded ``seed + i`` in every case, so two strengths differ by their
   steering, not their draw); every case's answers are one engine job, decoded as batched rows;
-- concept rate: the share of answers that mention a concept word (``millm.research.words.mentions``);
+- concept rate: the share of answers that mention a concept word (``millm.research.words.mentions``) and are
+  not degenerate;
 - fluency: the steered answers' mean token log-probability under the unsteered model (the engine's scoring
-  path: teacher forced, every SAE suppressed) after their prompt, minus the unsteered answers' own
-  (nats/token); inside the bound when it is >= ``-FLUENCY_BOUND``.
+  path: teacher forced, every SAE suppressed) with no prompt before them (an empty user turn), minus the
+  unsteered answers' own scored the same way (nats/token); inside the bound when it is >= ``-FLUENCY_BOUND``.
+  Scored after their prompt instead, a fluent answer on another topic than the question would count as lost
+  fluency: that is relevance's to say;
+- relevance: per token, an answer's log-probability after its prompt minus without it (how much of it still
+  answers the question), the steered answers' minus the unsteered answers';
+- degeneration: log-probabilities reward repetition ("dog dog dog" is likely text), so an answer whose share
+  of distinct word bigrams is under half the unsteered answers' mean is degenerate: it never counts as a
+  mention, and ``degenerate`` reports the share of them;
+- ``prompted``: the fluency of earlier releases (scored after the prompt), for continuity.
 
 An answer here is byte for byte what ``/v1/chat/completions`` returns for the same message, seed, sampling
 fields (``millm.research.answers.SAMPLING``: temperature, top_p and repetition_penalty; ``max_tokens``) and
@@ -48,11 +57,31 @@ class Point:
     """One strength of a sweep."""
 
     strength: float
-    rate: float  # share of answers that mention the concept
-    logprob: float  # the answers' mean token log-prob under the unsteered model
+    rate: float  # share of answers that mention the concept and are not degenerate
+    logprob: float  # the answers' mean token log-prob under the unsteered model, with no prompt before them
     fluency: float  # logprob minus the unsteered answers' own (nats/token; 0 unsteered)
     inside: bool  # fluency >= -FLUENCY_BOUND
     example: str = ""  # the first answer
+    relevance: float = 0.0  # (prompted - unprompted log-prob per token) minus the unsteered answers'
+    degenerate: float = 0.0  # share of answers whose distinct-bigram share is under half the unsteered mean
+    prompted: float = 0.0  # the fluency scored after the prompt (the earlier measure)
+
+
+def bigram_share(text: str) -> float:
+    """The share of an answer's word bigrams that are distinct (1.0 for fewer than two words)."""
+    words = text.lower().split()
+    pairs = list(zip(words, words[1:]))
+    return len(set(pairs)) / len(pairs) if pairs else 1.0
+
+
+@dataclass(frozen=True)
+class Scored:
+    """A set of answers' mean log-probability per token with and without their prompts, and their mean
+    distinct-bigram share."""
+
+    prompted: float
+    unprompted: float
+    bigrams: float
 
 
 @dataclass(frozen=True)
@@ -92,7 +121,7 @@ class Measure:
         check_engine(engine)
         self.engine = engine
         self.prompts, self.seed, self.tokens, self.bound = tuple(prompts), seed, tokens, bound
-        self._plain: tuple[list[str], float] | None = None
+        self._plain: tuple[list[str], Scored] | None = None
 
     @property
     def plain(self) -> list[str]:
@@ -101,10 +130,14 @@ class Measure:
 
     @property
     def plain_logprob(self) -> float:
-        """The unsteered answers' mean token log-probability after their prompts."""
+        """The unsteered answers' mean token log-probability with no prompt before them."""
+        return self._unsteered()[1].unprompted
+
+    @property
+    def plain_scored(self) -> Scored:
         return self._unsteered()[1]
 
-    def _unsteered(self) -> tuple[list[str], float]:
+    def _unsteered(self) -> tuple[list[str], Scored]:
         if self._plain is None:
             self.points([])
         assert self._plain is not None
@@ -114,12 +147,13 @@ class Measure:
         """Each override's answers to every prompt: one engine job of plans, decoded as batched rows."""
         return sample_answers(self.engine, self.prompts, self.seed, self.tokens, overrides)
 
-    def logprobs(self, answers: Sequence[str]) -> list[tuple[float, int]]:
+    def logprobs(self, answers: Sequence[str], prompted: bool = True) -> list[tuple[float, int]]:
         """Per answer (to the prompt of its position, cycling): its tokens' summed log-probability after its
-        chat-templated prompt, unsteered, and how many tokens it has; through the engine's scoring path."""
+        chat-templated prompt (``prompted`` false: after an empty user turn), unsteered, and how many tokens it
+        has; through the engine's scoring path."""
         rows, spans = [], []
         for k, answer in enumerate(answers):
-            prompt = self.prompts[k % len(self.prompts)]
+            prompt = self.prompts[k % len(self.prompts)] if prompted else ""
             head = self.engine.tokenize(ChatPrompt([{"role": "user", "content": prompt}]))
             body = self.engine.tokenize(TextPrompt(answer, add_special_tokens=False)) if answer else []
             rows.append(ScoreRow(TokenPrompt(tuple(head + body), f"answers[{k}]"), ECHO, echo_from=len(head)))
@@ -138,24 +172,46 @@ class Measure:
         first = self._plain is None  # the unsteered answers ride in the first job
         overrides = [UNSTEERED] * first + [c.override for c in steered]
         answered = self.answers(overrides) if overrides else []
-        scored = self.logprobs([a for answers in answered for a in answers]) if overrides else []
+        flat = [a for answers in answered for a in answers]
+        both = self.logprobs(flat, True) if overrides else []
+        bare = self.logprobs(flat, False) if overrides else []
         per, measured = len(self.prompts), {}
+        scores = [Scored(mean(both[n * per:(n + 1) * per]), mean(bare[n * per:(n + 1) * per]),
+                         sum(bigram_share(a) for a in answers) / max(1, len(answers)))
+                  for n, answers in enumerate(answered)]
         if first:
-            self._plain = (answered[0], mean(scored[:per]))
-            answered, scored = answered[1:], scored[per:]
-        for n, (case, answers) in enumerate(zip(steered, answered)):
-            measured[id(case)] = self._point(case, answers, mean(scored[n * per:(n + 1) * per]))
-        return [measured[id(c)] if id(c) in measured else self._point(c, self.plain, self.plain_logprob)
+            self._plain = (answered[0], scores[0])
+            answered, scores = answered[1:], scores[1:]
+        for case, answers, score in zip(steered, answered, scores):
+            measured[id(case)] = self._point(case, answers, score)
+        return [measured[id(c)] if id(c) in measured else self._point(c, self.plain, self.plain_scored)
                 for c in cases]
+
+    def answers_with(self, system: str) -> list[str]:
+        """Unsteered answers to the prompts after a ``system`` message (a prompting baseline)."""
+        return sample_answers(self.engine, self.prompts, self.seed, self.tokens, (UNSTEERED,), system)[0]
+
+    def judge(self, answers: Sequence[str], words: Sequence[str], strength: float = 0.0) -> Point:
+        """Answers made some other way (a prompting baseline: the same prompts after a system message) measured
+        as a case's are, against the unsteered answers."""
+        both, bare = self.logprobs(answers, True), self.logprobs(answers, False)
+        score = Scored(mean(both), mean(bare), sum(bigram_share(a) for a in answers) / max(1, len(answers)))
+        return self._point(Case(strength, {}, tuple(words)), answers, score)
 
     def at(self, sae_id: str, feature: int, strength: float, words: Sequence[str]) -> Point:
         """``feature`` alone steered at ``strength`` on ``sae_id``."""
         return self.points([Case.feature(sae_id, feature, strength, tuple(words))])[0]
 
-    def _point(self, case: Case, answers: Sequence[str], logprob: float) -> Point:
-        fluency = logprob - self.plain_logprob
-        return Point(case.strength, concept_rate(answers, case.words), logprob, fluency, fluency >= -self.bound,
-                     answers[0] if answers else "")
+    def _point(self, case: Case, answers: Sequence[str], score: Scored) -> Point:
+        plain = self.plain_scored
+        fluency = score.unprompted - plain.unprompted
+        floor = plain.bigrams / 2
+        fluent = [a for a in answers if bigram_share(a) >= floor]
+        rate = concept_rate(fluent, case.words) * len(fluent) / max(1, len(answers))
+        relevance = (score.prompted - score.unprompted) - (plain.prompted - plain.unprompted)
+        return Point(case.strength, rate, score.unprompted, fluency, fluency >= -self.bound,
+                     answers[0] if answers else "", relevance, 1 - len(fluent) / max(1, len(answers)),
+                     score.prompted - plain.prompted)
 
 
 ECHO = ScoringParams(allowed=None, temperature=0.0, top_n=0, report=True, echo=True, next_token=False)

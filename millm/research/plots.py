@@ -18,7 +18,8 @@ def bar_lines(points: Sequence[Point], width: int = 30, bound: float = FLUENCY_B
     for s, p in zip(shown, points):
         bar = "█" * round(p.rate * width)
         mark = "inside" if p.inside else f"past -{bound:g}"
-        lines.append(f"{s:>{pad}} │{bar:<{width}}│ {p.rate:4.0%}  fluency {p.fluency:+.2f} ({mark})")
+        lines.append(f"{s:>{pad}} │{bar:<{width}}│ {p.rate:4.0%}  fluency {p.fluency:+.2f} ({mark}), "
+                     f"relevance {p.relevance:+.2f}")
     return lines
 
 

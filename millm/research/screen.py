@@ -125,8 +125,8 @@ def estimate(engine: Engine, read: Sequence[tuple[int, ...]], sae_id: str,
     unsteered model's (the best over ``strengths``), from teacher-forced reads of the unsteered answers
     (``read``: each answer's start, then its ids) steered by the feature alone (``Engine.forced``)."""
     tokens = {f: tuple(word_tokens(engine, words)) for f, words in features}
-    unsteered = {f: mention_chance(engine.forced([Forced(tuple(c[1:]), c[0], None, tokens[f]) for c in read]))
-                 for f, _ in features}
+    plain = engine.forced([Forced(tuple(c[1:]), c[0], None, tokens[f]) for f, _ in features for c in read])
+    unsteered = {f: mention_chance(plain[k * len(read):(k + 1) * len(read)]) for k, (f, _) in enumerate(features)}
     cases = [(f, s) for f, _ in features for s in strengths]
     best: dict[int, float] = {}
     per = max(1, batch // len(read))

@@ -37,24 +37,30 @@ def check_layer(model: Any, layer: int) -> None:
         raise ValueError(f"'layer' must be between 0 and {count - 1} for this model, got {layer}.")
 
 
-@torch.inference_mode()
-def resid_post(model: Any, ids: torch.Tensor, layer: int) -> torch.Tensor:
-    """Layer ``layer``'s output for a batch of token windows ``[B, T]``: ``[B, T, d_model]`` (fp32, CPU)."""
-    check_layer(model, layer)
+def captured_output(model: Any, layer: int, forward: Callable[[], Any]) -> torch.Tensor:
+    """Decoder layer ``layer``'s output during ``forward()``, which stops there (nothing after it is needed)."""
     captured: list[torch.Tensor] = []
 
     def hook(module: Any, args: Any, output: Any) -> None:
-        captured.append(_hidden(output).float().cpu())
+        captured.append(_hidden(output))
         raise _Collected
 
     handle = decoder_layers(model)[layer].register_forward_hook(hook)
     try:
-        model(input_ids=ids.to(next(model.parameters()).device), use_cache=False)
+        forward()
     except _Collected:
         pass
     finally:
         handle.remove()
     return captured[0]
+
+
+@torch.inference_mode()
+def resid_post(model: Any, ids: torch.Tensor, layer: int) -> torch.Tensor:
+    """Layer ``layer``'s output for a batch of token windows ``[B, T]``: ``[B, T, d_model]`` (fp32, CPU)."""
+    check_layer(model, layer)
+    device = next(model.parameters()).device
+    return captured_output(model, layer, lambda: model(input_ids=ids.to(device), use_cache=False)).float().cpu()
 
 
 def collect(model: Any, windows: torch.Tensor, layer: int, *, batch_size: int = 8, skip_first: int = 1,

@@ -332,6 +332,11 @@ def load_sae(path: str | Path) -> LoadedSAE:
         raise InvalidSAE(f"{path}: not an SAE file; give a folder, or a Gemma Scope params.npz.")
     if (path / "params.npz").is_file():
         return _gemma_scope(path / "params.npz")
+    from millm.vectors import files as vector_files  # a vector set reads as an SAE of its vectors
+
+    if vector_files.is_vector_set(path):
+        vs = vector_files.load(path)
+        return LoadedSAE(vs.as_sae(), "vectors", vs.layer, vs.model or None)
     if (path / "sae_weights.safetensors").is_file():
         return _saelens(path)
     if (path / "sae.safetensors").is_file():

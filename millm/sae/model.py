@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-ARCHITECTURES = ("relu", "jumprelu", "topk", "groupmax")
+ARCHITECTURES = ("relu", "jumprelu", "topk", "groupmax", "linear")  # linear: a steering vector set
 NORMALISATIONS = ("none", "constant_norm_rescale", "layer_norm")
 LAYER_NORM_EPS = 1e-5  # SAELens' run_time_activation_ln_in: (x - mean) / (std + 1e-5)
 
@@ -107,6 +107,8 @@ class SAE:
             acts = self._select(torch.relu(self.pre_activations(x)))
             return acts if features is None else acts[..., features]
         pre = self.pre_activations(x, features)
+        if self.architecture == "linear":  # a vector set's reading: the signed projection on each vector
+            return pre
         if self.architecture == "jumprelu":
             assert self.threshold is not None
             threshold = self.threshold if features is None else self.threshold[features]

@@ -91,7 +91,7 @@ class SteeringCore:
 
     # attaching
     def attach(self, sae_id: str, sae: SAE, layer: int) -> Attachment:
-        """Attach ``sae`` to ``layer``; one SAE per layer, d_in must match the model.
+        """Attach ``sae`` to ``layer``; one SAE per layer (a vector set beside it), d_in must match the model.
 
         All or nothing: re-attaching an id keeps its values, and a value the new SAE cannot hold (an index
         past a smaller SAE's width) is refused before anything changes; should rewriting the buffers fail
@@ -102,8 +102,9 @@ class SteeringCore:
             raise InvalidParameter(f"SAE {sae_id} has d_in {sae.d_in}, but the model's residual width is "
                                    f"{self.d_model}.", param="sae")
         with self._lock:
-            for other in self.attachments.values():
-                if other.layer == layer and other.sae_id != sae_id:
+            for other in self.attachments.values():  # a vector set shares its layer: the deltas add
+                if other.layer == layer and other.sae_id != sae_id and "linear" not in (
+                        other.sae.architecture, sae.architecture):
                     raise InvalidParameter(f"Layer {layer} already has SAE {other.sae_id} attached; detach it first.",
                                            param="layer")
             old = self.attachments.get(sae_id)

@@ -85,6 +85,6 @@ class ControlVectorSteering(SteeringCore):
             for att in steering:
                 assert att.rows is not None
                 start = (att.layer - 1) * self.d_model
-                data[start:start + self.d_model] = att.rows[slot].detach().cpu().float().numpy()
+                data[start:start + self.d_model] += att.rows[slot].detach().cpu().float().numpy()  # deltas add
             layers = [att.layer for att in steering]
             return ControlVector(data, min(layers), max(layers))

@@ -43,4 +43,6 @@ def test_fluency_is_the_scoring_paths_echo(engine):
     measure = Measure(engine, NEUTRAL_PROMPTS[:2], SEED, 8)
     [(total, count)] = measure.logprobs([measure.plain[0]])
     assert count > 0 and total < 0
-    assert measure.plain_logprob == mean(measure.logprobs(measure.plain))
+    assert measure.plain_logprob == mean(measure.logprobs(measure.plain, prompted=False))  # fluency: no prompt
+    scored = measure.plain_scored
+    assert scored.prompted == mean(measure.logprobs(measure.plain)) != scored.unprompted

@@ -215,3 +215,11 @@ def test_save_recommendation_refuses_the_bundled_saes():
     with pytest.raises(InvalidParameter, match="ships inside the package"):
         save_recommendations(folder, {2375: Recommendation(40.0, 1.0)})
     assert (folder / "features.jsonl").read_bytes() == before
+
+
+def test_bigram_share_counts_repetition():
+    from millm.research.measure import bigram_share
+
+    assert bigram_share("the dog ran to the park") == 1.0
+    assert bigram_share("dog dog dog dog dog") == 0.25  # four bigrams, one distinct
+    assert bigram_share("one") == 1.0

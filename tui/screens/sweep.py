@@ -23,12 +23,12 @@ def sweep_view(result: SweepResult) -> Group:
     from millm.research.plots import bar_lines
 
     recommended = result.recommended
-    table = Table("strength", "concept rate", "fluency Δ", "inside bound?", "e.g. (first answer)",
+    table = Table("strength", "concept rate", "fluency Δ", "inside bound?", "relevance Δ", "e.g. (first answer)",
                   title=Text(f"{result.prompts} prompts, {result.tokens} tokens, seed {result.seed}; concept words: "
                              f"{', '.join(result.words)}"))
     for p in result.points:
         table.add_row(f"{p.strength:g}" + (" ←" if p.strength == recommended else ""), f"{p.rate:.0%}",
-                      f"{p.fluency:+.2f}", "yes" if p.inside else "no",
+                      f"{p.fluency:+.2f}", "yes" if p.inside else "no", f"{p.relevance:+.2f}",
                       Text(p.example.replace("\n", " "), no_wrap=True, overflow="ellipsis"))
     verdict = (f"recommended strength: {recommended:g}" if recommended is not None else
                f"recommended strength: none (no strength mentions the concept inside -{result.bound:g} nats/token)")

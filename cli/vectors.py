@@ -1,0 +1,123 @@
+"""``millm vectors``: steering vectors learned from examples (learn, list, show, rm). A vector set registers as
+an SAE of its vectors, so ``--sae NAME``, ``--steer NAME=8``, profiles and the API take it as they take an SAE."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from cli.common import check_seed, engine_for, err, out, reports_errors, steering_service
+from millm.config import get_settings
+from millm.errors import InvalidParameter
+from millm.paths import user_path
+
+vectors_app = typer.Typer(help="Steering vectors learned from examples: learn, list, show, remove.",
+                          no_args_is_help=True)
+DEFAULT_LAYER = 10  # where the bundled model's L10 SAE hooks
+
+
+@vectors_app.command("learn")
+@reports_errors
+def learn(name: Annotated[str, typer.Argument(help="The vector's name (what --steer NAME=S and profiles use).")],
+          concept: Annotated[list[str] | None, typer.Option(help="A word the model is asked to write about for the "
+                                                                 "positive examples (repeatable).")] = None,
+          positive: Annotated[Path | None, typer.Option(help="Positive examples: one text per line, or JSONL chat "
+                                                             "messages (the last message is read).")] = None,
+          negative: Annotated[Path | None, typer.Option(help="Negative examples, as --positive.")] = None,
+          layer: Annotated[int, typer.Option(help="The layer whose output the vector steers.")] = DEFAULT_LAYER,
+          method: Annotated[str, typer.Option(help="diffmean or pca.")] = "diffmean",
+          position: Annotated[str, typer.Option(help="mean (over the answer's tokens) or last.")] = "mean",
+          examples: Annotated[int, typer.Option(min=2, max=1024, help="Generated examples of each side.")] = 64,
+          tokens: Annotated[int, typer.Option(min=4, max=256, help="Tokens per generated example.")] = 48,
+          seed: Annotated[int, typer.Option(help="Sampling seed of the generated examples.")] = 0,
+          model: Annotated[str | None, typer.Option(help="Model (default: the configured one).")] = None) -> None:
+    """Learn a unit-norm steering vector at LAYER from the model's own answers about --concept (against its
+    answers to neutral prompts), or from example files; store it and register it as a vector set."""
+    from millm.vectors import catalog
+    from millm.vectors.learn import Examples, generated, read_file
+    from millm.vectors.learn import learn as learn_vector
+
+    check_seed(seed)
+    service = steering_service()
+    catalog.check_new_name(service, name)  # before any model work
+    if concept and (positive or negative):
+        raise InvalidParameter("Give --concept, or --positive and --negative, not both.", param="concept")
+    if not concept and not (positive and negative):
+        raise InvalidParameter("Give --concept WORD, or both --positive FILE and --negative FILE.", param="concept")
+    files = None
+    if positive and negative:
+        files = Examples(read_file(user_path(positive), "positive"), read_file(user_path(negative), "negative"))
+    engine = engine_for(model)
+    with err.status("writing examples ...") as status:
+        if files is None:
+            assert concept is not None
+            status.update(f"the model writes {examples} answers about {', '.join(concept)} and {examples} to "
+                          "neutral prompts ...")
+            made = generated(engine, concept, examples, seed, tokens)
+            source: dict[str, object] = {"concepts": list(concept), "seed": seed, "tokens": tokens}
+        else:
+            made = files
+            source = {"positive": str(positive), "negative": str(negative)}
+        vs = learn_vector(engine, [name], layer, made, method=method, position=position, source=source,
+                          progress=lambda what: status.update(what + " ..."))
+        record = catalog.store(service, get_settings().home, vs)
+    out.print(f"vector set {record['id']}: {vs.method} at layer {vs.layer} from {len(made.positive)} + "
+              f"{len(made.negative)} examples; steer it with --sae {name} --steer {name}=8")
+
+
+@vectors_app.command("list")
+@reports_errors
+def list_sets(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
+    """The vector sets stored and registered."""
+    from millm.vectors import catalog
+
+    sets = catalog.vector_sets(steering_service())
+    if as_json:
+        out.print_json(json.dumps([{k: v for k, v in s.items() if k != "added"} for s in sets]))
+        return
+    table = Table("name", "vectors", "layer", "model", "method", "examples")
+    for s in sets:
+        table.add_row(s["id"], ", ".join(s["names"]), str(s["layer"]), s["model"], s["method"],
+                      f"{s['examples'].get('positive', 0)} + {s['examples'].get('negative', 0)}")
+    out.print(table)
+
+
+@vectors_app.command("show")
+@reports_errors
+def show(name: str, top: Annotated[int, typer.Option(min=1, max=50, help="Nearest SAE features shown.")] = 5) -> None:
+    """One set: how it was made, its vectors' norms, and the nearest features (cosine) of the registered SAEs
+    at its layer."""
+    from millm.sae.formats import load_sae
+    from millm.vectors import catalog
+
+    service = steering_service()
+    record, vs = catalog.vector_set(service, name)
+    meta = vs.meta()
+    out.print(f"{name}: {meta['method']} at layer {vs.layer} of {vs.model} (d_model {vs.d_model}), "
+              f"{meta['examples']} examples, position {vs.position}; sha256 {vs.sha256[:12]}")
+    for i, vector_name in enumerate(vs.names):
+        out.print(f"  {vector_name}: norm {float(vs.vectors[i].norm()):.3f}")
+    for other in service.store.saes():
+        if other["format"] == "vectors" or other["layer_hint"] != vs.layer or other["d_in"] != vs.d_model:
+            continue
+        decoder = load_sae(other["path"]).sae.W_dec.float()
+        cosines = (decoder / decoder.norm(dim=-1, keepdim=True).clamp_min(1e-12)) @ vs.vectors[0]
+        labels = service.store.label_map(other["id"])
+        best = cosines.topk(min(top, len(cosines)))
+        shown = ", ".join(f'{int(f)} "{labels.get(int(f), "")}" {float(c):.2f}' for c, f in zip(best.values,
+                                                                                             best.indices))
+        out.print(f"  nearest features of {other['id']}: {shown}")
+
+
+@vectors_app.command("rm")
+@reports_errors
+def rm(name: str) -> None:
+    """Unregister a vector set and delete its stored folder."""
+    from millm.vectors import catalog
+
+    catalog.remove(steering_service(), get_settings().home, name)
+    out.print(f"removed vector set {name}")

@@ -1,0 +1,76 @@
+"""Where vector sets live (``MILLM_HOME/vectors/NAME``) and how they join the SAE registry: under their name as
+id, so ``--sae NAME``, ``--steer NAME=8``, profiles and the API name them as they name an SAE. A name is
+refused before anything is written when it breaks the naming rule, is taken by a registered SAE or set, or is
+a feature label of a registered SAE (``--steer rain=8`` must mean one thing)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+from millm.errors import InvalidParameter, SAENotFound
+from millm.steering.names import check_name
+from millm.steering.service import SteeringService
+from millm.vectors import files
+from millm.vectors.files import VectorSet
+
+
+def folder_of(home: Path, name: str) -> Path:
+    return home / "vectors" / name
+
+
+def check_new_name(service: SteeringService, name: str) -> str:
+    """``name`` for a new set, or a 400 naming what it collides with."""
+    check_name(name, "name")
+    if service.store.sae(name) is not None:
+        raise InvalidParameter(f"'{name}' is already the id of a registered SAE or vector set; remove it first "
+                               "(`millm vectors rm`) or choose another name.", param="name")
+    wanted = name.casefold()
+    for record in service.store.saes():
+        for feature, label in service.store.label_map(record["id"]).items():
+            if label.casefold() == wanted:
+                raise InvalidParameter(f"'{name}' is the label of feature {feature} of SAE {record['id']}: a "
+                                       "steering value named so would mean either; choose another name.",
+                                       param="name")
+    return name
+
+
+def store(service: SteeringService, home: Path, vs: VectorSet) -> dict[str, Any]:
+    """Write the set and register it under its name, all or nothing."""
+    name = check_new_name(service, vs.names[0])
+    folder = folder_of(home, name)
+    if folder.exists():
+        shutil.rmtree(folder)  # left by a set whose registration was removed behind the registry's back
+    files.save(folder, vs)
+    try:
+        return service.register_sae(folder, name=name, sae_id=name)
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+
+
+def vector_sets(service: SteeringService) -> list[dict[str, Any]]:
+    """The registered vector sets, each with its file's description."""
+    out = []
+    for record in service.store.saes():
+        if record["format"] == "vectors":
+            vs = files.load(Path(record["path"]))
+            out.append({**record, **{k: v for k, v in vs.meta().items() if k not in ("format", "version")}})
+    return out
+
+
+def vector_set(service: SteeringService, name: str) -> tuple[dict[str, Any], VectorSet]:
+    record = service.store.sae(name)
+    if record is None or record["format"] != "vectors":
+        raise SAENotFound(f"No vector set is named '{name}'; see `millm vectors list`.", param="name")
+    return record, files.load(Path(record["path"]))
+
+
+def remove(service: SteeringService, home: Path, name: str) -> None:
+    """Unregister the set and delete its folder (when it is miLLM's own, under MILLM_HOME)."""
+    record, _ = vector_set(service, name)
+    service.store.delete_sae(name)
+    folder = Path(record["path"])
+    if folder.parent == (home / "vectors").resolve() or folder.parent == home / "vectors":
+        shutil.rmtree(folder, ignore_errors=True)

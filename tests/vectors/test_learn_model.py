@@ -1,0 +1,56 @@
+"""Learning a steering vector on the bundled model through ``millm vectors`` (few, short examples: the
+mechanics, not the figure), then steering and reading with it as with an SAE feature, in the CLI and over
+HTTP."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+from typer.testing import CliRunner
+
+from cli.main import app
+
+runner = CliRunner()
+NAME = "dogvec"
+
+
+def run(*args: object, ok: bool = True):
+    result = runner.invoke(app, [str(a) for a in args], env={"COLUMNS": "200"})
+    if ok:
+        assert result.exit_code == 0, result.output
+    return result
+
+
+def test_learn_steer_read_and_remove_a_vector(engine, server):
+    learned = run("vectors", "learn", NAME, "--concept", "dog", "--examples", "6", "--tokens", "16", "--layer", "10")
+    assert f"vector set {NAME}: diffmean at layer 10 from 6 + 6 examples" in learned.output
+    [listed] = json.loads(run("vectors", "list", "--json").output)
+    assert listed["id"] == NAME and listed["names"] == [NAME] and listed["layer"] == 10
+    assert listed["examples"] == {"positive": 6, "negative": 6} and listed["source"]["concepts"] == ["dog"]
+    assert "norm 1.000" in run("vectors", "show", NAME).output
+
+    plain = run("chat", "Tell me about your day.", "--temperature", "0", "--max-tokens", "12").stdout
+    steered = run("chat", "Tell me about your day.", "--temperature", "0", "--max-tokens", "12", "--sae", NAME,
+                  "--steer", f"{NAME}=60").stdout
+    assert steered != plain  # steered by name, as a feature label is
+
+    again = run("vectors", "learn", NAME, "--concept", "cat", ok=False)  # taken: refused before any work
+    assert again.exit_code == 1 and "already the id" in again.output
+
+    assert httpx.post(server + f"/api/saes/{NAME}/attach", json={}, timeout=30).status_code == 200
+    try:
+        r = httpx.post(server + "/v1/chat/completions", timeout=120, json={
+            "model": "SmolLM2-135M-Instruct", "max_tokens": 4, "temperature": 0,
+            "messages": [{"role": "user", "content": "I walked my dog."}],
+            "return_sae_activations": {"sae_id": NAME, "features": [0], "positions": "prompt", "labels": True,
+                                       "token_text": True}})
+        assert r.status_code == 200, r.text
+        positions = r.json()["millm"]["sae_activations"]["positions"]
+        assert {f["label"] for p in positions for f in p["features"]} == {NAME}
+        value = {p["token"]: p["features"][0]["value"] for p in positions}
+        assert value[" dog"] > value[" walked"]  # the projection reads the concept where it is
+    finally:
+        httpx.post(server + f"/api/saes/{NAME}/detach", timeout=30)
+    run("vectors", "rm", NAME)
+    assert json.loads(run("vectors", "list", "--json").output) == []

@@ -1,0 +1,140 @@
+"""Steering vectors, fast tier: the directions on hand-built activations, the folder format, reading a set as an
+SAE of its vectors, example files, names that collide, and a vector set beside an SAE on one layer."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from millm.errors import InvalidParameter
+from millm.sae.formats import load_sae
+from millm.steering.core import SteeringCore
+from millm.steering.cvec import ControlVectorSteering
+from millm.steering.service import SteeringService
+from millm.store.db import Store
+from millm.vectors import catalog, files
+from millm.vectors.files import VectorSet
+from millm.vectors.learn import diffmean, pca, read_file
+from tests.saes import random_sae, write_saelens
+
+D = 8
+
+
+def toy(shift: float = 3.0, n: int = 20, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Negatives around 0, positives around ``shift`` along a known unit axis (and noise on every axis)."""
+    g = torch.Generator().manual_seed(seed)
+    axis = torch.zeros(D)
+    axis[2] = 1.0
+    negative = torch.randn(n, D, generator=g) * 0.3
+    positive = torch.randn(n, D, generator=g) * 0.3 + shift * axis
+    return positive, negative, axis
+
+
+@pytest.mark.parametrize("method", [diffmean, pca])
+def test_the_direction_is_the_concepts_axis_unit_norm_and_positive(method):
+    positive, negative, axis = toy()
+    direction = method(positive, negative)
+    assert torch.isclose(direction.norm(), torch.tensor(1.0))
+    assert float(direction @ axis) > 0.95  # found, and signed so positives project higher
+    assert float((positive @ direction).mean()) > float((negative @ direction).mean())
+
+
+def test_diffmean_is_the_normalised_difference_of_means_and_refuses_no_difference():
+    positive = torch.tensor([[2.0, 0.0], [4.0, 0.0]])
+    negative = torch.tensor([[0.0, 1.0], [0.0, 3.0]])
+    assert torch.allclose(diffmean(positive, negative), torch.tensor([3.0, -2.0]) / 13 ** 0.5)
+    with pytest.raises(InvalidParameter, match="read alike"):
+        diffmean(positive, positive)
+    with pytest.raises(InvalidParameter, match="at least 2"):
+        pca(positive[:1], negative[:1])
+
+
+def vector_set(name: str = "rainy", layer: int = 3, d: int = D) -> VectorSet:
+    v = torch.zeros(1, d)
+    v[0, 1] = 1.0
+    return VectorSet((name,), v, layer, "toy-model", "diffmean", "mean", {"positive": 4, "negative": 4}, "abc",
+                     {"concepts": ["rain"]})
+
+
+def test_a_set_round_trips_and_reads_as_a_linear_sae_of_its_vectors(tmp_path: Path):
+    folder = tmp_path / "rainy"
+    files.save(folder, vector_set())
+    assert sorted(p.name for p in folder.iterdir()) == ["labels.json", "vectors.json", "vectors.safetensors"]
+    assert json.loads((folder / "labels.json").read_text()) == {"0": "rainy"}
+    back = files.load(folder)
+    assert back.names == ("rainy",) and back.layer == 3 and torch.equal(back.vectors, vector_set().vectors)
+    loaded = load_sae(folder)
+    assert (loaded.format, loaded.layer_hint, loaded.model_hint) == ("vectors", 3, "toy-model")
+    x = torch.tensor([[0.0, -2.5, 0, 0, 0, 0, 0, 1.0]])
+    assert loaded.sae.encode(x).tolist() == [[-2.5]]  # the signed projection: a reading, not a ReLU
+    assert torch.equal(loaded.sae.decode(torch.tensor([[4.0]])), 4.0 * vector_set().vectors)  # strength x unit
+    (folder / "vectors.json").write_text('{"format": "other"}')
+    with pytest.raises(InvalidParameter, match="vectors.json"):
+        files.load(folder)
+
+
+def test_example_files_take_lines_or_chat_messages_and_name_a_bad_line(tmp_path: Path):
+    plain = tmp_path / "plain.txt"
+    plain.write_text("It rains.\n\nClouds again.\n")
+    assert read_file(plain, "positive") == ["It rains.", "Clouds again."]
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"},
+                                              {"role": "assistant", "content": "Rain!"}]}) + "\n"
+                     + json.dumps([{"role": "assistant", "content": "Storms."}]) + "\n")
+    assert read_file(chats, "positive") == ["Rain!", "Storms."]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"messages": []}\n')
+    with pytest.raises(InvalidParameter, match="bad.jsonl, line 1") as exc:
+        read_file(bad, "negative")
+    assert exc.value.param == "negative"
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n")
+    with pytest.raises(InvalidParameter, match="no example"):
+        read_file(empty, "positive")
+    (tmp_path / "latin1.txt").write_bytes(b"caf\xe9\n")
+    with pytest.raises(InvalidParameter, match="UTF-8"):
+        read_file(tmp_path / "latin1.txt", "positive")
+
+
+def test_a_name_taken_by_an_sae_or_a_feature_label_is_refused_before_anything_is_written(tmp_path: Path):
+    service = SteeringService(Store(tmp_path / "millm.db"))
+    sae_folder = write_saelens(tmp_path / "toy-sae", random_sae(D, 4), layer=3)
+    (sae_folder / "labels.json").write_text(json.dumps({"2": "Rainy"}))
+    service.register_sae(sae_folder, sae_id="toy-sae")
+    for name, match in (("rainy", "label of feature 2 of SAE toy-sae"), ("toy-sae", "already the id"),
+                        ("bad/name", "'name' must be")):
+        with pytest.raises(InvalidParameter, match=match):
+            catalog.store(service, tmp_path, vector_set(name))
+        assert not (tmp_path / "vectors" / name).exists()
+    record = catalog.store(service, tmp_path, vector_set("drizzle"))
+    assert record["format"] == "vectors" and service.store.label_map("drizzle") == {0: "drizzle"}
+    assert [s["id"] for s in catalog.vector_sets(service)] == ["drizzle"]
+    with pytest.raises(InvalidParameter, match="already the id"):
+        catalog.store(service, tmp_path, vector_set("drizzle"))
+    catalog.remove(service, tmp_path, "drizzle")
+    assert service.store.sae("drizzle") is None and not (tmp_path / "vectors" / "drizzle").exists()
+
+
+def test_a_vector_set_shares_a_layer_with_an_sae_and_their_deltas_add():
+    core = SteeringCore(n_layers=6, d_model=D, device=torch.device("cpu"), dtype=torch.float32)
+    sae = random_sae(D, 4, seed=1)
+    core.attach("sae", sae, 3)
+    core.attach("vec", vector_set().as_sae(), 3)  # beside it
+    with pytest.raises(InvalidParameter, match="already has SAE"):
+        core.attach("other", random_sae(D, 4, seed=2), 3)  # but two SAEs still may not
+    with pytest.raises(InvalidParameter, match="d_in 4"):
+        core.attach("narrow", vector_set(d=4).as_sae(), 2)  # a set of another model's width
+
+    cvec = ControlVectorSteering(n_layers=6, d_model=D)
+    cvec.attach("sae", sae, 3)
+    cvec.attach("vec", vector_set().as_sae(), 3)
+    cvec.set_values("sae", {0: 10.0}, merge=False)
+    cvec.set_values("vec", {0: 5.0}, merge=False)
+    cvec.bind_row(0, None)
+    vector = cvec.vector()
+    assert vector is not None
+    at = vector.data[(3 - 1) * D:3 * D]
+    assert torch.allclose(torch.from_numpy(at), 10.0 * sae.W_dec[0] + 5.0 * vector_set().vectors[0], atol=1e-5)
