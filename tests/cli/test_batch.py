@@ -127,7 +127,8 @@ def test_shared_padded_runs_equal_runs_alone(engine):
 
 def test_scheduled_rows_with_different_parameters_equal_runs_alone(engine, settings, monkeypatch):
     """Rows with different budgets, stops and penalties share the scheduler's batch, each giving the events of
-    its own run; the scheduler's fallbacks (a seed, n > 1, a schema) are the only rows it serves alone."""
+    its own run; the scheduler's fallbacks (a seed, n > 1) are the only rows it serves alone: a schema is a
+    row's own matcher, batched (MILLM_BATCHING_CONSTRAINTS=refuse would serve it alone)."""
     def jobs() -> list[Job]:
         return [chat_job(engine, "Hi."), chat_job(engine, "What is the capital of France?", max_tokens=7),
                 chat_job(engine, "Count to five.", stop=[","]),
@@ -149,7 +150,7 @@ def test_scheduled_rows_with_different_parameters_equal_runs_alone(engine, setti
     run_generations(engine, batched, BatchSettings.of(settings))
     assert [j.events for j in batched] == [j.events for j in alone]
     assert all(j.error is None and j.events for j in batched)
-    assert submitted == [False, False, False, False, True, True, True]
+    assert submitted == [False, False, False, False, True, True, False]
 
 
 def test_batch_refuses_bad_options(tmp_path):

@@ -112,9 +112,17 @@ def test_seeded_text_does_not_depend_on_batch_traffic(batching):
     assert busy["choices"][0]["message"]["content"] == quiet["choices"][0]["message"]["content"]
 
 
-def test_response_format_refused_while_batching(batching):
-    r = httpx.post(batching + "/v1/chat/completions", timeout=30,
-                   json=body("JSON please", response_format={"type": "json_object"}))
+def test_response_format_is_batched_and_refused_only_under_the_setting(engine, settings, batching):
+    honoured = httpx.post(batching + "/v1/chat/completions", timeout=120,
+                          json=body("JSON please", response_format={"type": "json_object"}, max_tokens=8))
+    assert honoured.status_code == 200 and honoured.headers["X-miLLM-Constrained"] == "json_object"
+    from millm.server.app import create_app
+    from tests.live import live_server
+
+    refusing = settings.model_copy(update={"batching": True, "batching_constraints": "refuse"})
+    with live_server(create_app(refusing, engine)) as base:
+        r = httpx.post(base + "/v1/chat/completions", timeout=30,
+                       json=body("JSON please", response_format={"type": "json_object"}))
     assert r.status_code == 400
     error = r.json()["error"]
     assert error["param"] == "response_format" and "batching" in error["message"]
