@@ -61,6 +61,14 @@ def _as_list(value: Any) -> list[int]:
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
+def model_inputs(ids: torch.Tensor, mask: torch.Tensor | None) -> dict[str, Any]:
+    """A cacheless forward's inputs for left-padded ``ids``: with padding, the mask and positions that count
+    from each row's first real token."""
+    if mask is None:
+        return {"input_ids": ids}
+    return {"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)}
+
+
 class TransformersEngine:
     """A loaded HuggingFace causal LM behind miLLM's engine interface."""
 
@@ -195,11 +203,7 @@ class TransformersEngine:
     def _forward(self, ids: torch.Tensor, mask: torch.Tensor | None, keep: int = 1) -> torch.Tensor:
         """The logits (fp32, ``[rows, keep, vocab]``) of a cacheless forward at the last ``keep`` positions. With
         padding, positions come from the mask."""
-        kwargs: dict[str, Any] = {}
-        if mask is not None:
-            positions = (mask.cumsum(-1) - 1).clamp(min=0)
-            kwargs = {"attention_mask": mask, "position_ids": positions}
-        out = self.model(input_ids=ids, use_cache=False, logits_to_keep=keep, **kwargs)
+        out = self.model(use_cache=False, logits_to_keep=keep, **model_inputs(ids, mask))
         return out.logits[:, -keep:].float()
 
     def score(self, request: ScoreRequest) -> list[ScoreResult]:
@@ -278,11 +282,8 @@ class TransformersEngine:
                 chunk = reads[at:at + batch_size]
                 ids, mask = self._left_pad([list(r.ids) for r in chunk])
                 keep = max(len(r.ids) - r.start for r in chunk) + 1  # left padding: every answer ends at the end
-                kwargs: dict[str, Any] = {}
-                if mask is not None:
-                    kwargs = {"attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)}
                 with self.steering.each_row([r.override or Override("unsteered", {}) for r in chunk]):
-                    logits = self.model(input_ids=ids, use_cache=False, logits_to_keep=keep, **kwargs).logits
+                    logits = self.model(use_cache=False, logits_to_keep=keep, **model_inputs(ids, mask)).logits
                 for row, r in zip(logits.float(), chunk):
                     span = len(r.ids) - r.start  # the answer token at i is predicted at i - 1
                     predicting = row[-span - 1:-1]
@@ -308,11 +309,8 @@ class TransformersEngine:
             for at in range(0, len(reads), batch_size):
                 chunk = reads[at:at + batch_size]
                 ids, mask = self._left_pad([list(r.ids) for r in chunk])
-                kwargs: dict[str, Any] = {}
-                if mask is not None:
-                    kwargs = {"attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)}
-                hidden = captured_output(self.model, layer, partial(self.model, input_ids=ids, use_cache=False,
-                                                                    **kwargs))
+                hidden = captured_output(self.model, layer, partial(self.model, use_cache=False,
+                                                                    **model_inputs(ids, mask)))
                 for row, r in zip(hidden.float().cpu(), chunk):
                     span = row[-(len(r.ids) - r.start):] if position == "mean" else row[-1:]
                     rows.append(span.mean(0))

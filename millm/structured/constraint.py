@@ -98,8 +98,7 @@ def stop_scope(constraint: Constraint | None, stops: Sequence[str]) -> tuple[tup
     marker, and not at all where the text is calls alone. (A document of response_format with stop is refused
     before this: the builder's rule.)"""
     if isinstance(constraint, ToolConstraint):
-        free = constraint.choice == "auto" and constraint.text is None
-        return (tuple(stops) if free else ()), OPEN
+        return (tuple(stops) if constraint.free_text else ()), OPEN
     return tuple(stops), None
 
 

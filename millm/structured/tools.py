@@ -115,6 +115,12 @@ class ToolConstraint:
     def schema_of(self, name: str) -> dict[str, Any] | None:
         return next((t.parameters for t in self.tools if t.name == name), None)
 
+    @property
+    def free_text(self) -> bool:
+        """Whether plain text may come before the calls (``auto`` without a response_format): the grammar's
+        lead, and the only text stop sequences apply to."""
+        return self.choice == "auto" and self.text is None
+
     def parser(self) -> ToolCallParser:
         """A parser for a row's text under this constraint: a call may follow text only under "auto" without a
         response_format, and under "required" or a forced function the text is calls alone."""
@@ -125,7 +131,7 @@ class ToolConstraint:
         arguments an inline JSON schema with miLLM's whitespace rule."""
         lit = json.dumps  # a JSON string literal is a Lark string literal
         rules = ["%llguidance {}"]
-        if self.choice == "auto" and self.text is None:
+        if self.free_text:
             # text without the call marker; or text up to the marker (a lazy lexeme ends there), then the calls
             rules += ["start: TEXT | lead calls", "TEXT: /(?s:.*)/ & ~/(?s:.*)<tool_call>(?s:.*)/",
                       "lead[lazy]: /(?s:.*)<tool_call>/"]
