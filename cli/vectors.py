@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from cli.common import check_seed, engine_for, err, out, reports_errors, steering_service
+from cli.common import check_seed, engine_for, err, out, reports_errors, steerable, steering_service
 from millm.config import get_settings
 from millm.errors import InvalidParameter
 from millm.paths import user_path
@@ -38,10 +38,11 @@ def learn(name: Annotated[str, typer.Argument(help="The vector's name (what --st
     """Learn a unit-norm steering vector at LAYER from the model's own answers about --concept (against its
     answers to neutral prompts), or from example files; store it and register it as a vector set."""
     from millm.vectors import catalog
-    from millm.vectors.learn import Examples, generated, read_file
+    from millm.vectors.learn import Examples, check_choices, generated, read_file
     from millm.vectors.learn import learn as learn_vector
 
     check_seed(seed)
+    check_choices(method, position)
     service = steering_service()
     catalog.check_new_name(service, name)  # before any model work
     if concept and (positive or negative):
@@ -52,6 +53,8 @@ def learn(name: Annotated[str, typer.Argument(help="The vector's name (what --st
     if positive and negative:
         files = Examples(read_file(user_path(positive), "positive"), read_file(user_path(negative), "negative"))
     engine = engine_for(model)
+    if not 0 <= layer < (layers := steerable(engine).steering.n_layers):  # before the examples are written
+        raise InvalidParameter(f"'layer' must be between 0 and {layers - 1}, got {layer}.", param="layer")
     with err.status("writing examples ...") as status:
         if files is None:
             assert concept is not None

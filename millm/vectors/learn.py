@@ -116,16 +116,21 @@ def activations(engine: Engine, texts: Sequence[str], layer: int, position: str)
     return engine.residuals(reads, layer, position)
 
 
-def learn(engine: Engine, names: Sequence[str], layer: int, examples: Examples, *, method: str = "diffmean",
-          position: str = "mean", source: dict[str, object] | None = None,
-          progress: Callable[[str], None] = lambda _: None) -> VectorSet:
-    """One vector named ``names[0]`` at ``layer`` from ``examples`` (checked: a method, position and layer the
-    engine has)."""
+def check_choices(method: str, position: str) -> None:
+    """A method and position ``learn`` knows, or a 400 naming the option (before any model work)."""
     if method not in METHODS:
         raise InvalidParameter(f"'method' must be one of {', '.join(METHODS)}, got {method!r}.", param="method")
     if position not in POSITIONS:
         raise InvalidParameter(f"'position' must be one of {', '.join(POSITIONS)}, got {position!r}.",
                                param="position")
+
+
+def learn(engine: Engine, names: Sequence[str], layer: int, examples: Examples, *, method: str = "diffmean",
+          position: str = "mean", source: dict[str, object] | None = None,
+          progress: Callable[[str], None] = lambda _: None) -> VectorSet:
+    """One vector named ``names[0]`` at ``layer`` from ``examples`` (checked: a method, position and layer the
+    engine has)."""
+    check_choices(method, position)
     kept = Examples([t for t in examples.positive if t.strip()], [t for t in examples.negative if t.strip()])
     if not kept.positive or not kept.negative:  # an answer may be empty (the model ended at once)
         raise InvalidParameter("Every positive or every negative example is empty.", param="examples")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import httpx
+import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
@@ -54,3 +55,16 @@ def test_learn_steer_read_and_remove_a_vector(engine, server):
         httpx.post(server + f"/api/saes/{NAME}/detach", timeout=30)
     run("vectors", "rm", NAME)
     assert json.loads(run("vectors", "list", "--json").output) == []
+
+
+def test_bad_options_are_refused_before_any_example_is_written(engine, monkeypatch):
+    import millm.vectors.learn as learn
+
+    monkeypatch.setattr(learn, "sample_answers", lambda *a, **k: pytest.fail("examples were written"))
+    for args, named in ((["--method", "lda"], "'method'"), (["--position", "first"], "'position'"),
+                        (["--layer", "99"], "'layer' must be between 0 and 29"),
+                        (["--positive", "/nonexistent.txt", "--negative", "/nonexistent.txt"], "/nonexistent.txt")):
+        result = run("vectors", "learn", "badvec", *(["--concept", "dog"] if "--positive" not in args else []),
+                     *args, ok=False)
+        assert result.exit_code == 1 and named in result.output and "Traceback" not in result.output
+    assert json.loads(run("vectors", "list", "--json").output) == []  # nothing stored
