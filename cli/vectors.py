@@ -1,11 +1,12 @@
-"""``millm vectors``: steering vectors learned from examples (learn, list, show, rm). A vector set registers as
-an SAE of its vectors, so ``--sae NAME``, ``--steer NAME=8``, profiles and the API take it as they take an SAE."""
+"""``millm vectors``: steering vectors learned from examples (learn, list, show, rm), and exchanged with llama.cpp
+as control-vector GGUF files (export, import). A vector set registers as an SAE of its vectors, so
+``--sae NAME``, ``--steer NAME=8``, profiles and the API take it as they take an SAE."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
@@ -13,11 +14,15 @@ from rich.table import Table
 from cli.common import check_seed, engine_for, err, out, reports_errors, steerable, steering_service
 from millm.config import get_settings
 from millm.errors import InvalidParameter
-from millm.paths import user_path
+from millm.paths import output_file, user_path
 
-vectors_app = typer.Typer(help="Steering vectors learned from examples: learn, list, show, remove.",
-                          no_args_is_help=True)
+if TYPE_CHECKING:
+    from millm.vectors.files import VectorSet
+
+vectors_app = typer.Typer(help="Steering vectors learned from examples: learn, list, show, remove; export and "
+                               "import llama.cpp control vectors.", no_args_is_help=True)
 DEFAULT_LAYER = 10  # where the bundled model's L10 SAE hooks
+PROMOTED = 10  # tokens `show` lists as a vector's logit lens
 
 
 @vectors_app.command("learn")
@@ -92,8 +97,8 @@ def list_sets(as_json: Annotated[bool, typer.Option("--json", help="Print JSON."
 @vectors_app.command("show")
 @reports_errors
 def show(name: str, top: Annotated[int, typer.Option(min=1, max=50, help="Nearest SAE features shown.")] = 5) -> None:
-    """One set: how it was made, its vectors' norms, and the nearest features (cosine) of the registered SAEs
-    at its layer."""
+    """One set: how it was made, its vectors' norms, the nearest features (cosine) of the registered SAEs at its
+    layer, and the tokens it promotes through its model's unembedding (loads the model)."""
     from millm.sae.formats import load_sae
     from millm.vectors import catalog
 
@@ -102,6 +107,8 @@ def show(name: str, top: Annotated[int, typer.Option(min=1, max=50, help="Neares
     meta = vs.meta()
     out.print(f"{name}: {meta['method']} at layer {vs.layer} of {vs.model} (d_model {vs.d_model}), "
               f"{meta['examples']} examples, position {vs.position}; sha256 {vs.sha256[:12]}")
+    if vs.source:
+        out.print(f"  source: {json.dumps(vs.source)}")
     for i, vector_name in enumerate(vs.names):
         out.print(f"  {vector_name}: norm {float(vs.vectors[i].norm()):.3f}")
     for other in service.store.saes():
@@ -114,6 +121,21 @@ def show(name: str, top: Annotated[int, typer.Option(min=1, max=50, help="Neares
         shown = ", ".join(f'{int(f)} "{labels.get(int(f), "")}" {float(c):.2f}' for c, f in zip(best.values,
                                                                                              best.indices))
         out.print(f"  nearest features of {other['id']}: {shown}")
+    out.print(f"  promotes: {promoted_tokens(vs)}")
+
+
+def promoted_tokens(vs: VectorSet) -> str:
+    """The tokens the set's first vector promotes read straight through its model's unembedding (the logit lens,
+    no final norm), or why they cannot be read there."""
+    from millm.errors import MillmError
+
+    try:
+        engine = engine_for(vs.model or None)
+        logits = engine.unembed(vs.vectors[0])[:engine.vocab_size]
+    except MillmError as exc:
+        return f"not read ({exc.message})"
+    best = logits.topk(min(PROMOTED, len(logits)))
+    return ", ".join(f"{engine.token_text(int(t))!r} {float(v):.2f}" for v, t in zip(best.values, best.indices))
 
 
 @vectors_app.command("rm")
@@ -124,3 +146,66 @@ def rm(name: str) -> None:
 
     catalog.remove(steering_service(), get_settings().home, name)
     out.print(f"removed vector set {name}")
+
+
+@vectors_app.command("export")
+@reports_errors
+def export(arguments: Annotated[list[str], typer.Argument(metavar="[NAME] FILE", help="The vector set and the file "
+                                                          "to write; with --profile, the file alone.")],
+           profile: Annotated[str | None, typer.Option(help="Export this profile's whole steering instead of a "
+                                                             "vector set.")] = None,
+           model: Annotated[str | None, typer.Option(help="With --profile: the model whose attached SAEs place its "
+                                                          "entries (default: the profile's, else the configured "
+                                                          "one).")] = None) -> None:
+    """Write a vector set (at unit norm: llama.cpp scales it, `--control-vector-scaled FILE S`) or a profile's
+    whole steering (its strengths included: `--control-vector FILE`) as a llama.cpp control-vector GGUF."""
+    from millm.registry import resolve
+    from millm.vectors import catalog, gguf
+
+    wanted = 1 if profile else 2
+    if len(arguments) != wanted:
+        raise InvalidParameter("Give NAME FILE, or --profile PROFILE FILE." if not profile else
+                               "With --profile, give the file alone.", param="file")
+    file = output_file(arguments[-1], "file")
+    service = steering_service()
+    if profile:
+        doc = service.profile_doc(profile)
+        settings = get_settings()
+        model_id = resolve(model or doc.model or settings.default_model, settings, paths=True).id
+        directions = gguf.profile_directions(service, doc, model_id)
+        gguf.write(file, directions, model_id)
+        layers = ", ".join(f"direction.{layer}" for layer in sorted(directions))
+        out.print(f"wrote {file}: profile {profile} as {layers}, its strengths included; llama.cpp applies it "
+                  f"with --control-vector {file}")
+        return
+    _, vs = catalog.vector_set(service, arguments[0])
+    gguf.write(file, gguf.set_directions(vs), vs.model)
+    out.print(f"wrote {file}: vector set {vs.names[0]} as direction.{vs.layer} at unit norm; llama.cpp steers with "
+              f"it at strength S with --control-vector-scaled {file} S")
+
+
+@vectors_app.command("import")
+@reports_errors
+def import_file(file: Annotated[Path, typer.Argument(help="A llama.cpp control-vector GGUF (direction.N tensors).")],
+                name: Annotated[str, typer.Argument(help="The set's name; a file of several layers makes one set "
+                                                         "per layer, NAME-L{layer}.")],
+                layer: Annotated[int | None, typer.Option(help="Import only this layer's direction, as NAME.")] = None,
+                model: Annotated[str | None, typer.Option(help="The model the file steers (default: the configured "
+                                                               "one); its layers and width are checked.")] = None
+                ) -> None:
+    """Import a llama.cpp control vector as vector sets: each direction at unit norm, the file's norm kept in its
+    source (steer at that norm to reproduce the file at scale 1)."""
+    from millm.steering.names import check_name
+    from millm.vectors import gguf
+
+    check_name(name, "name")  # before the model loads
+    path = user_path(file)
+    service = steering_service()
+    engine = engine_for(model)
+    steering = steerable(engine).steering
+    cv = gguf.read(path, steering.n_layers, steering.d_model)
+    sets = gguf.imported_sets(cv, path, name, engine.model_id, layer)
+    gguf.store_all(service, get_settings().home, sets)
+    for vs in sets:
+        out.print(f"vector set {vs.names[0]}: direction.{vs.layer} of {path} (norm {vs.source['norm']:.3f}); steer "
+                  f"it with --sae {vs.names[0]} --steer {vs.names[0]}={vs.source['norm']:.3g} to match the file")

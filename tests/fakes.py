@@ -135,6 +135,11 @@ class FakeEngine:
         raise FieldNotHonoured("Learning a steering vector reads the residual stream: it needs a transformers "
                                "model.", param="model")
 
+    def unembed(self, direction: Any) -> Any:
+        """The unembedding of a direction needs the model's output weights, which the scripted engine lacks."""
+        raise FieldNotHonoured("Reading a vector through the unembedding needs the model's output weights: it needs "
+                               "a transformers model.", param="model")
+
     def embed(self, inputs: list[Any]) -> tuple[list[list[float]], int]:
         return [[float(len(x)), 1.0] for x in inputs], sum(len(x) for x in inputs)
 
