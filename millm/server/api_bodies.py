@@ -61,6 +61,23 @@ BODIES: dict[str, dict[str, Any] | type[BaseModel]] = {
     "models_api.add_model": {"type": "object", "required": ["path"], "properties": {
         "path": {"type": "string", "description": "A checkpoint directory or <repo>.<QUANT>.gguf file"},
         "id": OPTIONAL_STRING}},
+    "vectors_api.attach_vectors": {"type": "object", "properties": {
+        "layer": {"type": ["integer", "null"], "description": "Default: the layer the set was learned at"}}},
+    "vectors_api.import_vectors": {"type": "object", "required": ["path", "name"], "properties": {
+        "path": {"type": "string", "description": "A vector-set folder or a llama.cpp control-vector GGUF"},
+        "name": {"type": "string", "description": "The name the set is stored and steered under"},
+        "layer": {"type": ["integer", "null"], "description": "Which layer of a GGUF control vector"}}},
+    "vectors_api.learn_vectors": {"type": "object", "required": ["name"], "properties": {
+        "name": {"type": "string", "description": "The vector's name (what steering values and profiles use)"},
+        "layer": {"type": "integer", "description": "Default: a third of the model's layers"},
+        "method": {"type": "string", "description": "diffmean (default) or pca"},
+        "position": {"type": "string", "description": "mean (over the answer's tokens, default) or last"},
+        "concepts": {"type": "array", "items": STRING, "description": "Words the model writes examples about"},
+        "positive": {"type": "array", "items": STRING, "description": "Texts that show the concept"},
+        "negative": {"type": "array", "items": STRING, "description": "Texts that do not"},
+        "examples": {"type": "integer", "description": "Generated examples of each side (concepts only)"},
+        "tokens": {"type": "integer", "description": "Tokens per generated example (concepts only)"},
+        "seed": {"type": "integer", "description": "Sampling seed of the generated examples (concepts only)"}}},
     "steering_docs.import_cluster": ClusterDoc,
     "steering_docs.import_circuit": CircuitDoc,
     "steering_docs.set_cluster_intensity": {"type": "object", "required": ["lambda"], "properties": {

@@ -14,7 +14,7 @@ from millm.engine.admission import BatchSettings
 from millm.engine.manager import Loader, ModelManager, Registry
 from millm.engine.worker import EngineWorker
 from millm.errors import MillmError
-from millm.server import api, auth, body_limits, health, metrics, models_api, openapi, steering_docs, v1
+from millm.server import api, auth, body_limits, health, metrics, models_api, openapi, steering_docs, v1, vectors_api
 from millm.server.state import Services
 from millm.steering.intensity import IntensitySettings
 from millm.steering.service import SteeringService
@@ -45,6 +45,7 @@ def create_app(settings: Settings, engine: Engine | None = None, loader: Loader 
     app.register_blueprint(api.bp)
     app.register_blueprint(steering_docs.bp)
     app.register_blueprint(models_api.bp)
+    app.register_blueprint(vectors_api.bp)
 
     async def openapi_document() -> Any:
         """This server's OpenAPI document."""

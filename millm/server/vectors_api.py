@@ -1,0 +1,232 @@
+"""The steering-vector part of the management API (/api/vectors): vector sets (``millm.vectors``) listed,
+shown, attached, removed, imported and exported, and learned from examples as background jobs.
+
+A vector set registers in the SAE registry under its name, so attaching, steering (``PUT /api/steering``
+with ``{"sae": NAME, "values": {"0": 8}}``), profiles and read-outs take it as they take an SAE; the attach
+and detach routes here are the SAE routes' own, for names that are vector sets.
+
+Learning runs off the event loop on the engine thread (``EngineWorker.call``: model access stays serial with
+every request): ``POST /api/vectors/learn`` checks the whole body and the loaded model first (400 before any
+model work), then answers 202 with a job that ``GET /api/vectors/jobs/{id}`` follows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from quart import Blueprint, Response, current_app
+
+from millm.errors import InvalidParameter, SAENotFound
+from millm.paths import user_path
+from millm.server import api
+from millm.server.api import body, command, steerable, use_names
+from millm.server.state import services
+from millm.server.vector_jobs import jobs, plan_of, run_job
+from millm.steering.target import SteeringTarget
+from millm.vectors import catalog, files, gguf
+from millm.vectors.files import VectorSet
+
+log = logging.getLogger(__name__)
+bp = Blueprint("vectors_api", __name__, url_prefix="/api/vectors")
+use_names(bp)
+
+
+def _no_set(name: str) -> SAENotFound:
+    return SAENotFound(f"No vector set is named '{name}'; see GET /api/vectors.", param="name")
+
+
+def set_record(name: str) -> dict[str, Any]:
+    """The registry record of the vector set ``name`` (404 when it is not one, an SAE included)."""
+    record = services().steering.store.sae(name)
+    if record is None or record["format"] != "vectors":
+        raise _no_set(name)
+    return record
+
+
+def describe(record: dict[str, Any], vs: VectorSet) -> dict[str, Any]:
+    """A set as the API shows it: its registry record (``attached_layer`` included) and its file's meta."""
+    meta = {k: v for k, v in vs.meta().items() if k not in ("format", "version")}
+    return {**services().steering.view(record, steerable()), **meta}
+
+
+# vector sets
+@bp.get("")
+async def list_vectors() -> Any:
+    """Stored vector sets: name, vector names, layer, model, method, examples, and where each is attached."""
+    svc = services().steering
+    sets = await asyncio.to_thread(catalog.vector_sets, svc)  # each record with its file's meta
+    target = steerable()
+    return {"data": [svc.view(s, target) for s in sets]}
+
+
+@bp.get("/<name:name>")
+async def get_vectors(name: str) -> Any:
+    """One set's card: how it was made, where it is attached, and each vector's norm."""
+    record = set_record(name)
+    vs = await asyncio.to_thread(files.load, Path(record["path"]))
+    norms = vs.vectors.float().norm(dim=-1).tolist()
+    return {**describe(record, vs), "vectors": [{"index": i, "name": n, "norm": round(float(norm), 6)}
+                                                for i, (n, norm) in enumerate(zip(vs.names, norms, strict=True))]}
+
+
+@bp.post("/<name:name>/attach")
+async def attach_vectors(name: str) -> Any:
+    """Attach a vector set to a layer of the loaded model: {"layer"?} (default: the layer it was learned at).
+    The SAE route's semantics and answer (POST /api/saes/{id}/attach)."""
+    await body()  # a stray field is refused before the name is looked up
+    set_record(name)
+    return await api.attach_sae(name)
+
+
+@bp.post("/<name:name>/detach")
+async def detach_vectors(name: str) -> Any:
+    """Detach a vector set from the loaded model (as POST /api/saes/{id}/detach)."""
+    set_record(name)
+    return await api.detach_sae(name)
+
+
+@bp.delete("/<name:name>")
+async def delete_vectors(name: str) -> Any:
+    """Unregister a vector set and delete its stored folder; an attached set is detached first, as DELETE
+    /api/saes/{id} does (no 409). Profiles naming it keep their entries, as they keep a deleted SAE's."""
+    svc = services()
+    set_record(name)
+    target = steerable()
+    if target is not None and name in target.steering.attachments:
+        await command(svc.steering.detach, target, name)
+    await asyncio.to_thread(catalog.remove, svc.steering, svc.settings.home, name)
+    return {"deleted": name}
+
+
+# learning
+@bp.post("/learn")
+async def learn_vectors() -> Any:
+    """Learn a vector set in the background: {"name", "layer"?, "method"?, "position"?, "concepts"? |
+    "positive"? + "negative"?, "examples"?, "tokens"?, "seed"?}.
+
+    ``concepts``: the model writes ``examples`` answers (``tokens`` each, seeded ``seed``) about them and as
+    many to neutral prompts; ``positive``/``negative``: the texts themselves. ``layer`` defaults to a third
+    of the model's layers (10 of SmolLM2-135M's 30). The whole body, the name (free), the method, position
+    and layer are checked first (400, nothing stored); then 202 with the job, followed at GET
+    /api/vectors/jobs/{id}. One job learns at a time: another is refused with 409 ``learn_job_running``
+    while one is queued or running (never queued behind it). A model that cannot read its residual stream
+    (llama.cpp) is refused with 400 field_not_honoured; no model with 503 model_not_loaded."""
+    data = await body()
+    plan, engine = await plan_of(data)
+    job = jobs().start(plan)
+    release = services().worker.lease()  # an unload waits for the job, as for a request between its steps
+    current_app.add_background_task(run_job, job, engine, release)
+    return job.view(), 202, {"Location": f"/api/vectors/jobs/{job.id}"}
+
+
+@bp.get("/jobs")
+async def list_jobs() -> Any:
+    """The learning jobs kept (the newest 64), newest first."""
+    return {"data": [j.view() for j in reversed(jobs().table.values())]}
+
+
+@bp.get("/jobs/<job_id>")
+async def get_job(job_id: str) -> Any:
+    """A learning job: status queued|running|succeeded|failed, progress, the set's name once it succeeded
+    (``vector_set``), the error body once it failed."""
+    return jobs().get(job_id).view()
+
+
+# import and export
+UNREADABLE = "'path' is not a readable vector-set folder or llama.cpp control-vector GGUF on this server"
+
+
+def locate(path: Path) -> tuple[Path, str]:
+    """What ``path`` is: a vector-set ``folder`` or a ``gguf`` file. A missing path and an unreadable one answer
+    alike, so the route tells nothing about the server's files."""
+    resolved = user_path(path).resolve()
+    try:
+        if resolved.is_dir() and files.is_vector_set(resolved):
+            return resolved, "folder"
+        if resolved.is_file() and resolved.suffix.lower() == ".gguf":
+            return resolved, "gguf"
+    except OSError:
+        pass
+    raise InvalidParameter(UNREADABLE + ".", param="path")
+
+
+def read_folder(folder: Path, name: str, layer: int | None) -> list[VectorSet]:
+    """The set in a vector-set folder, under ``name``; ``layer``, if given, must be the one it records."""
+    try:
+        vs = files.load(folder)
+    except InvalidParameter as exc:
+        log.info("POST /api/vectors/import refused %s: %s", folder, exc.message)
+        raise InvalidParameter(UNREADABLE + ".", param="path") from None
+    if layer is not None and layer != vs.layer:
+        raise InvalidParameter(f"The vector set at 'path' was learned at layer {vs.layer}; 'layer' picks a layer of "
+                               "a GGUF control vector (attach the set elsewhere with POST "
+                               "/api/vectors/{name}/attach).", param="layer")
+    return [renamed(vs, name)]
+
+
+def read_gguf(file: Path, name: str, layer: int | None, target: SteeringTarget) -> list[VectorSet]:
+    """A control-vector file's directions, checked against the loaded model: the set ``name`` (its one layer,
+    or the one ``layer`` picks), else one set ``name-L{layer}`` per layer it holds."""
+    n_layers, d_model = target.steering.n_layers, target.steering.d_model
+    try:
+        cv = gguf.read(file, n_layers, d_model)
+    except InvalidParameter as exc:
+        log.info("POST /api/vectors/import refused %s: %s", file, exc.message)
+        raise InvalidParameter(f"{UNREADABLE}, or it does not fit the loaded model '{target.model_id}' (d_model "
+                               f"{d_model}, directions at layers 1-{n_layers - 1}).", param="path") from None
+    return gguf.imported_sets(cv, file, name, target.model_id, layer)
+
+
+@bp.post("/import")
+async def import_vectors() -> Any:
+    """Import vector sets: {"path", "name", "layer"?} -> 201 {"data": [the sets stored]}.
+
+    ``path`` is a miLLM vector-set folder or a llama.cpp control-vector GGUF on the server; either is stored
+    as a copy under MILLM_HOME/vectors (a taken name is a 400, as for learning; all or nothing). A GGUF is
+    checked against the loaded model; one direction per layer is one set: ``name`` for a file of one layer
+    or the layer ``layer`` picks, else ``name-L{layer}`` for each."""
+    data = await body()
+    path, layer = data["path"], data.get("layer")
+    if not path or "\0" in path:
+        raise InvalidParameter(UNREADABLE + ".", param="path")
+    svc = services()
+    name = await asyncio.to_thread(catalog.check_new_name, svc.steering, data["name"])
+    found, kind = await asyncio.to_thread(locate, Path(path))
+    if kind == "folder":
+        sets = await asyncio.to_thread(read_folder, found, name, layer)
+        records = [await asyncio.to_thread(catalog.store, svc.steering, svc.settings.home, sets[0])]
+    else:
+        sets = await asyncio.to_thread(read_gguf, found, name, layer, api.engine())
+        records = await asyncio.to_thread(gguf.store_all, svc.steering, svc.settings.home, sets)
+    return {"data": [describe(r, vs) for r, vs in zip(records, sets, strict=True)]}, 201
+
+
+@bp.get("/<name:name>/export")
+async def export_vectors(name: str) -> Any:
+    """The set as a llama.cpp control-vector GGUF (application/octet-stream, ``NAME.gguf``): its unit vector at
+    its layer, so ``llama-cli --control-vector-scaled NAME.gguf S`` steers at strength S. A set of several
+    vectors, or one at layer 0 (which control vectors cannot steer), is a 400."""
+    record = set_record(name)
+    data = await asyncio.to_thread(gguf_bytes, Path(record["path"]))
+    return Response(data, mimetype="application/octet-stream",
+                    headers={"Content-Disposition": f'attachment; filename="{name}.gguf"'})
+
+
+def gguf_bytes(folder: Path) -> bytes:
+    """The GGUF of the set in ``folder``, written to a scratch folder and read back."""
+    vs = files.load(folder)
+    directions = gguf.set_directions(vs)
+    with tempfile.TemporaryDirectory(prefix="millm-export-") as scratch:
+        out = Path(scratch) / "vectors.gguf"
+        gguf.write(out, directions, vs.model)
+        return out.read_bytes()
+
+
+def renamed(vs: VectorSet, name: str) -> VectorSet:
+    """The set stored under ``name`` (its first vector's name, which is the set's)."""
+    return dataclasses.replace(vs, names=(name, *vs.names[1:]))
