@@ -120,6 +120,8 @@ def _source(prepared: Prepared, chat: ChatSteering) -> str:
         source += f" at intensity {prepared.steer.echo}"
     if prepared.steer.rung is not None:
         source += f", circuit rung {prepared.steer.rung}"
+    if prepared.scope != "all":
+        source += f" ({prepared.scope} positions only)"
     return source
 
 
@@ -180,13 +182,15 @@ def chat(
     intensity: Annotated[str | None, typer.Option(help="Steering dial for this chat: a λ from 0 to 2, or off, min, "
                                                        "max; scales --profile, else the active profile, else the "
                                                        "live values.")] = None,
+    scope: Annotated[str | None, typer.Option(help="Where steering applies: all (default), generated (only the "
+                                                   "answer's tokens) or prompt (only the prompt's).")] = None,
 ) -> None:
     """Chat with a model: one answer, stdin, or an interactive session (/reset, /exit). Each answer goes to
     stdout; one line on stderr says what steered it."""
     from millm.builder import build_chat
 
     fields = {"temperature": temperature, "top_p": top_p, "max_tokens": max_tokens, "seed": seed, "stop": stop,
-              "steering_intensity": dial_value(intensity)}
+              "steering_intensity": dial_value(intensity), "steering_scope": scope}
     sae = sae_ref(sae) if sae is not None else None
     assignments = steer_assignments(steer or [], sae, model or get_settings().default_model)  # names via labels
     preamble = [{"role": "system", "content": system}] if system else []

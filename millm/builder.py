@@ -29,6 +29,7 @@ from millm.fields import NESTED_KEYS, TOOLS_REFUSED, check_fields, is_no_change,
 from millm.limits import Limits, check_embedding_inputs, check_prompt_tokens, check_prompts, check_rows
 from millm.steering.intensity import Dial, parse_intensity
 from millm.steering.readout import ReadoutAsk, check_readout, check_readout_rows
+from millm.steering.scope import Scope, parse_scope
 from millm.structured.schema import JsonConstraint, check_response_format
 from millm.structured.tools import Constraint, ToolConstraint, check_tool_history, tool_constraint
 from millm.validation import check_messages, check_number, check_prompt_text, max_tokens_of, sampling_params
@@ -54,6 +55,7 @@ class Built:
     encoding: str = "float"
     profile: str | None = None
     intensity: Dial = None  # steering_intensity: a λ, "off"/"min"/"max", or None when not sent
+    scope: Scope | None = None  # steering_scope, or None when not sent (the profile's, else "all")
     seed: int | None = None
     seed_scope: str = "request"
     prompt_texts: list[str | None] = field(default_factory=list)  # completions scoring: text (None: token ids)
@@ -284,7 +286,8 @@ def build_chat(body: Any, engine_of: EngineOf, strict: bool = False, limits: Lim
     generation = GenerationRequest([ChatPrompt(m, kwargs) for m in conversations], params,
                                    readout=readout, constraint=constraint)
     return Built("chat", wire.model, ignored, stream, [generation], profile=wire.profile, intensity=intensity,
-                 seed=params.seed, seed_scope="batch-shape" if len(conversations) > 1 else "request",
+                 scope=parse_scope(wire.steering_scope), seed=params.seed,
+                 seed_scope="batch-shape" if len(conversations) > 1 else "request",
                  include_usage=not stream or include_usage(body))
 
 
@@ -319,8 +322,8 @@ def build_completion(body: Any, engine_of: EngineOf, strict: bool = False, limit
         check_readout_rows(len(prompts) * sampling.n)
     generations = [GenerationRequest([p], sampling, readout=readout) for p in prompts]
     stream = _stream(sampling, bool(wire.stream))
-    return Built("completions", wire.model, ignored, stream, generations, seed=sampling.seed,
-                 include_usage=not stream or include_usage(body))
+    return Built("completions", wire.model, ignored, stream, generations, scope=parse_scope(wire.steering_scope),
+                 seed=sampling.seed, include_usage=not stream or include_usage(body))
 
 
 def completion_prompts(raw: Any, special: bool) -> list[TextPrompt | TokenPrompt]:

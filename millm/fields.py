@@ -51,6 +51,7 @@ TABLE: dict[str, tuple[str, str, str, str, str, str, str]] = {
     "response_format":            (_U, _R, _R, _R, _R, _R, _R),
     "profile":                    (_U, _R, _R, _R, _R, _R, _R),
     "steering_intensity":         (_U, _R, _R, _R, _R, _R, _R),
+    "steering_scope":             (_U, _R, _R, _U, _R, _R, _R),  # miLLM's: where steering applies
     "return_sae_activations":     (_U, _U, _R, _U, _U, _R, _R),
     "steering":                   (_R, _R, _R, _R, _R, _R, _R),
     "dimensions":                 (_R, _R, _R, _R, _R, _R, _R),
@@ -111,7 +112,8 @@ def column(route: str, engine: str, scoring: bool = False) -> tuple[str, str]:
 
 # MILLM_GGUF_STEERING=true (beyond the spec, whose table above stays as written): GGUF chat is steered through
 # llama.cpp's control vectors, so a request's own steering is honoured there
-GGUF_STEERING = {"profile": USE, "steering_intensity": USE}
+GGUF_STEERING = {("profile", "chat"): USE, ("steering_intensity", "chat"): USE, ("steering_scope", "chat"): USE,
+                 ("steering_scope", "completions"): USE}
 
 
 def policy(field: str, route: str, engine: str, scoring: bool = False, gguf_steering: bool = False) -> str:
@@ -122,8 +124,8 @@ def policy(field: str, route: str, engine: str, scoring: bool = False, gguf_stee
     if row is None:
         return REPORT
     where = column(route, engine, scoring)
-    if gguf_steering and field in GGUF_STEERING and where == ("chat", "llama.cpp"):
-        return GGUF_STEERING[field]
+    if gguf_steering and engine == "llama.cpp" and (field, where[0]) in GGUF_STEERING:
+        return GGUF_STEERING[field, where[0]]
     return row[COLUMNS.index(where)]
 
 

@@ -15,6 +15,7 @@ from millm.errors import FieldNotHonoured
 from millm.limits import Limits, check_prompt_tokens, prompt_tokens
 from millm.render.headers import miLLM_headers
 from millm.steering.bases import RequestSteering
+from millm.steering.scope import ALL, Scope
 
 if TYPE_CHECKING:
     from millm.builder import Built
@@ -32,6 +33,7 @@ class Prepared:
     steer: RequestSteering
     label: str
     check: Callable[[], None] | None
+    scope: Scope = ALL  # where its steering applies (the request's steering_scope, else its profile's)
 
     def headers(self, built: Built, bound: str | None = None) -> dict[str, str]:
         """The response's miLLM headers. ``bound`` is the steering label read when the request's rows were
@@ -39,12 +41,14 @@ class Prepared:
         a circuit's rung is not claimed for a response that nothing steered."""
         label = self.label if bound is None else bound
         steer = self.steer if label != "none" or self.steer.rung is None else replace(self.steer, rung=None)
-        return miLLM_headers(built, label, steer)
+        return miLLM_headers(built, label, steer, self.scope)
 
 
 def refuse_unsteerable(engine: Engine, built: Built) -> None:
-    """``profile`` or ``steering_intensity`` on an engine that cannot steer: refused, naming the field."""
-    for name, value in (("profile", built.profile), ("steering_intensity", built.intensity)):
+    """``profile``, ``steering_intensity`` or ``steering_scope`` on an engine that cannot steer: refused, naming
+    the field."""
+    for name, value in (("profile", built.profile), ("steering_intensity", built.intensity),
+                        ("steering_scope", built.scope)):
         if value is not None:
             raise FieldNotHonoured(f"'{name}' cannot be honoured by the {engine.engine_name} engine.", param=name)
 
@@ -61,10 +65,11 @@ def prepare(engine: Engine, built: Built, limits: Limits, service: SteeringServi
     elif steer is None:
         assert service is not None, "steering is resolved through the steering service"
         steer = service.for_request(target, built.profile, built.intensity)
-    plans = [engine.prepare(replace(g, override=steer.override)) for g in built.generations]
+    scope = built.scope or steer.scope or ALL
+    plans = [engine.prepare(replace(g, override=steer.override, scope=scope)) for g in built.generations]
     check_prompt_tokens("messages" if built.route == "chat" else "prompt", prompt_tokens(plans), limits)
     if target is None:
         return Prepared(plans, steer, "none", None)
     steering, decided = target.steering, steer
     check = (lambda: decided.check(steering)) if steer.pinned else None
-    return Prepared(plans, steer, steering.label(steer.override), check)
+    return Prepared(plans, steer, steering.label(steer.override), check, scope)

@@ -38,6 +38,10 @@ class _Readout(_Sampling):
     return_sae_activations: dict[str, Any] | None = Field(
         None, description="miLLM: this request's activations of an attached SAE (sae_id, features, top_k, "
                           "positions, read_point)")
+    steering_scope: Any = Field(  # checked by millm.steering.scope.parse_scope
+        None, description='miLLM: where this request\'s steering applies: "all" positions (default), only the '
+                          '"generated" ones, or only the "prompt"\'s',
+        json_schema_extra={"anyOf": [{"enum": ["all", "generated", "prompt"]}, {"type": "null"}]})
 
 
 class ChatCompletionRequest(_Readout):

@@ -38,13 +38,21 @@ class ModelInfo:
 
 @dataclass(frozen=True)
 class SAEInfo:
-    """A registered SAE and, when attached to the model, its layer."""
+    """A registered SAE (or vector set: its features are its vectors) and, when attached to the model, its
+    layer."""
 
     id: str
     name: str
     d_sae: int
     layer_hint: int | None
     attached_layer: int | None
+    vectors: bool = False  # a vector set learned from examples, not an SAE
+
+    @classmethod
+    def of(cls, view: dict[str, Any]) -> SAEInfo:
+        """From the SAE object ``/api/saes`` lists (and the local client builds alike)."""
+        return cls(view["id"], view["name"], int(view["d_sae"]), view.get("layer_hint"), view.get("attached_layer"),
+                   view.get("format") == "vectors")
 
 
 @dataclass(frozen=True)

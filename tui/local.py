@@ -72,8 +72,7 @@ class LocalClient:
     # SAEs
     async def saes(self) -> list[SAEInfo]:
         views = [self.service.view(r, self._target) for r in await asyncio.to_thread(self.service.store.saes)]
-        return [SAEInfo(v["id"], v["name"], int(v["d_sae"]), v.get("layer_hint"), v.get("attached_layer"))
-                for v in views]
+        return [SAEInfo.of(v) for v in views]
 
     async def attach(self, sae_id: str, layer: int | None = None) -> None:
         await self.worker.command(self.service.attach, self.target(), sae_id, layer)

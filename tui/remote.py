@@ -104,9 +104,7 @@ class RemoteClient:
 
     # SAEs
     async def saes(self) -> list[SAEInfo]:
-        data = (await self._call("GET", "/api/saes"))["data"]
-        return [SAEInfo(v["id"], v["name"], int(v["d_sae"]), v.get("layer_hint"), v.get("attached_layer"))
-                for v in data]
+        return [SAEInfo.of(v) for v in (await self._call("GET", "/api/saes"))["data"]]
 
     async def attach(self, sae_id: str, layer: int | None = None) -> None:
         await self._call("POST", f"/api/saes/{_q(sae_id)}/attach", {} if layer is None else {"layer": layer})

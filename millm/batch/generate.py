@@ -52,7 +52,8 @@ class Job:
 
 
 def _same_run(a: Plan, b: Plan) -> bool:
-    return a.params == b.params and a.max_tokens == b.max_tokens and a.override == b.override
+    return (a.params == b.params and a.max_tokens == b.max_tokens and a.override == b.override
+            and a.scope == b.scope)
 
 
 def groups(jobs: list[Job], pads: bool) -> list[list[Job]]:
@@ -82,7 +83,7 @@ def _run_shared(engine: Engine, group: list[Job]) -> None:
     """One padded plan for the group; each choice's events go back to its job, with its own Usage."""
     first = group[0].plans[0]
     merged = Plan([ids for job in group for ids in job.plans[0].prompt_ids], first.params, first.max_tokens,
-                  first.override)
+                  first.override, scope=first.scope)
     owner: list[tuple[Job, int]] = []
     for job in group:
         owner += [(job, k) for k in range(job.choices)]

@@ -108,6 +108,8 @@ class Engine(Protocol):
     def residuals(self, reads: list[Forced], layer: int, position: str = "mean",
                   batch_size: int = 16) -> torch.Tensor: ...
 
+    def unembed(self, direction: torch.Tensor) -> torch.Tensor: ...
+
     def embed(self, inputs: list[Any]) -> tuple[list[list[float]], int]: ...
 
     def steering_target(self) -> SteeringTarget | None: ...
@@ -129,6 +131,7 @@ def check_supported(request: GenerationRequest, caps: Capabilities, engine_name:
 
     asks = {
         "profile": request.override is not None and not caps.steers,
+        "steering_scope": request.scope != "all" and not caps.steers,
         "return_sae_activations": request.readout is not None and not caps.reads,
         "response_format": request.constraint is not None and not caps.constrainable,
         "seed": request.params.seed is not None and not caps.seedable,

@@ -40,7 +40,16 @@ from millm.engine.scoring import ScoreRequest, ScoreResult
 from millm.engine.templates import END_OF_TURN_TOKENS, fallback_template
 from millm.errors import ContextLengthExceeded, FieldNotHonoured, InvalidParameter, ModelLoadFailed
 from millm.registry import ModelEntry
-from millm.steering.target import ROW, ControlVector, ControlVectorSteering, Monitor, SteeringTarget
+from millm.steering.target import (
+    GENERATED_PHASE,
+    PROMPT_PHASE,
+    ROW,
+    ControlVector,
+    ControlVectorSteering,
+    Monitor,
+    SteeringTarget,
+    applies,
+)
 
 log = logging.getLogger("millm.llama_cpp")
 _log_callback: Any = None
@@ -125,6 +134,7 @@ class LlamaCppEngine:
         self._target = (SteeringTarget(entry.id, self._steering, Monitor(), reads=False)
                         if self._steering is not None else None)
         self._version = -1  # the steering row's version the control vector was last written from
+        self._phase = PROMPT_PHASE  # the phase the control vector was last written for (steering_scope)
         self._cache_key: Any = None  # the control vector the cached tokens were computed under (None: none)
         self._uploaded: tuple[int, int, bytes] | None = None  # what llama.cpp's control vector holds now
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
@@ -187,6 +197,12 @@ class LlamaCppEngine:
         raise FieldNotHonoured("Learning a steering vector reads the residual stream: it needs a transformers "
                                "model.", param="model")
 
+    def unembed(self, direction: Any) -> Any:
+        """The unembedding of a direction (the tokens a vector promotes) needs the output weights, which llama.cpp
+        does not expose."""
+        raise FieldNotHonoured("Reading a vector through the unembedding needs the model's output weights: it needs "
+                               "a transformers model.", param="model")
+
     def _special_text(self, token_id: int) -> str:
         return "" if token_id < 0 else self.llm.detokenize([token_id], special=True).decode("utf-8", errors="replace")
 
@@ -225,7 +241,7 @@ class LlamaCppEngine:
         prompt_ids = [self.tokenize(p) for p in request.prompts]
         return Plan(prompt_ids, request.params,
                     token_budget(prompt_ids, request.params.max_tokens, self.context_window, self.default_max_tokens,
-                              prompt_names(request.prompts)), override=request.override)
+                              prompt_names(request.prompts)), override=request.override, scope=request.scope)
 
     def generate(self, request: GenerationRequest, control: StepControl | None = None) -> Iterator[Event]:
         return self.run(self.prepare(request), control)
@@ -240,7 +256,7 @@ class LlamaCppEngine:
         with self._lock:
             steering = self._steering
             if steering is not None:
-                steering.bind_row(ROW, plan.override)
+                steering.bind_row(ROW, plan.override, plan.scope)
             try:
                 if steering is not None:
                     yield Steered(steering.label(plan.override))
@@ -260,8 +276,13 @@ class LlamaCppEngine:
                 self._upload(None)
 
     # steering
-    def _vector(self) -> ControlVector | None:
-        return self._steering.vector(ROW) if self._steering is not None else None
+    def _vector(self, phase: int) -> ControlVector | None:
+        """The row's control vector for a forward of ``phase``: None where its steering scope leaves that
+        phase unsteered (``generated`` prefills without it, ``prompt`` decodes without it)."""
+        steering = self._steering
+        if steering is None or not applies(steering.row_scope(ROW), phase):
+            return None
+        return steering.vector(ROW)
 
     def _upload(self, vector: ControlVector | None) -> None:
         """Write ``vector`` into llama.cpp's control-vector buffer (None: clear it, data NULL)."""
@@ -285,16 +306,17 @@ class LlamaCppEngine:
         was computed under this same vector (never reused across a steering change)."""
         if self._steering is None:
             return
-        vector = self._vector()
+        vector = self._vector(PROMPT_PHASE)
         key = vector.key() if vector is not None else None
         if key != self._cache_key:
             self.llm.reset()
             self._cache_key = key
         self._upload(vector)
-        self._version = self._steering.version
+        self._version, self._phase = self._steering.version, PROMPT_PHASE
 
     def _steer_step(self) -> None:
-        """Between two tokens: an operator change to the row (rows that follow the live values) reaches the
+        """Between two tokens: the row's decode-phase vector (its scope may steer the prompt only, or the
+        generated tokens only), and an operator change to the row (rows that follow the live values), reach the
         next forward; the cache then holds tokens of two steerings, so no later request reuses it. A row whose
         own steering no longer fits the attached SAEs ends here with its error."""
         steering = self._steering
@@ -303,10 +325,10 @@ class LlamaCppEngine:
         error = steering.row_errors.get(ROW)
         if error is not None:
             raise error
-        if steering.version == self._version:
+        if steering.version == self._version and self._phase == GENERATED_PHASE:
             return
-        self._version = steering.version
-        vector = self._vector()
+        self._version, self._phase = steering.version, GENERATED_PHASE  # the next forward feeds a generated token
+        vector = self._vector(GENERATED_PHASE)
         key = vector.key() if vector is not None else None
         if key != self._uploaded:
             self._upload(vector)

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeAlias
 
 if TYPE_CHECKING:
-    from millm.steering.target import Override, ReadoutAsk
+    from millm.steering.target import Override, ReadoutAsk, Scope
     from millm.structured.tools import Constraint
 
 
@@ -76,6 +76,7 @@ class GenerationRequest:
     override: Override | None = None  # the request's own steering (a profile, a dial); None: the live values
     readout: ReadoutAsk | None = None  # return_sae_activations, its shape checked
     constraint: Constraint | None = None  # response_format or tools, one matcher per row
+    scope: Scope = "all"  # steering_scope: the positions its steering applies to
 
 
 def check_token_ids(prompt: TokenPrompt, vocab_size: int) -> list[int]:

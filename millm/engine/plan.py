@@ -13,7 +13,7 @@ from millm.errors import ContextLengthExceeded, InvalidParameter
 
 if TYPE_CHECKING:
     from millm.engine.base import StepControl
-    from millm.steering.target import Override, ReadoutSpec
+    from millm.steering.target import Override, ReadoutSpec, Scope
     from millm.structured.tools import Constraint
 
 
@@ -27,6 +27,7 @@ class Plan:
     override: Override | None = None  # the request's own steering; None: the live values
     readout: ReadoutSpec | None = None  # bound to an attached SAE (transformers only)
     constraint: Constraint | None = None  # enforced token by token (transformers only)
+    scope: Scope = "all"  # the positions its steering applies to (steering_scope)
 
 
 def token_budget(prompt_ids: list[list[int]], wanted: int | None, window: int, default: int,

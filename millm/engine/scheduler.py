@@ -48,7 +48,15 @@ from millm.engine.output import ChoiceOutput
 from millm.engine.plan import Plan
 from millm.engine.prefill import choose, inputs
 from millm.engine.rows import Row, emit
-from millm.steering.target import Monitor, MonitorSession, ReadoutRecorder, RowView, Steering
+from millm.steering.target import (
+    GENERATED_PHASE,
+    PROMPT_PHASE,
+    Monitor,
+    MonitorSession,
+    ReadoutRecorder,
+    RowView,
+    Steering,
+)
 from millm.structured.constraint import RowGuides, stop_scope, validate
 
 if TYPE_CHECKING:
@@ -332,7 +340,7 @@ class Scheduler:
             for r in sources + clones:
                 lane.take(r)
                 job.rows.append(r)
-                engine.steering.bind_row(lane.first + r.slot, r.plan.override)  # each plan its own steering
+                engine.steering.bind_row(lane.first + r.slot, r.plan.override, r.plan.scope)  # each plan its own
             job.send(Steered(engine.steering.label(job.plans[0].override)))
             config = engine.monitor.config
             if config.enabled and config.sae in engine.steering.attachments:
@@ -346,23 +354,24 @@ class Scheduler:
             self._finish(job, exc)
 
     def _forward(self, lane: Lane, ids: torch.Tensor, first: int, positions: torch.Tensor, rows: list[BatchRow],
-                 mask_positions: torch.Tensor) -> torch.Tensor:
-        """Last-position logits (fp32) of one forward over the lane's slots ``[first, first + len(ids))``."""
+                 mask_positions: torch.Tensor, phase: int) -> torch.Tensor:
+        """Last-position logits (fp32) of one forward over the lane's slots ``[first, first + len(ids))``, feeding
+        prompt or generated positions (``phase``: each row's steering scope gates its delta)."""
         device = self.engine.device
         ids, positions, mask_positions = ids.to(device), positions.to(device), mask_positions.to(device)
         mask = lane.cache.bind(first, positions, mask_positions)
         pre, post = readers(rows, first, positions, lane.cache.aside)
-        view = RowView(lane.first + first, ids.shape[0], pre, post)
+        view = RowView(lane.first + first, ids.shape[0], pre, post, phase)
         with self.engine.steering.rows(view):
             out = self.engine.model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=lane.cache,
                                     use_cache=True, logits_to_keep=1)
         return out.logits[:, -1, :].float()
 
     def _shared_forward(self, lane: Lane, ids: torch.Tensor, first: int, positions: torch.Tensor,
-                        rows: list[BatchRow], mask_positions: torch.Tensor) -> torch.Tensor | None:
+                        rows: list[BatchRow], mask_positions: torch.Tensor, phase: int) -> torch.Tensor | None:
         """``_forward``, or None when it failed: a shared forward's failure ends every row in it."""
         try:
-            return self._forward(lane, ids, first, positions, rows, mask_positions)
+            return self._forward(lane, ids, first, positions, rows, mask_positions, phase)
         except Exception as exc:
             for job in dict.fromkeys(r.job for r in rows):
                 self._finish(job, exc)
@@ -379,7 +388,7 @@ class Scheduler:
         rows = [lane.rows[slot] for slot in merged.takes]
         feeds = {r.slot: (r.filled, r.prompt[r.filled:r.filled + merged.takes[r.slot]]) for r in rows}
         ids, writes, reads = inputs(merged, feeds, self.engine.pad_id, lane.cache.aside)
-        logits = self._shared_forward(lane, ids, merged.first, writes, rows, reads)
+        logits = self._shared_forward(lane, ids, merged.first, writes, rows, reads, PROMPT_PHASE)
         if logits is None:
             return
         for r in rows:
@@ -411,7 +420,7 @@ class Scheduler:
             assert r.next_token is not None
             ids[r.slot, 0] = r.next_token
             writes[r.slot, 0] = reads[r.slot, 0] = r.length
-        logits = self._shared_forward(lane, ids, 0, writes, rows, reads)
+        logits = self._shared_forward(lane, ids, 0, writes, rows, reads, GENERATED_PHASE)
         if logits is None:
             return
         for r in rows:

@@ -166,7 +166,7 @@ class TransformersEngine:
         if request.readout is not None:
             readout = bind_readout(request.readout, self.steering, rows=len(prompt_ids) * request.params.n,
                                    prompt_tokens=max(len(ids) for ids in prompt_ids), max_tokens=budget)
-        return Plan(prompt_ids, request.params, budget, request.override, readout, request.constraint)
+        return Plan(prompt_ids, request.params, budget, request.override, readout, request.constraint, request.scope)
 
     def generate(self, request: GenerationRequest, control: StepControl | None = None) -> Iterator[Event]:
         """Stream Delta and Finish events per choice, then one Usage.
@@ -315,6 +315,16 @@ class TransformersEngine:
                     span = row[-(len(r.ids) - r.start):] if position == "mean" else row[-1:]
                     rows.append(span.mean(0))
         return torch.stack(rows)
+
+    def unembed(self, direction: torch.Tensor) -> torch.Tensor:
+        """``[vocab]`` logits (fp32, CPU) of ``direction`` through the output embedding, without the final norm:
+        the logit lens of a steering vector, the tokens that adding it to the residual promotes."""
+        weight = self.model.get_output_embeddings().weight
+        if direction.shape != (width := int(weight.shape[-1]),):
+            raise InvalidParameter(f"'direction' must be a vector of the model's width {width}, got shape "
+                                   f"{list(direction.shape)}.", param="direction")
+        with torch.inference_mode():
+            return (weight @ direction.to(weight.device, weight.dtype)).float().cpu()
 
     def _check_scorable(self, prompt_ids: list[list[int]], names: list[str]) -> None:
         for ids, where in zip(prompt_ids, names):

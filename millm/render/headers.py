@@ -38,10 +38,13 @@ def seed_header(seed: int | None, scope: str) -> str | None:
     return None if seed is None else f'{seed};scope="{scope}"'
 
 
-def miLLM_headers(built: Built, steering: str = "none", steer: RequestSteering | None = None) -> dict[str, str]:
-    """Every miLLM header a response carries: ignored fields, seed, steering, intensity, rung, constraint."""
+def miLLM_headers(built: Built, steering: str = "none", steer: RequestSteering | None = None,
+                  scope: str = "all") -> dict[str, str]:
+    """Every miLLM header a response carries: ignored fields, seed, steering (and its scope), intensity, rung,
+    constraint."""
     headers = {"X-miLLM-Ignored-Fields": ignored_fields(built.ignored),
-               "X-miLLM-Seed": seed_header(built.seed, built.seed_scope), "X-miLLM-Steering": steering_header(steering)}
+               "X-miLLM-Seed": seed_header(built.seed, built.seed_scope),
+               "X-miLLM-Steering": steering_header(steering, scope)}
     if steer is not None:
         headers[INTENSITY_HEADER] = steer.echo
         headers[CIRCUIT_RUNG_HEADER] = rung_header(steer.rung) if steer.rung is not None else None

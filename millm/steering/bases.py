@@ -19,6 +19,7 @@ from millm.steering.imports import stored_cluster
 from millm.steering.intensity import Base, BaseKind, Context, Dial, IntensitySettings, Strengths, Symbol, resolve
 from millm.steering.names import STORED
 from millm.steering.profiles import ProfileDoc, resolve_entries
+from millm.steering.scope import Scope
 from millm.steering.target import SteeringTarget
 from millm.store import Store
 
@@ -37,8 +38,8 @@ def profile_row(store: Store, name: str) -> dict[str, object]:
 def stored_profile(store: Store, name: str) -> ProfileDoc:
     """A saved profile as a document; 404 when there is none."""
     row = profile_row(store, name)
-    return ProfileDoc.model_validate({k: row[k] for k in ("name", "description", "model", "entries")},
-                                     context=STORED)
+    return ProfileDoc.model_validate({k: row[k] for k in ("name", "description", "model", "entries",
+                                                          "steering_scope")}, context=STORED)
 
 
 def registered(store: Store, attached: Mapping[str, int], widths: Mapping[str, int] | None = None) -> Registered:
@@ -68,6 +69,7 @@ class RequestSteering:
     echo: str | None = None  # X-miLLM-Steering-Intensity
     rung: int | None = None  # X-miLLM-Circuit-Rung: a circuit steers this response natively
     pinned: Mapping[str, Attachment] = field(default_factory=dict)  # the SAEs the override steers through
+    scope: Scope | None = None  # the profile's steering_scope (None: it names none)
 
     def check(self, steering: SteeringCore) -> None:
         """Between decode steps: stop a request whose steering an operator change made invalid.
@@ -164,8 +166,11 @@ class Bases:
         """
         steering = self.steering
         explicit = profile is not None or own is not None
+        active = self.active() if profile is None and own is None else None
+        named = profile or active
+        scope = stored_profile(self.store, named).steering_scope if named is not None else None
         if not explicit and dial is None:
-            return RequestSteering(rung=self._rung(self.active_circuit(), None))
+            return RequestSteering(rung=self._rung(self.active_circuit(), None), scope=scope)
         base: Callable[[], Base]
         if profile is not None:
             name, empty, circuit = profile, not stored_profile(self.store, profile).entries, profile
@@ -173,7 +178,7 @@ class Bases:
         elif own is not None:
             name, empty, circuit = LIVE, not any(own.values()), None
             base = lambda: Base(BaseKind.PLAIN, own)  # noqa: E731
-        elif (active := self.active()) is not None:
+        elif active is not None:
             name, empty, circuit = active, not stored_profile(self.store, active).entries, active
             base = lambda: self.base(active)  # noqa: E731
         else:
@@ -192,7 +197,7 @@ class Bases:
                   if values and sae in steering.attachments}
         if circuit is not None and self.store.backing(circuit) != "circuit":
             circuit = None
-        return RequestSteering(override, res.echo, self._rung(circuit, override), pinned)
+        return RequestSteering(override, res.echo, self._rung(circuit, override), pinned, scope)
 
     def _rung(self, circuit: str | None, override: Override | None) -> int | None:
         """The circuit's rung when it genuinely steers the response: serving natively, and something steers."""

@@ -26,12 +26,15 @@ __all__ = ["Attachment", "Override", "Reader", "RowView", "Steering"]
 class RowView:
     """One forward of the scheduler: the steering rows it covers, in order, and per SAE the rows whose
     residual is read (``(row offset in the forward, reader)``) before its delta (``readers``: monitoring,
-    a pre_steering read-out) and after it (``post``: a post_steering read-out)."""
+    a pre_steering read-out) and after it (``post``: a post_steering read-out). ``phase`` says whether the
+    forward feeds prompt or generated positions (``millm.steering.scope``): each row's delta is gated by its
+    scope for that phase; None (a research forward) applies every delta as it is."""
 
     first: int
     count: int
     readers: dict[str, list[tuple[int, Reader]]] = field(default_factory=dict)
     post: dict[str, list[tuple[int, Reader]]] = field(default_factory=dict)
+    phase: int | None = None
 
 
 class Steering(SteeringCore):
@@ -116,6 +119,8 @@ class Steering(SteeringCore):
         if steered:
             assert att.rows is not None
             delta = att.rows[view.first:view.first + view.count].unsqueeze(1)
+            if view.phase is not None and att.gates is not None:
+                delta = delta * att.gates[view.phase, view.first:view.first + view.count, None, None]
             if att.sae.per_position:
                 delta = delta * att.sae.output_scale(hidden)
             hidden = hidden + delta

@@ -26,6 +26,7 @@ import torch
 
 from millm.errors import InvalidFeatureIndex, InvalidParameter, SAENotAttached
 from millm.sae.model import SAE
+from millm.steering.scope import ALL, Scope, gates
 from millm.steering.values import check_values, clamp
 
 Reader = Callable[[torch.Tensor], None]
@@ -43,6 +44,7 @@ class Attachment:
     handle: Any = None
     unsteered_readers: list[Reader] = field(default_factory=list)  # called on suppressed passes (scoring)
     rows: torch.Tensor | None = None  # per-row deltas, [rows, d_model]
+    gates: torch.Tensor | None = None  # per-row gates by phase, [2, rows] (millm.steering.scope)
     row_steering: set[int] = field(default_factory=set)  # rows whose delta here is non-zero
 
 
@@ -72,6 +74,7 @@ class SteeringCore:
         self._lock = threading.RLock()
         self._slots = 0  # rows reserved in each attachment's row buffer (0: none yet)
         self._row_sources: dict[int, Override | None] = {}  # bound slot -> its override (None: the base)
+        self._row_scopes: dict[int, Scope] = {}  # bound slot -> where its steering applies
         self.row_errors: dict[int, Exception] = {}  # bound slot -> why its delta could not be rewritten
 
     # what a subclass decides
@@ -121,7 +124,7 @@ class SteeringCore:
                 delta = torch.zeros(self.d_model, device=device, dtype=self.dtype)
             att = Attachment(sae_id, sae.to(device, self.dtype), layer, delta, values=values)
             if self._slots:
-                att.rows = self._row_buffer(device)
+                att.rows, att.gates = self._row_buffer(device), self._gate_buffer(device)
 
             def swap(new: Attachment | None, gone: Attachment | None) -> None:
                 if gone is not None:
@@ -221,21 +224,27 @@ class SteeringCore:
         with torch.inference_mode(False):
             return torch.zeros(self._slots, self.d_model, device=device, dtype=self.dtype)
 
+    def _gate_buffer(self, device: torch.device) -> torch.Tensor:
+        with torch.inference_mode(False):
+            return torch.ones(2, self._slots, device=device, dtype=self.dtype)
+
     def reserve_rows(self, slots: int) -> None:
         """Give every attachment (now and later) at least ``slots`` delta rows; rows already bound keep
-        their deltas (the buffers only grow, rarely: a request served alone bigger than any before)."""
+        their deltas and gates (the buffers only grow, rarely: a request served alone bigger than any before)."""
         with self._lock:
             if slots <= self._slots:
                 return
             old, self._slots = self._slots, slots
             for att in self.attachments.values():
-                rows = self._row_buffer(att.delta.device)
-                if att.rows is not None:
+                rows, row_gates = self._row_buffer(att.delta.device), self._gate_buffer(att.delta.device)
+                if att.rows is not None and att.gates is not None:
                     rows[:old].copy_(att.rows)
-                att.rows = rows
+                    row_gates[:, :old].copy_(att.gates)
+                att.rows, att.gates = rows, row_gates
 
-    def bind_row(self, slot: int, override: Override | None) -> None:
-        """Slot ``slot`` now steers with ``override`` (None: the live base, following operator changes).
+    def bind_row(self, slot: int, override: Override | None, scope: Scope = ALL) -> None:
+        """Slot ``slot`` now steers with ``override`` (None: the live base, following operator changes), at
+        the positions ``scope`` names.
 
         Its deltas are computed first: an override that cannot steer (a feature index the SAE lacks)
         raises with nothing recorded, so the slot stays unbound."""
@@ -243,17 +252,31 @@ class SteeringCore:
             deltas = [(att, self._delta(att, self._row_values(att, override)))
                       for att in self.attachments.values() if att.rows is not None]
             self._row_sources[slot] = override
+            self._row_scopes[slot] = scope
             self.row_errors.pop(slot, None)
             for att, delta in deltas:
                 self._write_row(att, slot, delta)
+                self._write_gates(att, slot, scope)
 
     def release_row(self, slot: int) -> None:
         with self._lock:
             self._row_sources.pop(slot, None)
+            self._row_scopes.pop(slot, None)
             self.row_errors.pop(slot, None)
             for att in self.attachments.values():
                 if att.rows is not None:
                     self._write_row(att, slot, None)
+                    self._write_gates(att, slot, ALL)
+
+    def row_scope(self, slot: int) -> Scope:
+        """Where the row bound to ``slot`` is steered (``all`` for a slot not bound)."""
+        with self._lock:
+            return self._row_scopes.get(slot, ALL)
+
+    @staticmethod
+    def _write_gates(att: Attachment, slot: int, scope: Scope) -> None:
+        if att.gates is not None:
+            att.gates[:, slot] = torch.tensor(gates(scope), dtype=att.gates.dtype)
 
     @property
     def live(self) -> bool:
@@ -341,6 +364,7 @@ class SteeringCore:
         for slot, deltas in rows.items():
             for att, delta in deltas:
                 self._write_row(att, slot, delta)
+                self._write_gates(att, slot, self._row_scopes.get(slot, ALL))
         self.row_errors.update(errors)
 
     def snapshot(self) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from millm.sfv import sf_string, sf_string_value
 
 NAME_MAX = 64
 NAME_PATTERN = re.compile(rf"[A-Za-z0-9](?:[A-Za-z0-9_. -]{{0,{NAME_MAX - 2}}}[A-Za-z0-9_.-])?")
-ROUTE_WORDS = frozenset({"import", "deactivate", "active"})
+ROUTE_WORDS = frozenset({"import", "deactivate", "active", "learn", "jobs"})
 NAME_RULE = (f"1-{NAME_MAX} characters of letters, digits, '-', '_', '.' and space, "
              "starting with a letter or digit and not ending in a space, and not "
              + ", ".join(f"'{w}'" for w in sorted(ROUTE_WORDS)))
@@ -62,13 +62,35 @@ Name = Annotated[str, AfterValidator(_named)]
 STEERING_STATES = frozenset({"none", "live"})
 
 
-def steering_header(label: str) -> str:
+def steering_header(label: str, scope: str = "all") -> str:
     """The X-miLLM-Steering value: the sf-token ``none`` or ``live``, or a profile's name as an sf-string
     (``"weather"``), so a profile named ``live`` is never mistaken for the state and no stored name,
-    whatever it holds, can break a response."""
-    return label if label in STEERING_STATES else sf_string(label)
+    whatever it holds, can break a response. A steered response whose steering applies to part of the
+    positions says which as a parameter (``live;scope=generated``); ``all``, the default, is not written."""
+    item = label if label in STEERING_STATES else sf_string(label)
+    return item if label == "none" or scope == "all" else f"{item};scope={scope}"
+
+
+def _item_end(header: str) -> int:
+    """Where the item of an sf-item ``header`` ends (its parameters, if any, follow)."""
+    if not header.startswith('"'):
+        return len(header.split(";", 1)[0])
+    i = 1
+    while i < len(header) and header[i] != '"':
+        i += 2 if header[i] == "\\" else 1
+    return i + 1
 
 
 def steering_label(header: str) -> str:
     """What an X-miLLM-Steering value says: ``none``, ``live`` or the profile's name (a client's reading)."""
-    return header if header in STEERING_STATES else sf_string_value(header)
+    item = header[:_item_end(header)]
+    return item if item in STEERING_STATES else sf_string_value(item)
+
+
+def steering_scope_of(header: str) -> str:
+    """The scope an X-miLLM-Steering value reports (``all`` when it names none)."""
+    for param in header[_item_end(header):].split(";"):
+        key, _, value = param.strip().partition("=")
+        if key == "scope" and value:
+            return value
+    return "all"

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from millm.errors import InvalidFeatureIndex, InvalidParameter, SAENotAttached
 from millm.steering.core import SteeringCore
 from millm.steering.names import Name
+from millm.steering.scope import Scope
 
 
 class ProfileEntry(BaseModel):
@@ -28,7 +29,8 @@ class ProfileEntry(BaseModel):
 
 
 class ProfileDoc(BaseModel):
-    """``{"name", "description", "model", "entries": [{"sae", "feature", "strength"}]}``."""
+    """``{"name", "description", "model", "entries": [{"sae", "feature", "strength"}], "steering_scope"}``
+    (where its steering applies when a request names no scope: ``millm.steering.scope``)."""
 
     model_config = ConfigDict(extra="ignore", strict=True)
 
@@ -36,6 +38,7 @@ class ProfileDoc(BaseModel):
     description: str = ""
     model: str | None = None
     entries: list[ProfileEntry]
+    steering_scope: Scope = "all"
 
 
 def parse_profile(doc: Any, where: str = "profile") -> ProfileDoc:

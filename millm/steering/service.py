@@ -329,4 +329,4 @@ class SteeringService:
     def export(self, name: str) -> dict[str, Any]:
         """The profile document, as import takes it."""
         found = self.profile(name)
-        return {k: found[k] for k in ("name", "description", "model", "entries")}
+        return {k: found[k] for k in ("name", "description", "model", "entries", "steering_scope")}

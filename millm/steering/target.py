@@ -16,10 +16,11 @@ from millm.steering.core import Override, Reader, SteeringCore
 from millm.steering.cvec import ROW, ControlVector, ControlVectorSteering
 from millm.steering.monitor import Monitor, MonitorSession
 from millm.steering.readout import UNSTEERED, ReadoutAsk, ReadoutRecorder, ReadoutSpec, bind_readout
+from millm.steering.scope import GENERATED_PHASE, PROMPT_PHASE, Scope, applies
 
-__all__ = ["ROW", "UNSTEERED", "ControlVector", "ControlVectorSteering", "Monitor", "MonitorSession", "Override",
-           "ReadoutAsk", "ReadoutRecorder", "ReadoutSpec", "Reader", "RowView", "Steering", "SteeringCore",
-           "SteeringTarget", "bind_readout"]
+__all__ = ["GENERATED_PHASE", "PROMPT_PHASE", "ROW", "UNSTEERED", "ControlVector", "ControlVectorSteering",
+           "Monitor", "MonitorSession", "Override", "ReadoutAsk", "ReadoutRecorder", "ReadoutSpec", "Reader",
+           "RowView", "Scope", "Steering", "SteeringCore", "SteeringTarget", "applies", "bind_readout"]
 
 
 @dataclass(frozen=True)

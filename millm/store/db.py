@@ -26,7 +26,7 @@ CREATE TABLE IF NOT EXISTS sae_labels (
     sae_id TEXT NOT NULL, feature INTEGER NOT NULL, label TEXT NOT NULL, PRIMARY KEY (sae_id, feature));
 CREATE TABLE IF NOT EXISTS profiles (
     name TEXT PRIMARY KEY, description TEXT NOT NULL DEFAULT '', model TEXT, entries TEXT NOT NULL,
-    created REAL NOT NULL, updated REAL NOT NULL);
+    created REAL NOT NULL, updated REAL NOT NULL, scope TEXT NOT NULL DEFAULT 'all');
 CREATE TABLE IF NOT EXISTS state (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS clusters (
     name TEXT PRIMARY KEY, document TEXT NOT NULL, intensity REAL NOT NULL, created REAL NOT NULL);
@@ -36,6 +36,14 @@ CREATE TABLE IF NOT EXISTS circuits (name TEXT PRIMARY KEY, document TEXT NOT NU
 SAE_COLUMNS = ("id", "name", "path", "format", "architecture", "d_in", "d_sae", "layer_hint", "model_hint")
 DOCUMENT_TABLES = {"cluster": "clusters", "circuit": "circuits"}
 ACTIVE_CIRCUIT = "active_circuit"  # the state key naming the active circuit
+
+
+def _profile_row(verb: str, profile: dict[str, Any], created: float, updated: float) -> tuple[str, tuple[Any, ...]]:
+    """The statement that writes ``profile``'s row (``verb``: INSERT OR IGNORE / OR REPLACE)."""
+    return (f"{verb} INTO profiles (name, description, model, entries, created, updated, scope) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (profile["name"], profile.get("description") or "", profile.get("model"), json.dumps(profile["entries"]),
+             created, updated, profile.get("steering_scope") or "all"))
 
 
 class Store:
@@ -51,6 +59,9 @@ class Store:
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute("PRAGMA synchronous=FULL")
             self._conn.executescript(SCHEMA)
+            columns = {row["name"] for row in self._conn.execute("PRAGMA table_info(profiles)")}
+            if "scope" not in columns:  # a database made before profiles had a steering scope
+                self._conn.execute("ALTER TABLE profiles ADD COLUMN scope TEXT NOT NULL DEFAULT 'all'")
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
@@ -120,9 +131,7 @@ class Store:
         verb = "INSERT OR REPLACE" if overwrite else "INSERT OR IGNORE"
         before = self.profile(profile["name"])
         created = before["created"] if before else now
-        self._write([(f"{verb} INTO profiles VALUES (?, ?, ?, ?, ?, ?)",
-                      (profile["name"], profile.get("description") or "", profile.get("model"),
-                       json.dumps(profile["entries"]), created, now))])
+        self._write([_profile_row(verb, profile, created, now)])
         return overwrite or before is None
 
     def profile(self, name: str) -> dict[str, Any] | None:
@@ -140,7 +149,8 @@ class Store:
     @staticmethod
     def _profile_dict(row: sqlite3.Row) -> dict[str, Any]:
         return {"name": row["name"], "description": row["description"], "model": row["model"],
-                "entries": json.loads(row["entries"]), "created": row["created"], "updated": row["updated"]}
+                "entries": json.loads(row["entries"]), "steering_scope": row["scope"], "created": row["created"],
+                "updated": row["updated"]}
 
     # imported clusters and circuits, each backing a profile of its name
     def import_document(self, kind: Literal["cluster", "circuit"], document: dict[str, Any],
@@ -158,9 +168,7 @@ class Store:
             if taken and not overwrite:
                 return False
             self._drop_document(conn, name)
-            conn.execute("INSERT OR REPLACE INTO profiles VALUES (?, ?, ?, ?, ?, ?)",
-                         (profile["name"], profile.get("description") or "", profile.get("model"),
-                          json.dumps(profile["entries"]), now, now))
+            conn.execute(*_profile_row("INSERT OR REPLACE", profile, now, now))
             if kind == "cluster":
                 conn.execute("INSERT INTO clusters VALUES (?, ?, ?, ?)",
                              (name, json.dumps(document), DEFAULT_DIAL, now))

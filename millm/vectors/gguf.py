@@ -163,6 +163,9 @@ def profile_directions(service: SteeringService, doc: ProfileDoc, model_id: str)
     ``model_id`` (persisted attachments; an entry naming a layer needs one), else at its own layer hint."""
     from millm.sae.formats import load_sae
 
+    if doc.steering_scope != "all":
+        raise InvalidParameter(f"Profile '{doc.name}' steers {doc.steering_scope} positions only; a control-vector "
+                               "file applies to every position, so it cannot say that.", param="profile")
     attached = service.attached_layers(model_id)
     sums: dict[int, torch.Tensor] = {}
     for i, entry in enumerate(doc.entries):

@@ -106,3 +106,10 @@ def test_chat_sae_overrides_for_that_chat_only(engine, clean):
     assert lines(chat()) == [f'steering: profile "cli26-music" on {L10} (L10): {MUSIC}']
     run("sae", "attach", L10, "--layer", 12)  # --sae without --layer leaves an attached SAE where it is
     assert lines(chat("--sae", L10)) == [f'steering: profile "cli26-music" on {L10} (L12): {MUSIC}']
+
+
+def test_scope_says_where_steering_applied_and_a_bad_one_is_refused_before_loading(engine, clean):
+    steered = chat("--sae", L10, "--steer", "music=40", "--scope", "generated")
+    assert lines(steered) == [f"steering: this chat's values (generated positions only) on {L10} (L10): {MUSIC}"]
+    bad = chat("--scope", "decode", ok=False)
+    assert bad.exit_code != 0 and "steering_scope" in bad.output and "Traceback" not in bad.output

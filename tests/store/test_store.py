@@ -52,3 +52,18 @@ def test_round_trip_and_conflicts(tmp_path):
     assert store.save_profile({**doc, "description": "new"}, overwrite=True)
     assert store.profile("a")["description"] == "new" and store.profile("a")["entries"] == doc["entries"]
     assert store.delete_profile("a") and store.profile("a") is None
+
+
+def test_a_database_made_before_profile_scopes_opens_with_every_profile_steering_all(tmp_path):
+    import sqlite3
+
+    path = tmp_path / "old.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE profiles (name TEXT PRIMARY KEY, description TEXT NOT NULL DEFAULT '', model TEXT, "
+                     "entries TEXT NOT NULL, created REAL NOT NULL, updated REAL NOT NULL)")
+        conn.execute("INSERT INTO profiles VALUES ('old', '', NULL, '[]', 1.0, 1.0)")
+    store = Store(path)
+    assert store.profile("old")["steering_scope"] == "all"
+    store.save_profile({"name": "new", "entries": [], "steering_scope": "prompt"}, overwrite=False)
+    assert store.profile("new")["steering_scope"] == "prompt"
+    assert Store(path).profile("new")["steering_scope"] == "prompt"  # opening it again changes nothing

@@ -199,6 +199,9 @@ def test_a_profile_exports_its_entries_summed_per_layer(tmp_path: Path):
                            ([{"sae": "nope", "feature": 0, "strength": 1.0}], "No SAE has id 'nope'")):
         with pytest.raises(InvalidParameter, match=rf"Profile 'bad' entries\[0\]: {match}"):
             gguf.profile_directions(service, parse_profile({"name": "bad", "entries": entries}), "toy-model")
+    scoped = parse_profile({"name": "scoped", "entries": doc.model_dump()["entries"], "steering_scope": "generated"})
+    with pytest.raises(InvalidParameter, match="steers generated positions only; a control-vector file applies to"):
+        gguf.profile_directions(service, scoped, "toy-model")
     with pytest.raises(InvalidParameter, match="one direction per layer; this set holds 2"):
         gguf.set_directions(VectorSet(("a", "b"), torch.eye(2, D), 3, "toy-model"))
 

@@ -12,7 +12,8 @@ from tui.client import SAEInfo
 
 
 class SAEList(OptionList):
-    """One line per registered SAE: ``●`` attached (at its layer) or ``○`` not."""
+    """One line per registered SAE or vector set: ``●`` attached (at its layer) or ``○`` not; a vector set says
+    how many vectors it holds where an SAE says its width."""
 
     BINDINGS = [
         Binding("a", "attach", "attach"),
@@ -55,11 +56,12 @@ class SAEList(OptionList):
 
     @staticmethod
     def _line(sae: SAEInfo) -> Text:
+        width = f" {sae.d_sae} vector{'s' if sae.d_sae != 1 else ''}" if sae.vectors else f" ×{sae.d_sae}"
         if sae.attached_layer is not None:
             return Text.assemble(("● ", "bold green"), (sae.name, "bold"), (f" L{sae.attached_layer}", "green"),
-                                 (f" ×{sae.d_sae}", "dim"), overflow="ellipsis", no_wrap=True)
+                                 (width, "dim"), overflow="ellipsis", no_wrap=True)
         hint = f" hint L{sae.layer_hint}" if sae.layer_hint is not None else " no layer hint"
-        return Text.assemble(("○ ", "dim"), sae.name, (hint, "dim"), (f" ×{sae.d_sae}", "dim"), overflow="ellipsis",
+        return Text.assemble(("○ ", "dim"), sae.name, (hint, "dim"), (width, "dim"), overflow="ellipsis",
                              no_wrap=True)
 
     @property
