@@ -24,8 +24,8 @@ def measure(requests: int, properties: int, bounded: bool) -> list[tuple[int, fl
     from millm.engine import load_engine
     from millm.engine.params import ChatPrompt, GenerationRequest
     from millm.registry import resolve
+    from millm.requests.validation import sampling_params
     from millm.structured.schema import JsonConstraint
-    from millm.validation import sampling_params
 
     settings = get_settings()
     engine = load_engine(resolve(settings.default_model, settings), settings)

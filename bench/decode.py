@@ -20,7 +20,7 @@ from millm.engine import load_engine
 from millm.engine.events import Usage
 from millm.engine.params import GenerationRequest, TextPrompt
 from millm.registry import resolve
-from millm.validation import sampling_params
+from millm.requests.validation import sampling_params
 
 PROMPT = "Once upon a time, in a village by the sea, there lived"
 
@@ -46,7 +46,7 @@ def main() -> None:
     def run_cache_loop() -> tuple[float, int]:
         from transformers import DynamicCache
 
-        from millm.engine.output import ChoiceOutput
+        from millm.engine.decode.output import ChoiceOutput
 
         start = time.perf_counter()
         output = ChoiceOutput(tok, (), engine.stop_ids)

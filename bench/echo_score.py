@@ -15,10 +15,10 @@ import time
 
 import torch
 
-from millm.builder import build_completion
 from millm.config import get_settings
 from millm.engine import load_engine
 from millm.registry import resolve
+from millm.requests.builder import build_completion
 
 SUBJECTS = ["apple", "carrot", "stone", "whale", "cloud", "violin", "pepper", "glacier"]
 CONTEXTS = ["Question: What colour is a {}?\nAnswer:", "The {} was found near the", "A {} is usually"]

@@ -24,7 +24,7 @@ from millm.engine import load_engine
 from millm.engine.events import Usage
 from millm.engine.params import ChatPrompt, GenerationRequest
 from millm.registry import resolve
-from millm.validation import sampling_params
+from millm.requests.validation import sampling_params
 
 MODEL = "SmolLM2-135M-Instruct:Q4_1"
 MESSAGES = [{"role": "user", "content": "Write a long story about a lighthouse keeper and a storm."}]

@@ -27,9 +27,9 @@ from millm.engine.events import Delta
 from millm.engine.llama_engine import LlamaCppEngine
 from millm.engine.params import ChatPrompt, GenerationRequest, TextPrompt
 from millm.registry import BUNDLED_ID, resolve
+from millm.requests.validation import sampling_params
 from millm.sae.bundled import BUNDLED_DIR
 from millm.sae.formats import load_sae
-from millm.validation import sampling_params
 
 GGUF = "SmolLM2-135M-Instruct:Q4_1"
 SAE = "smollm2-135m-res-L10"

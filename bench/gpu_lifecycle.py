@@ -21,7 +21,7 @@ from millm.engine.params import GenerationRequest, TextPrompt
 from millm.engine.worker import typed
 from millm.errors import InsufficientMemory
 from millm.registry import resolve
-from millm.validation import sampling_params
+from millm.requests.validation import sampling_params
 
 
 def main() -> int:

@@ -34,9 +34,9 @@ def main() -> None:
     from millm.engine.events import Activations, Usage
     from millm.engine.params import ChatPrompt, GenerationRequest, TextPrompt
     from millm.registry import resolve
+    from millm.requests.validation import sampling_params
     from millm.sae.model import SAE
     from millm.structured.schema import check_response_format
-    from millm.validation import sampling_params
 
     home = Path(tempfile.mkdtemp())
     ckpt = home / "models" / "random-llama"

@@ -41,13 +41,14 @@ from millm.registry import BUNDLED_ID, resolve
 from millm.research.answers import sample_answers
 from millm.research.measure import FLUENCY_BOUND, MAX_NEW_TOKENS, NEUTRAL_PROMPTS, SEED, Measure
 from millm.research.words import concept_rate, top_token_words
-from millm.sae import activations, corpus, quality, recipe
+from millm.sae import activations
 from millm.sae.bundled import bundled_saes
 from millm.sae.cards import feature_rows
 from millm.sae.formats import load_sae
 from millm.sae.labels import LabelIndex
 from millm.sae.model import SAE
-from millm.sae.train import ShuffledBatches, TopKTrainer, TrainConfig
+from millm.sae.training import corpus, quality, recipe
+from millm.sae.training.train import ShuffledBatches, TopKTrainer, TrainConfig
 
 # per SAE: (label name, resolved on its labels as --steer NAME=S is, or an index where the name is ambiguous:
 # 1604 'weather, forecast, hurricane', 436 'dreams, dream, dreamed'; and the documented strength)
@@ -102,7 +103,7 @@ def chosen_saes(refs: list[str] | None) -> list[tuple[str, Path, int, str]]:
 
 
 def reconstruction(model: Any, sae: SAE, layer: int, windows: torch.Tensor, ce_windows: int) -> None:
-    """The held-out figures, by millm.sae.quality (what ``millm sae train`` prints): FVU and dead features over
+    """The held-out figures, by millm.sae.training.quality (what ``millm sae train`` prints): FVU and dead features over
     every window, CE over the first ``ce_windows``."""
     acts = activations.collect(model, windows, layer)
     fraction, fired = quality.fvu(sae, acts)

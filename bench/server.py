@@ -22,7 +22,7 @@ from millm.engine import load_engine
 from millm.engine.events import Delta
 from millm.engine.params import GenerationRequest, TextPrompt
 from millm.registry import resolve
-from millm.validation import sampling_params
+from millm.requests.validation import sampling_params
 
 PROMPT = "Once upon a time, in a village by the sea, there lived"
 

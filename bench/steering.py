@@ -26,6 +26,7 @@ from millm.engine import load_engine
 from millm.engine.events import Usage
 from millm.engine.params import GenerationRequest, TextPrompt
 from millm.registry import resolve
+from millm.requests.validation import sampling_params
 from millm.sae.model import SAE
 from millm.steering.bases import Bases
 from millm.steering.documents import Registered
@@ -34,7 +35,6 @@ from millm.steering.intensity import IntensitySettings
 from millm.steering.monitor import MonitorConfig
 from millm.steering.readout import ReadoutAsk, check_readout
 from millm.store import Store
-from millm.validation import sampling_params
 from millm.vectors.files import VectorSet
 
 PROMPT = "Once upon a time, in a village by the sea, there lived"

@@ -31,9 +31,9 @@ from millm.engine.transformers_engine import TransformersEngine
 from millm.registry import resolve
 from millm.render.shapes import CompletionShape
 from millm.render.stream import sse_events
+from millm.requests.validation import sampling_params
 from millm.structured.schema import check_response_format
 from millm.structured.tools import tool_constraint
-from millm.validation import sampling_params
 
 PROMPT = [{"role": "user", "content": "List as many animals as you can, as a JSON array of names."}]
 ARRAY = {"type": "array", "items": {"type": "string", "maxLength": 20}, "minItems": 40}

@@ -16,9 +16,9 @@ from rich.console import Console
 from millm import local
 from millm.config import get_settings
 from millm.errors import InvalidParameter, MillmError
-from millm.jsonbody import is_utf8
 from millm.local import ENGINES as _engines
 from millm.local import steering_service as steering_service
+from millm.requests.jsonbody import is_utf8
 
 if TYPE_CHECKING:
     from millm.engine.base import Engine
@@ -70,7 +70,7 @@ def read_stdin(option: str = "text") -> str:
 
 def check_seed(seed: int, option: str = "seed") -> int:
     """A sampling seed in the range requests take (0 to 2**32 - 1)."""
-    from millm.validation import SEED_MAX, check_int
+    from millm.requests.validation import SEED_MAX, check_int
 
     return check_int(option, seed, low=0, high=SEED_MAX)
 

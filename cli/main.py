@@ -35,7 +35,7 @@ from millm.steering.session import ChatSteering, chat_steering, profile_unfit
 
 if TYPE_CHECKING:
     from millm.engine.base import Engine
-    from millm.generation import Prepared
+    from millm.requests.generation import Prepared
     from millm.steering.target import SteeringTarget
 
 app = typer.Typer(help="miLLM: run a local language model, steer it by SAE features, serve it over OpenAI's API.",
@@ -58,12 +58,12 @@ def chat_body(model: str, messages: list[dict[str, Any]], fields: dict[str, Any]
 def stream_answer(engine: Engine, messages: list[dict[str, Any]], fields: dict[str, Any],
                   chat: ChatSteering | None = None) -> str:
     """Print the answer as it is generated; return its full text. Prepared as the server prepares a
-    request (``millm.generation.prepare``: the same limits), steered as ``chat`` decided; one line on
+    request (``millm.requests.generation.prepare``: the same limits), steered as ``chat`` decided; one line on
     stderr says what steered it."""
-    from millm.builder import build_chat
     from millm.engine.events import Delta, Finish
-    from millm.generation import prepare
-    from millm.limits import Limits
+    from millm.requests.builder import build_chat
+    from millm.requests.generation import prepare
+    from millm.requests.limits import Limits
 
     chat = chat or ChatSteering()
     built = build_chat(chat_body(engine.model_id, messages, fields), lambda _: engine.engine_name)
@@ -187,7 +187,7 @@ def chat(
 ) -> None:
     """Chat with a model: one answer, stdin, or an interactive session (/reset, /exit). Each answer goes to
     stdout; one line on stderr says what steered it."""
-    from millm.builder import build_chat
+    from millm.requests.builder import build_chat
 
     fields = {"temperature": temperature, "top_p": top_p, "max_tokens": max_tokens, "seed": seed, "stop": stop,
               "steering_intensity": dial_value(intensity), "steering_scope": scope}
@@ -260,7 +260,7 @@ def embed(
     model: Annotated[str | None, typer.Option(help="Model id or checkpoint directory.")] = None,
 ) -> None:
     """Print one embedding vector per text, as a JSON list of lists."""
-    from millm.builder import build_embedding
+    from millm.requests.builder import build_embedding
 
     name = model or get_settings().default_model
     built = build_embedding({"model": name, "input": texts}, engine_of)

@@ -58,7 +58,7 @@ def attached_for_read(service: SteeringService, target: SteeringTarget, sae_id: 
 def read_text(engine: Engine, service: SteeringService, sae_id: str, text: str, *, top_k: int,
               features: list[int] | None = None, layer: int | None = None) -> dict[str, Any]:
     """The read-out of ``text`` (every prompt position, its token text and each feature's registry label)."""
-    from millm.builder import build_completion
+    from millm.requests.builder import build_completion
     from millm.steering.readout import with_labels
 
     ask: dict[str, Any] = {"sae_id": sae_id, "positions": "prompt", "top_k": top_k, "token_text": True}

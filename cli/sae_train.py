@@ -17,7 +17,7 @@ from millm.paths import user_path
 
 if TYPE_CHECKING:
     from millm.sae.labels import LabelIndex
-    from millm.sae.train import StepStats
+    from millm.sae.training.train import StepStats
 
 
 def _sae_folder(ref: str) -> tuple[Path, str]:
@@ -108,7 +108,7 @@ def _check_new_sae_name(name: str, written: Path | None = None) -> None:
 
 def heldout_line(heldout: dict[str, Any]) -> str:
     """The held-out figures ``millm sae train`` prints (``train.json``'s ``heldout``)."""
-    from millm.sae.quality import CE_SHARE_TARGET, FVU_TARGET
+    from millm.sae.training.quality import CE_SHARE_TARGET, FVU_TARGET
 
     if "skipped" in heldout:
         return f"held-out FVU and CE share: {heldout['skipped']}"
@@ -155,7 +155,7 @@ def train(
     from millm.engine.transformers_engine import TransformersEngine
     from millm.registry import resolve
     from millm.research.answers import sample_answers
-    from millm.sae import recipe
+    from millm.sae.training import recipe
 
     check_seed(seed)
     if name is not None:

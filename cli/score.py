@@ -47,10 +47,10 @@ def score_row_of(engine: Engine | None, row: Any, defaults: dict[str, Any]) -> S
 
     Without an engine (the up-front check of the options) allowed tokens given as text are not resolved.
     """
-    from millm.builder import completion_scoring_params
     from millm.engine.params import ChatPrompt, TextPrompt
     from millm.engine.scoring import ScoreRow
-    from millm.validation import check_messages
+    from millm.requests.builder import completion_scoring_params
+    from millm.requests.validation import check_messages
 
     if not isinstance(row, dict):
         raise InvalidParameter("a line must be a JSON object.")

@@ -28,7 +28,7 @@ class Settings(BaseSettings):
     dtype: str = "auto"
     default_max_tokens: int = 1024
     max_queue: int = 32
-    # what one request may ask for (millm.limits): past these it is refused with 400 naming the field
+    # what one request may ask for (millm.requests.limits): past these it is refused with 400 naming the field
     max_rows: int = Field(default=128, ge=1)  # generated choices: conversations or prompts x n
     max_prompts: int = Field(default=256, ge=1)  # conversations (messages + extra_messages) or prompts
     max_embedding_inputs: int = Field(default=2048, ge=1)  # inputs of one embeddings request

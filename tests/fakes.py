@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from millm.engine.base import Capabilities, StepControl, check_scoring_supported, check_supported, fingerprint
+from millm.engine.decode.output import ChoiceOutput
+from millm.engine.decode.rows import Row, emit
 from millm.engine.events import Event, Usage
-from millm.engine.output import ChoiceOutput
 from millm.engine.params import ChatPrompt, Forced, GenerationRequest, Prompt, TokenPrompt, prompt_names
 from millm.engine.plan import Plan, check_characters, run_each, token_budget
-from millm.engine.rows import Row, emit
 from millm.engine.scoring import ScoreRequest, ScoreResult, TokenScore, check_in_vocab
 from millm.errors import FieldNotHonoured, InvalidScoringRequest
 from millm.registry import ModelEntry

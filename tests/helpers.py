@@ -7,7 +7,7 @@ from typing import Any
 from millm.engine.events import Delta, Event, Finish, Usage
 from millm.engine.params import ChatPrompt, GenerationRequest, Prompt, TextPrompt
 from millm.engine.transformers_engine import TransformersEngine
-from millm.validation import sampling_params
+from millm.requests.validation import sampling_params
 
 
 def events(engine: TransformersEngine, prompt: str | Prompt | list[dict[str, Any]], **fields: Any) -> list[Event]:

@@ -6,10 +6,10 @@ import asyncio
 
 import pytest
 
-from millm.builder import build_chat, build_completion
 from millm.config import Settings
 from millm.errors import FieldNotHonoured, InvalidParameter
-from millm.fields import USE, policy
+from millm.requests.builder import build_chat, build_completion
+from millm.requests.fields import USE, policy
 from millm.server.app import create_app
 from millm.steering.intensity import Symbol
 from tests.fakes import FakeEngine
@@ -67,7 +67,7 @@ def test_gguf_steering_is_the_serving_settings_not_the_process_ones(served, monk
     the process-wide settings say: CI's server fixture set it on its own settings while the process-wide ones,
     rebuilt by another test, said the opposite, and every profile on GGUF chat was refused."""
     from millm import config
-    from millm.limits import Limits
+    from millm.requests.limits import Limits
 
     monkeypatch.setattr(config, "get_settings", lambda: Settings(gguf_steering=not served))
     limits = Limits.of(Settings(gguf_steering=served))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from millm.fields import REFUSE, USE, policy
+from millm.requests.fields import REFUSE, USE, policy
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

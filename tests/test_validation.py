@@ -1,7 +1,7 @@
 import pytest
 
 from millm.errors import InvalidParameter
-from millm.validation import check_messages, sampling_params
+from millm.requests.validation import check_messages, sampling_params
 
 
 @pytest.mark.parametrize("field,value", [

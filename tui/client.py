@@ -3,7 +3,7 @@
 Two implementations: ``tui.local.LocalClient`` drives an engine in this process through the same
 ``SteeringService`` and ``EngineWorker`` the server uses (steering changes run as engine commands
 between decode steps), and ``tui.remote.RemoteClient`` drives a running ``millm serve`` through
-``/v1`` and ``/api``. Both build chat requests with ``millm.builder.build_chat``, so a value the
+``/v1`` and ``/api``. Both build chat requests with ``millm.requests.builder.build_chat``, so a value the
 server would refuse is refused here with the same message. Errors are ``MillmError``s.
 """
 

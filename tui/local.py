@@ -3,8 +3,8 @@
 Model work and steering changes go through one ``EngineWorker`` (the server's): a generation streams
 from the engine thread, and every steering change is a command that runs on that thread between two
 decode steps, so no hook changes under a running forward pass, and a change made while an answer is
-generated follows the operator-wins rule. Requests are built by ``millm.builder.build_chat`` and
-prepared by ``millm.generation.prepare`` on the engine thread, as ``/v1/chat/completions`` builds and
+generated follows the operator-wins rule. Requests are built by ``millm.requests.builder.build_chat`` and
+prepared by ``millm.requests.generation.prepare`` on the engine thread, as ``/v1/chat/completions`` builds and
 prepares them.
 """
 
@@ -15,14 +15,14 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from millm import local
-from millm.builder import build_chat
 from millm.config import get_settings
 from millm.engine.base import Engine
 from millm.engine.events import Activations, Delta, Finish, Usage
 from millm.engine.worker import EngineWorker
 from millm.errors import InvalidParameter
-from millm.generation import prepare
-from millm.limits import Limits
+from millm.requests.builder import build_chat
+from millm.requests.generation import prepare
+from millm.requests.limits import Limits
 from millm.sae.cards import FeatureCard, read_card
 from millm.steering.rung import rung_language
 from millm.steering.target import SteeringTarget

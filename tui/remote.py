@@ -1,7 +1,7 @@
 """The HTTP client: the TUI drives a running ``millm serve`` through ``/v1`` and ``/api``.
 
 Keys come from the environment as the server reads them: ``MILLM_API_KEY`` for ``/v1`` and
-``MILLM_ADMIN_KEY`` for management changes. Chat bodies are checked by ``millm.builder.build_chat``
+``MILLM_ADMIN_KEY`` for management changes. Chat bodies are checked by ``millm.requests.builder.build_chat``
 before they are sent, so a refusal reads the same as the server's. Cancelling an answer closes its
 stream; the server stops generating at the next decode step.
 """
@@ -15,9 +15,9 @@ from urllib.parse import quote
 
 import httpx
 
-from millm.builder import build_chat
 from millm.config import get_settings
 from millm.errors import InvalidParameter, MillmError
+from millm.requests.builder import build_chat
 from millm.sae.cards import FeatureCard
 from millm.steering.names import steering_label
 from tui.client import (

@@ -1,7 +1,7 @@
 """One TUI chat session: its history, its sampling settings, and the request bodies they make. Pure.
 
 A body here is exactly what ``/v1/chat/completions`` takes; both clients check it with
-``millm.builder.build_chat`` before any model work, so the TUI refuses what the server refuses.
+``millm.requests.builder.build_chat`` before any model work, so the TUI refuses what the server refuses.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
+from millm.requests.validation import SEED_MAX
 from millm.steering.intensity import Dial, Symbol
-from millm.validation import SEED_MAX
 from tui.client import readout_ask
 from tui.dials import wire_dial
 

@@ -16,18 +16,18 @@ from typing import Any
 
 from millm.batch.generate import Job, run_generations
 from millm.batch.lines import Answer, BatchLine
-from millm.builder import Built, build_chat, build_completion, build_embedding
 from millm.config import Settings
-from millm.engine.admission import BatchSettings
 from millm.engine.base import Engine
+from millm.engine.decode.admission import BatchSettings
 from millm.engine.events import steered_label
 from millm.errors import InvalidParameter, MillmError
-from millm.generation import Prepared, prepare
-from millm.limits import Limits
 from millm.registry import ModelEntry, resolve
 from millm.render.bodies import embeddings_body, score_body, whole_body
 from millm.render.headers import miLLM_headers
 from millm.render.shapes import CompletionShape
+from millm.requests.builder import Built, build_chat, build_completion, build_embedding
+from millm.requests.generation import Prepared, prepare
+from millm.requests.limits import Limits
 from millm.steering.service import SteeringService
 
 log = logging.getLogger(__name__)

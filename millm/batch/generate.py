@@ -2,7 +2,7 @@
 
 Where the engine has a scheduler (transformers), every request joins it: rows with different sampling
 parameters, budgets and steering decode together in its batch, each as it would alone
-(``millm.engine.scheduler``). This process drives the scheduler's steps itself; no server worker is
+(``millm.engine.decode.scheduler``). This process drives the scheduler's steps itself; no server worker is
 involved. What the batch does not take (its fallbacks: n > 1, a seed, extra_messages,
 return_sae_activations, response_format, a row longer than a KV slot) is served alone by the same
 scheduler, exactly as the default (serial) server serves it: ``millm batch`` answers constrained rows
@@ -21,12 +21,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from millm.engine.admission import BatchSettings, fallback_reason
 from millm.engine.base import Engine, StepControl
+from millm.engine.decode.admission import BatchSettings, fallback_reason
+from millm.engine.decode.scheduler import Job as Scheduled
+from millm.engine.decode.scheduler import Scheduler
 from millm.engine.events import Delta, Event, Finish, Steered, Usage
 from millm.engine.plan import Plan
-from millm.engine.scheduler import Job as Scheduled
-from millm.engine.scheduler import Scheduler
 
 
 @dataclass

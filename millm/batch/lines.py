@@ -69,7 +69,7 @@ def error_refusal(exc: MillmError) -> dict[str, Any]:
 
 def parse_line(index: int, text: str) -> BatchLine:
     """One input line as a request, or as a refusal naming what is wrong with the line."""
-    from millm.jsonbody import decode
+    from millm.requests.jsonbody import decode
 
     try:
         envelope = decode(text.encode("utf-8", "surrogateescape"))  # bytes as read: bad UTF-8 is refused

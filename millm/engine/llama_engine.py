@@ -22,8 +22,9 @@ from typing import Any
 from millm.config import Settings
 from millm.engine.base import Capabilities, StepControl, check_scoring_supported, check_supported, fingerprint
 from millm.engine.chat_tokens import chat_ids, llama_control_tokens, llama_plain
+from millm.engine.decode.output import ChoiceOutput
+from millm.engine.decode.rows import Row, emit
 from millm.engine.events import Event, Steered, Usage
-from millm.engine.output import ChoiceOutput
 from millm.engine.params import (
     ChatPrompt,
     Forced,
@@ -35,7 +36,6 @@ from millm.engine.params import (
     prompt_names,
 )
 from millm.engine.plan import Plan, check_characters, run_each, token_budget
-from millm.engine.rows import Row, emit
 from millm.engine.scoring import ScoreRequest, ScoreResult
 from millm.engine.templates import END_OF_TURN_TOKENS, fallback_template
 from millm.errors import ContextLengthExceeded, FieldNotHonoured, InvalidParameter, ModelLoadFailed

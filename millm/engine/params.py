@@ -16,7 +16,7 @@ Json: TypeAlias = dict[str, "Json"] | list["Json"] | str | int | float | bool | 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to pick tokens and when to stop. Built by ``millm.validation``, never by hand on the wire."""
+    """How to pick tokens and when to stop. Built by ``millm.requests.validation``, never by hand on the wire."""
 
     temperature: float = 1.0
     top_p: float = 1.0

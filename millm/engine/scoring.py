@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from millm.engine.params import Prompt
 from millm.errors import InvalidParameter, InvalidScoringRequest, NonFiniteLogits
-from millm.validation import check_scoring_temperature
+from millm.requests.validation import check_scoring_temperature
 
 if TYPE_CHECKING:
     import torch

@@ -1,5 +1,5 @@
-"""The transformers engine: a HuggingFace causal LM; generation decodes in its scheduler (``millm.engine.scheduler``),
-scoring and embeddings run cacheless forwards with every SAE hook suppressed."""
+"""The transformers engine: a HuggingFace causal LM; generation decodes in its scheduler
+(``millm.engine.decode.scheduler``), scoring and embeddings run cacheless forwards with every SAE hook suppressed."""
 
 from __future__ import annotations
 
@@ -13,10 +13,11 @@ import torch
 
 from millm.config import Settings
 from millm.engine import loader
-from millm.engine.admission import BatchSettings
 from millm.engine.base import Capabilities, StepControl, check_scoring_supported, fingerprint
 from millm.engine.chat_tokens import chat_ids, hf_control_tokens, hf_plain
-from millm.engine.detok import token_texts
+from millm.engine.decode.admission import BatchSettings
+from millm.engine.decode.detok import token_texts
+from millm.engine.decode.scheduler import Job, Scheduler
 from millm.engine.events import Event
 from millm.engine.params import (
     ChatPrompt,
@@ -29,7 +30,6 @@ from millm.engine.params import (
     prompt_names,
 )
 from millm.engine.plan import Plan, check_characters, token_budget, tool_listing
-from millm.engine.scheduler import Job, Scheduler
 from millm.engine.scoring import PromptToken, ScoreRequest, ScoreResult, check_in_vocab, echo_row, score_row
 from millm.engine.templates import END_OF_TURN_TOKENS, has_chat_template, render_chat
 from millm.errors import ContextLengthExceeded, InvalidParameter, InvalidScoringRequest, MillmError, NoChatTemplate

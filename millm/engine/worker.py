@@ -24,10 +24,10 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from millm.engine.admission import BatchSettings, fallback_reason
 from millm.engine.base import StepControl
 from millm.engine.busy import TimedExecutor
-from millm.engine.scheduler import Job, Scheduler
+from millm.engine.decode.admission import BatchSettings, fallback_reason
+from millm.engine.decode.scheduler import Job, Scheduler
 from millm.errors import InsufficientMemory, QueueFull
 
 if TYPE_CHECKING:

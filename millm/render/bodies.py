@@ -16,9 +16,9 @@ from millm.render import scoring
 from millm.render.shapes import CompletionShape
 
 if TYPE_CHECKING:
-    from millm.builder import Built
     from millm.engine.base import Engine
     from millm.engine.scoring import ScoreResult
+    from millm.requests.builder import Built
 
 
 def whole_body(shape: CompletionShape, events: Iterable[Event]) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from millm.steering.names import steering_header
 from millm.steering.rung import CIRCUIT_RUNG_HEADER, rung_header
 
 if TYPE_CHECKING:
-    from millm.builder import Built
+    from millm.requests.builder import Built
     from millm.steering.bases import RequestSteering
 
 INTENSITY_HEADER = "X-miLLM-Steering-Intensity"

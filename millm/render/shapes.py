@@ -12,7 +12,7 @@ from millm.steering.readout import LabelSource, asks_labels, with_labels
 from millm.structured.tools import ToolConstraint, split
 
 if TYPE_CHECKING:
-    from millm.builder import Built
+    from millm.requests.builder import Built
 
 
 def call_finish(reason: str) -> str:

@@ -10,7 +10,7 @@ from werkzeug.exceptions import HTTPException
 
 from millm.config import Settings
 from millm.engine import Engine, load_engine
-from millm.engine.admission import BatchSettings
+from millm.engine.decode.admission import BatchSettings
 from millm.engine.manager import Loader, ModelManager, Registry
 from millm.engine.worker import EngineWorker
 from millm.errors import MillmError

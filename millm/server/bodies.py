@@ -1,4 +1,4 @@
-"""The one path every route's JSON body takes: read, then decoded by ``millm.jsonbody``'s rules."""
+"""The one path every route's JSON body takes: read, then decoded by ``millm.requests.jsonbody``'s rules."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 from quart import request
 
-from millm.jsonbody import decode
+from millm.requests.jsonbody import decode
 
 
 async def read_json(*, required: bool = True) -> Any:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from millm.builder import STRICT_HEADER
 from millm.errors import InvalidParameter
+from millm.requests.builder import STRICT_HEADER
 
 
 def strict_mode(value: str | None) -> bool:

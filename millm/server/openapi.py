@@ -9,9 +9,9 @@ from pydantic import BaseModel
 from quart import Quart
 
 from millm import __version__
+from millm.requests.wire import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from millm.server.api_bodies import BODIES
 from millm.structured.schema import closed
-from millm.wire import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 
 REQUEST_BODIES: dict[str, dict[str, Any] | type[BaseModel]] = {
     "v1.chat_completions": ChatCompletionRequest,

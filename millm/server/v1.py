@@ -9,17 +9,24 @@ from typing import Any
 
 from quart import Blueprint, Response, request
 
-from millm.builder import STRICT_HEADER, Built, build_chat, build_completion, build_embedding, refuse_under_batching
 from millm.engine.base import Engine
 from millm.engine.events import Event, Steered
 from millm.errors import ModelNotFound
-from millm.generation import Prepared, prepare
-from millm.limits import Limits
 from millm.registry import ModelEntry
 from millm.render.bodies import embeddings_body, score_body, whole_body
 from millm.render.headers import miLLM_headers
 from millm.render.shapes import CompletionShape
 from millm.render.stream import sse_events
+from millm.requests.builder import (
+    STRICT_HEADER,
+    Built,
+    build_chat,
+    build_completion,
+    build_embedding,
+    refuse_under_batching,
+)
+from millm.requests.generation import Prepared, prepare
+from millm.requests.limits import Limits
 from millm.server import metrics
 from millm.server.auth import require_api_key
 from millm.server.bodies import read_json

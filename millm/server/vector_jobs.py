@@ -18,8 +18,8 @@ from quart import current_app
 
 from millm.engine.base import Engine
 from millm.errors import FieldNotHonoured, InvalidParameter, MillmError, ModelNotLoaded
+from millm.requests.validation import SEED_MAX, check_int
 from millm.server.state import services
-from millm.validation import SEED_MAX, check_int
 from millm.vectors import catalog
 from millm.vectors.learn import EXAMPLE_TOKENS, Examples, check_choices, generated, learn
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from millm.errors import InvalidFeatureIndex, InvalidParameter
-from millm.fields import READOUT_KEYS
+from millm.requests.fields import READOUT_KEYS
 
 if TYPE_CHECKING:
     import torch

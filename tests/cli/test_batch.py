@@ -12,9 +12,9 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from millm.batch.generate import Job, run_generations, run_padded
-from millm.builder import build_chat
-from millm.engine.admission import BatchSettings
-from millm.engine.scheduler import Scheduler
+from millm.engine.decode.admission import BatchSettings
+from millm.engine.decode.scheduler import Scheduler
+from millm.requests.builder import build_chat
 from tests.cli.batch_rows import BROKEN, GOOD, PROFILE, read_out, weather_profile, write_input
 
 __all__ = ["weather_profile"]

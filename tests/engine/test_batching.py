@@ -13,14 +13,14 @@ from dataclasses import replace
 import pytest
 import torch
 
-from millm.engine.admission import BatchSettings, fallback_reason
 from millm.engine.base import StepControl
+from millm.engine.decode.admission import BatchSettings, fallback_reason
+from millm.engine.decode.kv import attention_mask, span_for
+from millm.engine.decode.sampling import apply_penalties, sample_rows, top_p_mask, unsampleable
+from millm.engine.decode.scheduler import Job, Scheduler
 from millm.engine.events import Delta, Event, Finish, Usage
-from millm.engine.kv import attention_mask, span_for
 from millm.engine.params import ChatPrompt, GenerationRequest, SamplingParams, TextPrompt
 from millm.engine.plan import Plan
-from millm.engine.sampling import apply_penalties, sample_rows, top_p_mask, unsampleable
-from millm.engine.scheduler import Job, Scheduler
 from millm.engine.worker import EngineWorker
 from millm.errors import InsufficientMemory, InvalidFeatureIndex, NonFiniteLogits
 from millm.steering.controller import Override

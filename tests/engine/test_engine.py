@@ -8,7 +8,7 @@ import torch
 from millm.engine.params import ChatPrompt, GenerationRequest, TextPrompt
 from millm.engine.templates import render_chat
 from millm.errors import ContextLengthExceeded, InvalidParameter
-from millm.validation import sampling_params
+from millm.requests.validation import sampling_params
 from tests.helpers import events, finishes, texts, usage
 
 

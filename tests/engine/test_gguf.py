@@ -120,7 +120,7 @@ def test_gguf_completions_honour_add_special_tokens(gguf_server, gguf_engine):
 
 
 def test_add_special_tokens_is_used_on_every_completions_column():
-    from millm.fields import USE, policy
+    from millm.requests.fields import USE, policy
 
     for engine, scoring in (("transformers", False), ("transformers", True), ("llama.cpp", False)):
         assert policy("add_special_tokens", "completions", engine, scoring) == USE
@@ -199,7 +199,7 @@ def test_gguf_embeddings_read_the_whole_input(gguf_engine):
 def test_a_tiny_temperature_generates_as_greedy_on_llama_cpp(gguf_engine, temperature):
     from millm.engine.events import Delta
     from millm.engine.params import GenerationRequest, TextPrompt
-    from millm.validation import sampling_params
+    from millm.requests.validation import sampling_params
 
     def text(t: float) -> str:
         request = GenerationRequest([TextPrompt("The capital of France is")],

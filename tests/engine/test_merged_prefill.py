@@ -12,10 +12,10 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from millm.engine.admission import BatchSettings
-from millm.engine.kv import KVShape, SlotCache
-from millm.engine.prefill import Merged, choose, inputs
-from millm.engine.scheduler import Scheduler
+from millm.engine.decode.admission import BatchSettings
+from millm.engine.decode.kv import KVShape, SlotCache
+from millm.engine.decode.prefill import Merged, choose, inputs
+from millm.engine.decode.scheduler import Scheduler
 from millm.steering.controller import Override
 from millm.steering.monitor import MonitorConfig
 from tests.engine.test_batching import alone, drain, plan, submit

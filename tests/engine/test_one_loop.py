@@ -14,10 +14,10 @@ from dataclasses import replace
 import pytest
 import torch
 
-from millm.engine.admission import BatchSettings
+from millm.engine.decode.admission import BatchSettings
+from millm.engine.decode.scheduler import Job, Scheduler
 from millm.engine.events import Activations, Delta, Finish, Usage
 from millm.engine.params import ChatPrompt, GenerationRequest, SamplingParams, TextPrompt
-from millm.engine.scheduler import Job, Scheduler
 from millm.steering.readout import check_readout
 from millm.structured.schema import JsonConstraint
 from tests.engine.test_batching import Consumer, alone, drain, plan, submit
@@ -200,7 +200,7 @@ def test_sliding_window_layers_attend_only_to_their_window(engine):
 def test_a_model_with_other_than_attention_layers_is_refused_by_name():
     from types import SimpleNamespace
 
-    from millm.engine.kv import KVShape
+    from millm.engine.decode.kv import KVShape
     from millm.errors import UnsupportedArchitecture
 
     config = SimpleNamespace(num_attention_heads=4, hidden_size=64, num_hidden_layers=2, num_key_value_heads=2,

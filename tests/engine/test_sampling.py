@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from millm.engine.sampling import apply_penalties, sample_rows, scaled, top_p_mask, update_counts
+from millm.engine.decode.sampling import apply_penalties, sample_rows, scaled, top_p_mask, update_counts
 
 
 def test_penalties_are_openai_additive():
@@ -85,7 +85,7 @@ def test_scaled_is_a_shifted_division():
 
 
 def test_repetition_penalty_divides_positive_and_multiplies_negative_logits_of_seen_tokens():
-    from millm.engine.sampling import apply_repetition_penalty
+    from millm.engine.decode.sampling import apply_repetition_penalty
 
     logits = torch.tensor([[2.0, -2.0, 2.0, -2.0], [1.0, 1.0, -1.0, -1.0]])
     seen = torch.tensor([[True, True, False, False], [False, True, True, False]])

@@ -13,11 +13,11 @@ from dataclasses import replace
 
 import pytest
 
-from millm.builder import build_chat
 from millm.engine.events import Delta, Steered
 from millm.engine.llama_engine import LlamaCppEngine
-from millm.generation import prepare
-from millm.limits import Limits
+from millm.requests.builder import build_chat
+from millm.requests.generation import prepare
+from millm.requests.limits import Limits
 from millm.steering.service import SteeringService
 from millm.store import Store
 from tests.saes import random_sae

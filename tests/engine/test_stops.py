@@ -1,6 +1,6 @@
-from millm.engine.detok import IncrementalDetokenizer
-from millm.engine.output import ChoiceOutput
-from millm.engine.stops import find_stop, holdback
+from millm.engine.decode.detok import IncrementalDetokenizer
+from millm.engine.decode.output import ChoiceOutput
+from millm.engine.decode.stops import find_stop, holdback
 
 
 class ByteTokenizer:
@@ -76,7 +76,7 @@ def naive_holdback(text: str, stops: list[str]) -> int:
 def test_the_incremental_matcher_agrees_with_the_definition_piece_by_piece():
     import random
 
-    from millm.engine.stops import StopMatcher
+    from millm.engine.decode.stops import StopMatcher
 
     rng = random.Random(0)
     for _ in range(3000):
@@ -92,7 +92,7 @@ def test_stop_sequences_are_bounded():
     import pytest
 
     from millm.errors import InvalidParameter
-    from millm.validation import MAX_STOP_CHARS, MAX_STOPS, check_stop
+    from millm.requests.validation import MAX_STOP_CHARS, MAX_STOPS, check_stop
 
     assert check_stop(["x"] * 2 + ["y"]) == ("x", "y")
     for bad in (["s" + str(i) for i in range(MAX_STOPS + 1)], ["z" * (MAX_STOP_CHARS + 1)]):

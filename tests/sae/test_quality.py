@@ -1,4 +1,4 @@
-"""The held-out reconstruction figures (millm.sae.quality) on hand-built tensors: FVU, CE share, splice, CE."""
+"""The held-out reconstruction figures (millm.sae.training.quality) on hand-built tensors: FVU, CE share, splice, CE."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from millm.sae.model import SAE
-from millm.sae.quality import ce_share, fvu, next_token_loss, splice
-from millm.sae.train import fraction_unexplained
+from millm.sae.training.quality import ce_share, fvu, next_token_loss, splice
+from millm.sae.training.train import fraction_unexplained
 
 
 def first_coordinate_sae() -> SAE:

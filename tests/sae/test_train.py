@@ -12,7 +12,7 @@ import torch
 from millm.errors import InvalidParameter
 from millm.sae.formats import load_sae
 from millm.sae.labels import LabelIndex, TopActivations, build_records, label_terms
-from millm.sae.train import (
+from millm.sae.training.train import (
     ShuffledBatches,
     TopKTrainer,
     TrainConfig,

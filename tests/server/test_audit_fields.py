@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from millm.builder import build_chat, build_completion
 from millm.errors import InvalidParameter, MillmError, ResponseFormatUnsupported, UnusedFieldsRefused
+from millm.requests.builder import build_chat, build_completion
 from millm.steering.readout import ReadoutAsk
 from tests.fakes import FakeEngine
 from tests.server.test_contract import chat, frames, make, run

@@ -5,12 +5,12 @@ import json
 import httpx
 import pytest
 
-from millm.builder import build_chat
 from millm.engine.scoring import check_temperature
 from millm.errors import InvalidParameter, ResponseFormatUnsupported
-from millm.jsonbody import MAX_DEPTH, check_value, decode
+from millm.requests.builder import build_chat
+from millm.requests.jsonbody import MAX_DEPTH, check_value, decode
+from millm.requests.validation import sampling_params
 from millm.structured.schema import check_response_format
-from millm.validation import sampling_params
 from tests.hostile import hostile_bodies
 
 MODEL = "SmolLM2-135M-Instruct"

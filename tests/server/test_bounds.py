@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
-from millm.builder import build_chat, build_completion, build_embedding
 from millm.config import Settings
 from millm.engine.params import GenerationRequest, SamplingParams
 from millm.engine.plan import Plan
 from millm.errors import InvalidParameter
-from millm.limits import Limits, check_prompt_tokens, check_rows, prompt_tokens
+from millm.requests.builder import build_chat, build_completion, build_embedding
+from millm.requests.limits import Limits, check_prompt_tokens, check_rows, prompt_tokens
 from millm.server.app import create_app
 from tests.fakes import FakeEngine
 

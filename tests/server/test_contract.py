@@ -150,8 +150,8 @@ def test_gguf_engine_refuses_what_it_cannot_do(tmp_path):
 
 
 def test_engine_refuses_unsupported_asks_even_when_the_table_is_bypassed():
-    from millm.builder import build_chat
     from millm.errors import FieldNotHonoured
+    from millm.requests.builder import build_chat
 
     engine = FakeEngine(engine_name="llama.cpp")
     built = build_chat(chat(seed=1, response_format={"type": "json_object"}), lambda _: "transformers")
@@ -222,7 +222,7 @@ def test_disconnected_stream_cancels_at_the_next_step(tmp_path):
 
         def make_events(control: StepControl):
             control_seen.append(control)
-            from millm.builder import build_chat
+            from millm.requests.builder import build_chat
 
             built = build_chat(chat(max_tokens=60), lambda _: "transformers")
             return engine.generate(built.generations[0], control)

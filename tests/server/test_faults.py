@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from millm.engine.detok import IncrementalDetokenizer
+from millm.engine.decode.detok import IncrementalDetokenizer
 from millm.server.app import create_app
 from millm.store import Store
 from millm.structured.constraint import RowGuides

@@ -5,13 +5,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from millm.builder import build_chat, build_completion
-from millm.engine.detok import token_texts
+from millm.engine.decode.detok import token_texts
 from millm.engine.events import Activations, Delta, Finish, Usage
 from millm.errors import InvalidParameter, UnusedFieldsRefused
-from millm.fields import NESTED_KEYS
 from millm.render.bodies import whole_body
 from millm.render.shapes import CompletionShape
+from millm.requests.builder import build_chat, build_completion
+from millm.requests.fields import NESTED_KEYS
 from millm.steering.readout import ReadoutRecorder, ReadoutSpec, bind_readout, check_readout, with_labels
 from millm.store.db import SAE_COLUMNS, Store
 

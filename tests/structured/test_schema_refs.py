@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from millm.builder import TEMPLATE_ARGUMENTS, build_chat
 from millm.config import Settings
 from millm.errors import InvalidParameter, ResponseFormatUnsupported
+from millm.requests.builder import TEMPLATE_ARGUMENTS, build_chat
 from millm.server.app import create_app
 from millm.structured.schema import check_response_format
 from tests.fakes import FakeEngine

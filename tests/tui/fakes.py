@@ -6,8 +6,8 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-from millm.builder import build_chat
 from millm.errors import InvalidParameter, SAENotAttached
+from millm.requests.builder import build_chat
 from millm.sae.cards import Example, FeatureCard
 from tui.client import (
     ChatEvent,

@@ -10,8 +10,8 @@ from typing import Any, TypeVar
 from textual.pilot import Pilot
 from textual.widgets import Input
 
-from millm.builder import build_chat
 from millm.engine.events import Delta
+from millm.requests.builder import build_chat
 from tui.app import MillmApp
 from tui.client import Client
 from tui.widgets.chat_log import ChatLog

@@ -74,7 +74,7 @@ def test_prompt_streams_its_answer(engine, monkeypatch):
     expected = greedy_answer(engine, max_tokens=12)
     import time as _time
 
-    from millm.engine.scheduler import Scheduler
+    from millm.engine.decode.scheduler import Scheduler
 
     forward = Scheduler._forward
 

@@ -6,9 +6,9 @@ import random
 
 import pytest
 
-from millm.builder import build_chat
 from millm.config import DEFAULT_DIAL, ENVELOPE
 from millm.errors import InvalidParameter
+from millm.requests.builder import build_chat
 from millm.steering.intensity import Symbol
 from millm.steering.rung import LADDER, rung_header
 from millm.steering.values import STRENGTH_LIMIT

@@ -12,15 +12,15 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from millm.errors import FieldNotHonoured
-from millm.limits import Limits, check_prompt_tokens, prompt_tokens
 from millm.render.headers import miLLM_headers
+from millm.requests.limits import Limits, check_prompt_tokens, prompt_tokens
 from millm.steering.bases import RequestSteering
 from millm.steering.scope import ALL, Scope
 
 if TYPE_CHECKING:
-    from millm.builder import Built
     from millm.engine.base import Engine
     from millm.engine.plan import Plan
+    from millm.requests.builder import Built
     from millm.steering.service import SteeringService
 
 

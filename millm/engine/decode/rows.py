@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from millm.engine.decode.output import ChoiceOutput
 from millm.engine.events import Delta, Event, Finish
-from millm.engine.output import ChoiceOutput
 from millm.engine.params import SamplingParams
 
 

@@ -1,6 +1,6 @@
-"""Wire shapes of the /v1 requests (pydantic, strict types). Ranges live in ``millm.validation``.
+"""Wire shapes of the /v1 requests (pydantic, strict types). Ranges live in ``millm.requests.validation``.
 
-Unknown fields are allowed here: the field table (``millm.fields``) decides whether each is used,
+Unknown fields are allowed here: the field table (``millm.requests.fields``) decides whether each is used,
 refused or reported.
 """
 

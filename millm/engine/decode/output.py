@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from millm.engine.detok import Decoder, IncrementalDetokenizer
-from millm.engine.stops import StopMatcher, find_stop
+from millm.engine.decode.detok import Decoder, IncrementalDetokenizer
+from millm.engine.decode.stops import StopMatcher, find_stop
 
 
 class ChoiceOutput:

@@ -25,15 +25,15 @@ from millm.engine.scoring import (
 )
 from millm.engine.templates import TOOLS_KWARG
 from millm.errors import InvalidParameter, ResponseFormatUnsupported, UnusedFieldsRefused
-from millm.fields import NESTED_KEYS, TOOLS_REFUSED, check_fields, is_no_change, template_messages
-from millm.limits import Limits, check_embedding_inputs, check_prompt_tokens, check_prompts, check_rows
+from millm.requests.fields import NESTED_KEYS, TOOLS_REFUSED, check_fields, is_no_change, template_messages
+from millm.requests.limits import Limits, check_embedding_inputs, check_prompt_tokens, check_prompts, check_rows
+from millm.requests.validation import check_messages, check_number, check_prompt_text, max_tokens_of, sampling_params
+from millm.requests.wire import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, parse
 from millm.steering.intensity import Dial, parse_intensity
 from millm.steering.readout import ReadoutAsk, check_readout, check_readout_rows
 from millm.steering.scope import Scope, parse_scope
 from millm.structured.schema import JsonConstraint, check_response_format
 from millm.structured.tools import Constraint, ToolConstraint, check_tool_history, tool_constraint
-from millm.validation import check_messages, check_number, check_prompt_text, max_tokens_of, sampling_params
-from millm.wire import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, parse
 
 log = logging.getLogger(__name__)
 

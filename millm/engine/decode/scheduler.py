@@ -4,11 +4,11 @@ One thread (the engine worker's, or the caller's for ``TransformersEngine.run``)
 step runs the operator's queued commands, retires rows whose consumer left or whose steering an
 operator change made invalid, drops waiting requests whose consumer left, admits waiting requests into
 free KV slots (each one's steering checked first), prefills admitted prompts' chunks of several rows
-together in one forward (``millm.engine.prefill``), then decodes one token for every decoding row in one
+together in one forward (``millm.engine.decode.prefill``), then decodes one token for every decoding row in one
 forward, streams each row's text and retires finished rows, freeing their slot at once. Nothing is ever
-re-prefilled: a row's keys and values stay in its slot (``millm.engine.kv``) until it leaves.
+re-prefilled: a row's keys and values stay in its slot (``millm.engine.decode.kv``) until it leaves.
 
-Requests run in lanes (``millm.engine.lanes``): the shared lane batches (continuous batching, when
+Requests run in lanes (``millm.engine.decode.lanes``): the shared lane batches (continuous batching, when
 ``BatchSettings`` are given), and one request at a time is served alone in a lane of its own (the
 serial path: every request when batching is off; a seeded one, or one the batch cannot hold, when on).
 
@@ -39,15 +39,15 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from millm.engine.admission import BatchSettings, rows_of
-from millm.engine.draw import draw
+from millm.engine.decode.admission import BatchSettings, rows_of
+from millm.engine.decode.draw import draw
+from millm.engine.decode.kv import SPAN_STEP, KVShape, SlotCache, span_for
+from millm.engine.decode.lanes import BatchRow, Lane, readers
+from millm.engine.decode.output import ChoiceOutput
+from millm.engine.decode.prefill import choose, inputs
+from millm.engine.decode.rows import Row, emit
 from millm.engine.events import Activations, Event, Steered, Usage
-from millm.engine.kv import SPAN_STEP, KVShape, SlotCache, span_for
-from millm.engine.lanes import BatchRow, Lane, readers
-from millm.engine.output import ChoiceOutput
 from millm.engine.plan import Plan
-from millm.engine.prefill import choose, inputs
-from millm.engine.rows import Row, emit
 from millm.steering.target import (
     GENERATED_PHASE,
     PROMPT_PHASE,
@@ -379,7 +379,7 @@ class Scheduler:
 
     def _prefill(self, lane: Lane) -> None:
         """Feed waiting prompt chunks of several rows in one forward, within the lane's prefill budget
-        (padding included, ``millm.engine.prefill``); a finished prompt samples its first token (and its
+        (padding included, ``millm.engine.decode.prefill``); a finished prompt samples its first token (and its
         other choices copy its KV and sample from the same logits), a prompt that did not fit continues
         next step. If the forward fails, every row in it ends with the error."""
         merged = choose([(r.slot, len(r.prompt) - r.filled) for r in lane.prefilling()], lane.prefill_budget)
@@ -432,7 +432,7 @@ class Scheduler:
                 self._decoded.popleft()
 
     def _sample(self, lane: Lane, rows: list[BatchRow], logits: torch.Tensor) -> None:
-        """Each row's next token (``millm.engine.draw``); then its text, and its end when it ends.
+        """Each row's next token (``millm.engine.decode.draw``); then its text, and its end when it ends.
 
         Every failure is one row's: a row whose logits no token can be drawn from ends alone, and when the
         shared draw fails anyway each row is drawn again on its own, so only the row that breaks it ends.

@@ -3,7 +3,7 @@
 The definitions are those of ``bench/sae_quality.py`` (targets there: FVU <= 0.15, CE share <= 10%):
 
 - FVU: the residual sum of squares of the SAE's reconstruction over the total sum of squares around the
-  mean (:func:`millm.sae.train.fraction_unexplained`), over every position of the held-out windows but
+  mean (:func:`millm.sae.training.train.fraction_unexplained`), over every position of the held-out windows but
   each window's first (an attention sink, as in training);
 - CE: the model's mean next-token loss over the windows clean, with the SAE's reconstruction spliced in
   at its layer, and with that layer's output zeroed (each window's first position left as it was in

@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from millm.engine.kv import SlotCache
-from millm.engine.rows import Row
+from millm.engine.decode.kv import SlotCache
+from millm.engine.decode.rows import Row
 
 if TYPE_CHECKING:
+    from millm.engine.decode.scheduler import Job
     from millm.engine.plan import Plan
-    from millm.engine.scheduler import Job
     from millm.steering.target import Reader
 
 Readers = dict[str, list[tuple[int, "Reader"]]]  # per SAE: (row offset in the forward, reader)

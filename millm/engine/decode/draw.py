@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from millm.engine.sampling import (
+from millm.engine.decode.sampling import (
     apply_penalties,
     apply_repetition_penalty,
     nucleus,
@@ -22,7 +22,7 @@ from millm.engine.sampling import (
 from millm.errors import ConstrainedOutputInvalid, NonFiniteLogits
 
 if TYPE_CHECKING:
-    from millm.engine.lanes import BatchRow
+    from millm.engine.decode.lanes import BatchRow
 
 
 def draw(rows: list[BatchRow], logits: torch.Tensor, counts: torch.Tensor,
