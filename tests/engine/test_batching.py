@@ -259,8 +259,8 @@ def test_non_finite_logits_end_only_their_row(engine, scheduler, monkeypatch):
     scheduler.step()
     forward = scheduler._forward
 
-    def poisoned(lane, ids, first, positions, rows, mask_positions):
-        logits = forward(lane, ids, first, positions, rows, mask_positions)
+    def poisoned(lane, ids, first, positions, rows, mask_positions, phase):
+        logits = forward(lane, ids, first, positions, rows, mask_positions, phase)
         if ids.shape[0] > 1:  # a decode step: slot 0's row gets NaN logits
             logits[0] = float("nan")
         return logits
@@ -288,7 +288,7 @@ def test_a_failed_prefill_runs_no_forward_for_its_other_rows(engine, scheduler, 
     c = submit(scheduler, plan(engine, "Red, green,"), plan(engine, "Monday, Tuesday,"))
     slots = []
 
-    def failing(lane, ids, first, positions, rows, mask_positions):
+    def failing(lane, ids, first, positions, rows, mask_positions, phase):
         slots.append(first)
         raise RuntimeError("this row's forward broke")
 

@@ -80,9 +80,9 @@ def counting_forwards(scheduler: Scheduler) -> list[tuple[int, int, int]]:
     calls: list[tuple[int, int, int]] = []
     forward = scheduler._forward
 
-    def counted(lane, ids, first, positions, rows, mask_positions):
+    def counted(lane, ids, first, positions, rows, mask_positions, phase):
         calls.append((first, ids.shape[0], ids.shape[1]))
-        return forward(lane, ids, first, positions, rows, mask_positions)
+        return forward(lane, ids, first, positions, rows, mask_positions, phase)
 
     scheduler._forward = counted  # type: ignore[method-assign]
     return calls
@@ -156,7 +156,7 @@ def test_a_failed_merged_prefill_ends_every_row_in_it(engine, monkeypatch):
     scheduler = Scheduler(engine, BatchSettings(max_rows=4, max_tokens=4 * 128, prefill_chunk=128))
     a, b = submit(scheduler, plan(engine, "Red, green,")), submit(scheduler, plan(engine, "Monday, Tuesday,"))
 
-    def failing(lane, ids, first, positions, rows, mask_positions):
+    def failing(lane, ids, first, positions, rows, mask_positions, phase):
         raise RuntimeError("the merged forward broke")
 
     monkeypatch.setattr(scheduler, "_forward", failing)

@@ -236,7 +236,7 @@ def test_profile_management(base, sae_id):
     assert httpx.post(base + "/api/profiles/import", params={"overwrite": "true"}, json=doc2,
                       timeout=10).status_code == 201
     exported = httpx.get(base + "/api/profiles/imported/export", timeout=10).json()
-    assert exported == doc2
+    assert exported == {**doc2, "steering_scope": "all"}
     bad = httpx.post(base + "/api/profiles", json={"name": "x", "entries": [{"sae": sae_id, "feature": -1,
                                                                                 "strength": 1}]}, timeout=10)
     assert bad.status_code == 400 and "feature" in bad.json()["error"]["message"]
