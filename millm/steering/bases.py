@@ -140,9 +140,8 @@ class Bases:
         name = self.steering.active_profile
         return name if name is not None and self.store.profile(name) is not None else None
 
-    def active_circuit(self) -> str | None:
-        """The active profile when a circuit backs it."""
-        name = self.active()
+    def circuit(self, name: str | None) -> str | None:
+        """``name`` when it is a profile a circuit backs, else None."""
         return name if name is not None and self.store.backing(name) == "circuit" else None
 
     def activation(self, name: str) -> dict[str, dict[int, float]]:
@@ -168,18 +167,21 @@ class Bases:
         explicit = profile is not None or own is not None
         active = self.active() if profile is None and own is None else None
         named = profile or active
-        scope = stored_profile(self.store, named).steering_scope if named is not None else None
+        doc = stored_profile(self.store, named) if named is not None else None  # read once: scope and entries
+        scope = doc.steering_scope if doc is not None else None
         if not explicit and dial is None:
-            return RequestSteering(rung=self._rung(self.active_circuit(), None), scope=scope)
+            return RequestSteering(rung=self._rung(self.circuit(active), None), scope=scope)
         base: Callable[[], Base]
         if profile is not None:
-            name, empty, circuit = profile, not stored_profile(self.store, profile).entries, profile
+            assert doc is not None
+            name, empty, circuit = profile, not doc.entries, profile
             base = lambda: self.base(profile)  # noqa: E731
         elif own is not None:
             name, empty, circuit = LIVE, not any(own.values()), None
             base = lambda: Base(BaseKind.PLAIN, own)  # noqa: E731
         elif active is not None:
-            name, empty, circuit = active, not stored_profile(self.store, active).entries, active
+            assert doc is not None
+            name, empty, circuit = active, not doc.entries, active
             base = lambda: self.base(active)  # noqa: E731
         else:
             name, empty, circuit = LIVE, not any(a.values for a in steering.attachments.values()), None
@@ -195,9 +197,7 @@ class Bases:
         override = Override(name, res.strengths) if res.applies else Override(name, {}) if pins else None
         pinned = {sae: steering.attachments[sae] for sae, values in (override.values if override else {}).items()
                   if values and sae in steering.attachments}
-        if circuit is not None and self.store.backing(circuit) != "circuit":
-            circuit = None
-        return RequestSteering(override, res.echo, self._rung(circuit, override), pinned, scope)
+        return RequestSteering(override, res.echo, self._rung(self.circuit(circuit), override), pinned, scope)
 
     def _rung(self, circuit: str | None, override: Override | None) -> int | None:
         """The circuit's rung when it genuinely steers the response: serving natively, and something steers."""
