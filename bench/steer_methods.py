@@ -3,18 +3,21 @@ concept rate, prompt-free fluency, relevance, degeneration).
 
     python bench/steer_methods.py                        # the table: 8 prompts, 32 tokens, 32 + 32 examples
     python bench/steer_methods.py --concept dog --prompts 4 --tokens 16 --examples 8   # a quick check
+    python bench/steer_methods.py --method diffmean --layer 10 --layer 14 --scope all --scope generated
     python bench/steer_methods.py --out methods.png      # and a plot
 
 Per concept, each method at its recommended strength (the lowest reaching 60% inside the fluency bound,
 else the best inside it; the sweep's rule):
 - ``sae``: the top label-search hit of the bundled L10 SAE, swept at STRENGTHS (as ``bench/sweep.py`` with no
   stored strength: every method is swept the same way);
-- ``diffmean`` and ``pca``: a vector learned at layer 10 from the model's own answers about the concept
-  (``--examples`` of each side, ``millm.vectors.learn``), swept at STRENGTHS;
+- ``diffmean`` and ``pca``: a vector learned at each ``--layer`` (default 10) from the model's own answers about
+  the concept against its answers about other topics (``--negatives``; ``--examples`` of each side,
+  ``millm.vectors.learn``, as ``millm vectors learn`` makes it), swept at STRENGTHS;
 - ``prompt``: no steering; a system message asks to mention the concept.
 Printed per method and concept: strength, concept rate, fluency and relevance (nats/token against the
 unsteered answers), and the old prompt-conditioned fluency; last, per method, how many of the concepts
-reach >= 60% inside the bound. Everything runs on one loaded model in this process; nothing is stored.
+reach >= 60% inside the bound, per layer and ``--scope`` (where steering applies: ``all`` or ``generated``).
+Everything runs on one loaded model in this process; nothing is stored.
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ from millm.research.sweep import run_sweep
 from millm.sae.bundled import bundled_saes
 from millm.sae.formats import load_sae
 from millm.sae.labels import LabelIndex
-from millm.vectors.learn import generated, learn
+from millm.steering.scope import SCOPES
+from millm.vectors.learn import NEGATIVES, generated, learn
 
 SAE = "smollm2-135m-res-L10"
 LAYER = 10
@@ -47,14 +51,20 @@ class Row:
     concept: str
     point: Point | None
     note: str = ""
+    layer: int = LAYER
+    scope: str = "all"
+
+    @property
+    def key(self) -> str:
+        return self.method + ("" if self.method == "prompt" else f" L{self.layer} {self.scope}")
 
     @property
     def reached(self) -> bool:
         return self.point is not None and self.point.rate >= TARGET_RATE and self.point.inside
 
 
-def swept(measure: Measure, sae_id: str, feature: int, label: str, concept: str) -> Point | None:
-    result = run_sweep(measure, sae_id, LAYER, feature, label, (concept,), STRENGTHS)
+def swept(measure: Measure, sae_id: str, layer: int, feature: int, concept: str) -> Point | None:
+    result = run_sweep(measure, sae_id, layer, feature, sae_id, (concept,), STRENGTHS)
     return result.point(result.recommended) if result.recommended is not None else None
 
 
@@ -65,46 +75,62 @@ def main() -> None:
     parser.add_argument("--examples", type=int, default=32, help="generated examples of each side per vector")
     parser.add_argument("--seed", type=int, default=SEED)
     parser.add_argument("--concept", action="append", choices=CONCEPTS, help="only this concept (repeatable)")
+    parser.add_argument("--method", action="append", choices=METHODS, help="only this method (repeatable)")
+    parser.add_argument("--layer", action="append", type=int, help=f"vector layer (repeatable; default {LAYER})")
+    parser.add_argument("--scope", action="append", choices=SCOPES, help="where steering applies (repeatable; "
+                        "default all)")
+    parser.add_argument("--negatives", choices=NEGATIVES, default="topics", help="the vectors' negative examples")
     parser.add_argument("--out", help="write a PNG plot of the concept rates here")
     args = parser.parse_args()
     concepts = [c for c in CONCEPTS if not args.concept or c in args.concept]
+    methods = [m for m in METHODS if not args.method or m in args.method]
+    layers, scopes = args.layer or [LAYER], args.scope or ["all"]
     settings = get_settings()
     engine = load_engine(resolve(BUNDLED_ID, settings), settings)
     bundled = next(b for b in bundled_saes() if b.id == SAE)
     index = LabelIndex.load(bundled.path, bundled.id)
     steering = engine.steering
     steering.attach(bundled.id, load_sae(bundled.path).sae, LAYER)
-    measure = Measure(engine, NEUTRAL_PROMPTS[:args.prompts], args.seed, args.tokens)
+    measures = {scope: Measure(engine, NEUTRAL_PROMPTS[:args.prompts], args.seed, args.tokens, scope=scope)
+                for scope in scopes}
+    measure = measures[scopes[0]]
     started = time.perf_counter()
-    print(f"{len(measure.prompts)} prompts, {args.tokens} tokens, {args.examples} + {args.examples} examples, "
-          f"layer {LAYER}, strengths {', '.join(f'{s:g}' for s in STRENGTHS)}; unsteered log-prob without the "
-          f"prompt {measure.plain_logprob:.3f}, with it {measure.plain_scored.prompted:.3f}", flush=True)
+    print(f"{len(measure.prompts)} prompts, {args.tokens} tokens, {args.examples} + {args.examples} examples "
+          f"({args.negatives} negatives), layers {', '.join(map(str, layers))}, scopes {', '.join(scopes)}, "
+          f"strengths {', '.join(f'{s:g}' for s in STRENGTHS)}; unsteered log-prob without the prompt "
+          f"{measure.plain_logprob:.3f}, with it {measure.plain_scored.prompted:.3f}", flush=True)
     rows: list[Row] = []
     try:
         for concept in concepts:
-            hits = index.search(concept, 1)
-            if hits:
-                rows.append(Row("sae", concept, swept(measure, bundled.id, hits[0].index, hits[0].label, concept),
-                                f"feature {hits[0].index} ({hits[0].label})"))
-            else:
-                rows.append(Row("sae", concept, None, "no label contains it"))
-            examples = generated(engine, [concept], args.examples, args.seed + 1000)
-            for method in ("diffmean", "pca"):
-                name = f"{method}-{concept}"
-                vs = learn(engine, [name], LAYER, examples, method=method)
-                steering.attach(name, vs.as_sae(), LAYER)
-                try:
-                    rows.append(Row(method, concept, swept(measure, name, 0, name, concept)))
-                finally:
-                    steering.detach(name)
-            answers = measure.answers_with(SYSTEM.format(concept))
-            rows.append(Row("prompt", concept, measure.judge(answers, (concept,)), f'system: "{SYSTEM}"'))
-            for row in rows[-len(METHODS):]:
+            done = len(rows)
+            if "sae" in methods:
+                hits = index.search(concept, 1)
+                for scope in scopes:
+                    point = (swept(measures[scope], bundled.id, LAYER, hits[0].index, concept) if hits else None)
+                    note = f"feature {hits[0].index} ({hits[0].label})" if hits else "no label contains it"
+                    rows.append(Row("sae", concept, point, note, LAYER, scope))
+            vectors = [m for m in ("diffmean", "pca") if m in methods]
+            if vectors:
+                examples = generated(engine, [concept], args.examples, args.seed + 1000, negatives=args.negatives)
+            for method in vectors:
+                for vs in learn(engine, f"{method}-{concept}", layers, examples, method=method):
+                    name = vs.names[0]
+                    steering.attach(name, vs.as_sae(), vs.layer)
+                    try:
+                        rows.extend(Row(method, concept, swept(measures[scope], name, vs.layer, 0, concept), "",
+                                        vs.layer, scope) for scope in scopes)
+                    finally:
+                        steering.detach(name)
+            if "prompt" in methods:
+                answers = measure.answers_with(SYSTEM.format(concept))
+                rows.append(Row("prompt", concept, measure.judge(answers, (concept,)), f'system: "{SYSTEM}"'))
+            for row in rows[done:]:
                 print(line(row), flush=True)
     finally:
         steering.detach_all()
+    keys = list(dict.fromkeys(r.key for r in rows))
     print(f"reaching >= {TARGET_RATE:.0%} inside -{FLUENCY_BOUND:g} nats/token, of {len(concepts)}: "
-          + ", ".join(f"{m} {sum(r.reached for r in rows if r.method == m)}" for m in METHODS)
+          + ", ".join(f"{k} {sum(r.reached for r in rows if r.key == k)}" for k in keys)
           + f"; {time.perf_counter() - started:.0f} s")
     if args.out:
         plot(rows, args.out)
@@ -113,8 +139,8 @@ def main() -> None:
 def line(row: Row) -> str:
     p = row.point
     if p is None:
-        return f"  {row.concept:8} {row.method:8} no strength mentions it inside the bound {row.note}"
-    return (f"  {row.concept:8} {row.method:8} strength {p.strength:>5g}: rate {p.rate:4.0%}, fluency "
+        return f"  {row.concept:8} {row.key:22} no strength mentions it inside the bound {row.note}"
+    return (f"  {row.concept:8} {row.key:22} strength {p.strength:>5g}: rate {p.rate:4.0%}, fluency "
             f"{p.fluency:+.2f}, relevance {p.relevance:+.2f}, prompted {p.prompted:+.2f}, degenerate "
             f"{p.degenerate:.0%}{'' if row.reached else ' (below the target)'} {row.note}")
 

@@ -21,7 +21,6 @@ if TYPE_CHECKING:
 
 vectors_app = typer.Typer(help="Steering vectors learned from examples: learn, list, show, remove; export and "
                                "import llama.cpp control vectors.", no_args_is_help=True)
-DEFAULT_LAYER = 10  # where the bundled model's L10 SAE hooks
 PROMOTED = 10  # tokens `show` lists as a vector's logit lens
 
 
@@ -33,21 +32,37 @@ def learn(name: Annotated[str, typer.Argument(help="The vector's name (what --st
           positive: Annotated[Path | None, typer.Option(help="Positive examples: one text per line, or JSONL chat "
                                                              "messages (the last message is read).")] = None,
           negative: Annotated[Path | None, typer.Option(help="Negative examples, as --positive.")] = None,
-          layer: Annotated[int, typer.Option(help="The layer whose output the vector steers.")] = DEFAULT_LAYER,
+          layer: Annotated[list[str] | None, typer.Option(help="The layer whose output the vector steers: 10, a "
+                                                               "range 8-12 or a list 8,10 (repeatable); one set per "
+                                                               "layer, NAME-L{layer}, when several. Default: a "
+                                                               "third of the model's depth.")] = None,
           method: Annotated[str, typer.Option(help="diffmean or pca.")] = "diffmean",
           position: Annotated[str, typer.Option(help="mean (over the answer's tokens) or last.")] = "mean",
+          negatives: Annotated[str, typer.Option(help="With --concept: topics (the same requests about other "
+                                                      "topics) or neutral (answers to everyday prompts).")
+                               ] = "topics",
           examples: Annotated[int, typer.Option(min=2, max=1024, help="Generated examples of each side.")] = 64,
           tokens: Annotated[int, typer.Option(min=4, max=256, help="Tokens per generated example.")] = 48,
           seed: Annotated[int, typer.Option(help="Sampling seed of the generated examples.")] = 0,
           model: Annotated[str | None, typer.Option(help="Model (default: the configured one).")] = None) -> None:
-    """Learn a unit-norm steering vector at LAYER from the model's own answers about --concept (against its
-    answers to neutral prompts), or from example files; store it and register it as a vector set."""
+    """Learn a unit-norm steering vector at each LAYER from the model's own answers about --concept (against its
+    answers about other topics), or from example files; store each and register it as a vector set."""
     from millm.vectors import catalog
-    from millm.vectors.learn import Examples, check_choices, generated, read_file
-    from millm.vectors.learn import learn as learn_vector
+    from millm.vectors.files import set_name
+    from millm.vectors.learn import (
+        Examples,
+        check_choices,
+        check_negatives,
+        default_layer,
+        generated,
+        parse_layers,
+        read_file,
+    )
+    from millm.vectors.learn import learn as learn_vectors
 
     check_seed(seed)
     check_choices(method, position)
+    check_negatives(negatives)
     service = steering_service()
     catalog.check_new_name(service, name)  # before any model work
     if concept and (positive or negative):
@@ -58,23 +73,27 @@ def learn(name: Annotated[str, typer.Argument(help="The vector's name (what --st
     if positive and negative:
         files = Examples(read_file(user_path(positive), "positive"), read_file(user_path(negative), "negative"))
     engine = engine_for(model)
-    if not 0 <= layer < (layers := steerable(engine).steering.n_layers):  # before the examples are written
-        raise InvalidParameter(f"'layer' must be between 0 and {layers - 1}, got {layer}.", param="layer")
+    n_layers = steerable(engine).steering.n_layers
+    layers = parse_layers(layer, n_layers) if layer else [default_layer(n_layers)]  # before the examples
+    for at in layers:
+        catalog.check_new_name(service, set_name(name, at, layers))
     with err.status("writing examples ...") as status:
         if files is None:
             assert concept is not None
-            status.update(f"the model writes {examples} answers about {', '.join(concept)} and {examples} to "
-                          "neutral prompts ...")
-            made = generated(engine, concept, examples, seed, tokens)
-            source: dict[str, object] = {"concepts": list(concept), "seed": seed, "tokens": tokens}
+            status.update(f"the model writes {examples} answers about {', '.join(concept)} and {examples} "
+                          f"{'about other topics' if negatives == 'topics' else 'to neutral prompts'} ...")
+            made = generated(engine, concept, examples, seed, tokens, negatives)
+            source: dict[str, object] = {"concepts": list(concept), "seed": seed, "tokens": tokens,
+                                         "negatives": negatives}
         else:
             made = files
             source = {"positive": str(positive), "negative": str(negative)}
-        vs = learn_vector(engine, [name], layer, made, method=method, position=position, source=source,
-                          progress=lambda what: status.update(what + " ..."))
-        record = catalog.store(service, get_settings().home, vs)
-    out.print(f"vector set {record['id']}: {vs.method} at layer {vs.layer} from {len(made.positive)} + "
-              f"{len(made.negative)} examples; steer it with --sae {name} --steer {name}=8")
+        sets = learn_vectors(engine, name, layers, made, method=method, position=position, source=source,
+                             progress=lambda what: status.update(what + " ..."))
+        catalog.store_all(service, get_settings().home, sets)
+    for vs in sets:
+        out.print(f"vector set {vs.names[0]}: {vs.method} at layer {vs.layer} from {len(made.positive)} + "
+                  f"{len(made.negative)} examples; steer it with --sae {vs.names[0]} --steer {vs.names[0]}=8")
 
 
 @vectors_app.command("list")
@@ -196,7 +215,7 @@ def import_file(file: Annotated[Path, typer.Argument(help="A llama.cpp control-v
     """Import a llama.cpp control vector as vector sets: each direction at unit norm, the file's norm kept in its
     source (steer at that norm to reproduce the file at scale 1)."""
     from millm.steering.names import check_name
-    from millm.vectors import gguf
+    from millm.vectors import catalog, gguf
 
     check_name(name, "name")  # before the model loads
     path = user_path(file)
@@ -205,7 +224,7 @@ def import_file(file: Annotated[Path, typer.Argument(help="A llama.cpp control-v
     steering = steerable(engine).steering
     cv = gguf.read(path, steering.n_layers, steering.d_model)
     sets = gguf.imported_sets(cv, path, name, engine.model_id, layer)
-    gguf.store_all(service, get_settings().home, sets)
+    catalog.store_all(service, get_settings().home, sets)
     for vs in sets:
         out.print(f"vector set {vs.names[0]}: direction.{vs.layer} of {path} (norm {vs.source['norm']:.3f}); steer "
                   f"it with --sae {vs.names[0]} --steer {vs.names[0]}={vs.source['norm']:.3g} to match the file")

@@ -11,6 +11,7 @@ from millm.engine.base import Engine
 from millm.engine.events import Delta
 from millm.engine.params import ChatPrompt, GenerationRequest, Json, SamplingParams
 from millm.steering.core import Override
+from millm.steering.scope import ALL, Scope
 
 # the sampling fields of every sampled answer (a chat request's: temperature, top_p, vLLM's repetition_penalty)
 SAMPLING = SamplingParams(temperature=0.8, top_p=0.95, repetition_penalty=1.15)
@@ -19,20 +20,21 @@ SEED_SPACE = 2**32  # the seeds a request takes
 
 
 def chat_request(prompt: str, seed: int, max_tokens: int, override: Override = UNSTEERED,
-                 system: str | None = None) -> GenerationRequest:
-    """The chat request answering ``prompt`` (after a ``system`` message, if any): what a client sending these
-    fields would get."""
+                 system: str | None = None, scope: Scope = ALL) -> GenerationRequest:
+    """The chat request answering ``prompt`` (after a ``system`` message, if any; its steering applied where
+    ``scope`` says): what a client sending these fields would get."""
     params = replace(SAMPLING, max_tokens=max_tokens, seed=seed % SEED_SPACE)
     messages: list[dict[str, Json]] = [{"role": "system", "content": system}] if system is not None else []
     messages.append({"role": "user", "content": prompt})
-    return GenerationRequest([ChatPrompt(messages)], params, override=override)
+    return GenerationRequest([ChatPrompt(messages)], params, override=override, scope=scope)
 
 
 def sample_answers(engine: Engine, prompts: Sequence[str], seed: int, max_tokens: int,
-                   overrides: Sequence[Override] = (UNSTEERED,), system: str | None = None) -> list[list[str]]:
+                   overrides: Sequence[Override] = (UNSTEERED,), system: str | None = None,
+                   scope: Scope = ALL) -> list[list[str]]:
     """Each override's answers to every prompt (prompt ``i`` seeded ``seed + i`` under every override, so two
     overrides differ by their steering, not their draw): one engine job, decoded as batched rows."""
-    plans = [engine.prepare(chat_request(p, seed + i, max_tokens, o, system)) for o in overrides
+    plans = [engine.prepare(chat_request(p, seed + i, max_tokens, o, system, scope)) for o in overrides
              for i, p in enumerate(prompts)]
     texts = [""] * len(plans)
     for event in engine.run_all(plans):

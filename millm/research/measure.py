@@ -35,6 +35,7 @@ from millm.errors import InvalidParameter
 from millm.research.answers import UNSTEERED, sample_answers
 from millm.research.words import concept_rate
 from millm.steering.core import Override
+from millm.steering.scope import ALL, Scope
 
 NEUTRAL_PROMPTS = (
     "Tell me about your day.", "What should I do this weekend?", "Write a short paragraph about anything you like.",
@@ -114,12 +115,13 @@ def check_engine(engine: Engine) -> None:
 class Measure:
     """Answers to the first ``prompts`` neutral prompts under each case's steering alone, on ``engine`` (its
     steering must hold the SAEs the cases name), measured against the unsteered answers (sampled and scored
-    once: beside the first cases measured, in their job, or alone when asked for first)."""
+    once: beside the first cases measured, in their job, or alone when asked for first). The steering applies
+    where ``scope`` says (every case alike; the unsteered answers have none to apply)."""
 
     def __init__(self, engine: Engine, prompts: Sequence[str] = NEUTRAL_PROMPTS, seed: int = SEED,
-                 tokens: int = MAX_NEW_TOKENS, bound: float = FLUENCY_BOUND) -> None:
+                 tokens: int = MAX_NEW_TOKENS, bound: float = FLUENCY_BOUND, scope: Scope = ALL) -> None:
         check_engine(engine)
-        self.engine = engine
+        self.engine, self.scope = engine, scope
         self.prompts, self.seed, self.tokens, self.bound = tuple(prompts), seed, tokens, bound
         self._plain: tuple[list[str], Scored] | None = None
 
@@ -145,7 +147,7 @@ class Measure:
 
     def answers(self, overrides: Sequence[Override]) -> list[list[str]]:
         """Each override's answers to every prompt: one engine job of plans, decoded as batched rows."""
-        return sample_answers(self.engine, self.prompts, self.seed, self.tokens, overrides)
+        return sample_answers(self.engine, self.prompts, self.seed, self.tokens, overrides, scope=self.scope)
 
     def logprobs(self, answers: Sequence[str], prompted: bool = True) -> list[tuple[float, int]]:
         """Per answer (to the prompt of its position, cycling): its tokens' summed log-probability after its

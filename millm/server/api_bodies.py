@@ -69,7 +69,10 @@ BODIES: dict[str, dict[str, Any] | type[BaseModel]] = {
         "layer": {"type": ["integer", "null"], "description": "Which layer of a GGUF control vector"}}},
     "vectors_api.learn_vectors": {"type": "object", "required": ["name"], "properties": {
         "name": {"type": "string", "description": "The vector's name (what steering values and profiles use)"},
-        "layer": {"type": "integer", "description": "Default: a third of the model's layers"},
+        "layer": {"type": ["integer", "string", "array"], "items": {"type": ["integer", "string"]},
+                  "description": "A layer, a range \"8-12\" or a list: one set per layer, NAME-L{layer} when "
+                                 "several. Default: a third of the model's layers"},
+        "negatives": {"type": "string", "description": "topics (default) or neutral (concepts only)"},
         "method": {"type": "string", "description": "diffmean (default) or pca"},
         "position": {"type": "string", "description": "mean (over the answer's tokens, default) or last"},
         "concepts": {"type": "array", "items": STRING, "description": "Words the model writes examples about"},

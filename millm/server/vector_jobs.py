@@ -21,7 +21,17 @@ from millm.errors import FieldNotHonoured, InvalidParameter, MillmError, ModelNo
 from millm.requests.validation import SEED_MAX, check_int
 from millm.server.state import services
 from millm.vectors import catalog
-from millm.vectors.learn import EXAMPLE_TOKENS, Examples, check_choices, generated, learn
+from millm.vectors.files import set_name
+from millm.vectors.learn import (
+    EXAMPLE_TOKENS,
+    Examples,
+    check_choices,
+    check_negatives,
+    default_layer,
+    generated,
+    learn,
+    parse_layers,
+)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -48,9 +58,10 @@ class Plan:
     """A learning request, checked whole: generated examples (``concepts``) or given ones (``texts``)."""
 
     name: str
-    layer: int
+    layers: tuple[int, ...]
     method: str
     position: str
+    negatives: str = "topics"
     concepts: tuple[str, ...] = ()
     count: int = EXAMPLES[2]
     tokens: int = TOKENS[2]
@@ -60,7 +71,12 @@ class Plan:
     def source(self) -> dict[str, object]:
         if self.texts is not None:
             return {"given": "POST /api/vectors/learn"}
-        return {"concepts": list(self.concepts), "seed": self.seed, "tokens": self.tokens}
+        return {"concepts": list(self.concepts), "seed": self.seed, "tokens": self.tokens,
+                "negatives": self.negatives}
+
+    @property
+    def names(self) -> list[str]:
+        return [set_name(self.name, layer, self.layers) for layer in self.layers]
 
 
 @dataclass(eq=False)
@@ -80,9 +96,9 @@ class Job:
     def view(self) -> dict[str, Any]:
         plan = self.plan
         return {"id": self.id, "object": "vectors.learn_job", "status": self.status, "progress": self.progress,
-                "name": plan.name, "layer": plan.layer, "method": plan.method, "position": plan.position,
+                "name": plan.name, "layers": list(plan.layers), "method": plan.method, "position": plan.position,
                 "created": int(self.created), "finished": int(self.finished) if self.finished else None,
-                "vector_set": plan.name if self.status == "succeeded" else None, "error": self.error}
+                "vector_sets": plan.names if self.status == "succeeded" else None, "error": self.error}
 
 
 class Jobs:
@@ -162,12 +178,14 @@ async def plan_of(data: dict[str, Any]) -> tuple[Plan, Engine]:
         words = tuple(_strings(data, "concepts", MAX_CONCEPTS, MAX_CONCEPT_CHARS))
         if not all(w.strip() for w in words):
             raise InvalidParameter("'concepts' must not hold a blank word.", param="concepts")
-        extra = {"concepts": words,
+        negatives = data.get("negatives", "topics")
+        check_negatives(negatives)
+        extra = {"concepts": words, "negatives": negatives,
                  "count": check_int("examples", data.get("examples", EXAMPLES[2]), low=EXAMPLES[0], high=EXAMPLES[1]),
                  "tokens": check_int("tokens", data.get("tokens", TOKENS[2]), low=TOKENS[0], high=TOKENS[1]),
                  "seed": check_int("seed", data.get("seed", 0), low=0, high=SEED_MAX)}
     else:
-        for key in ("examples", "tokens", "seed"):
+        for key in ("examples", "tokens", "seed", "negatives"):
             if key in data:
                 raise InvalidParameter(f"'{key}' is for generated examples ('concepts'); the 'positive' and "
                                        "'negative' texts given are the examples.", param=key)
@@ -180,9 +198,19 @@ async def plan_of(data: dict[str, Any]) -> tuple[Plan, Engine]:
     name = await asyncio.to_thread(catalog.check_new_name, services().steering, data["name"])
     engine = learning_engine()
     target = engine.steering_target()
-    layers = target.steering.n_layers if target is not None else 0
-    layer = check_int("layer", data.get("layer", layers // 3), low=0, high=layers - 1)
-    return Plan(name, layer, method, position, texts=texts, **extra), engine
+    n_layers = target.steering.n_layers if target is not None else 0
+    layers = layers_of(data.get("layer"), n_layers)
+    for at in layers:
+        await asyncio.to_thread(catalog.check_new_name, services().steering, set_name(name, at, layers))
+    return Plan(name, tuple(layers), method, position, texts=texts, **extra), engine
+
+
+def layers_of(value: Any, n_layers: int) -> list[int]:
+    """``layer``: absent (the default layer), a layer, a range string ("8-12") or a list of either (the body's
+    schema has checked the types)."""
+    if value is None:
+        return [default_layer(n_layers)]
+    return parse_layers(value if isinstance(value, list) else [value], n_layers)
 
 
 async def run_job(job: Job, engine: Engine, release: Callable[[], None]) -> None:
@@ -202,18 +230,18 @@ async def run_job(job: Job, engine: Engine, release: Callable[[], None]) -> None
         return step
 
     def write() -> Examples:
-        progress(f"the model writes {plan.count} answers about {', '.join(plan.concepts)} and {plan.count} to "
-                 "neutral prompts")
-        return generated(engine, plan.concepts, plan.count, plan.seed, plan.tokens)
+        progress(f"the model writes {plan.count} answers about {', '.join(plan.concepts)} and {plan.count} "
+                 f"{'about other topics' if plan.negatives == 'topics' else 'to neutral prompts'}")
+        return generated(engine, plan.concepts, plan.count, plan.seed, plan.tokens, plan.negatives)
 
     try:
         examples = plan.texts if plan.texts is not None else await svc.worker.call(on_engine(write))
-        vs = await svc.worker.call(on_engine(lambda: learn(
-            engine, [plan.name], plan.layer, examples, method=plan.method, position=plan.position,
+        sets = await svc.worker.call(on_engine(lambda: learn(
+            engine, plan.name, plan.layers, examples, method=plan.method, position=plan.position,
             source=plan.source(), progress=progress)))
-        progress("storing the vector set")
-        await asyncio.to_thread(catalog.store, svc.steering, svc.settings.home, vs)
-        job.status, job.progress = "succeeded", f"stored vector set '{plan.name}'"
+        progress("storing the vector sets")
+        await asyncio.to_thread(catalog.store_all, svc.steering, svc.settings.home, sets)
+        job.status, job.progress = "succeeded", f"stored vector sets {', '.join(plan.names)}"
     except MillmError as exc:
         job.status, job.error, job.progress = "failed", exc.body(), f"failed: {exc.message}"
     except asyncio.CancelledError:

@@ -202,7 +202,7 @@ async def import_vectors() -> Any:
         records = [await asyncio.to_thread(catalog.store, svc.steering, svc.settings.home, sets[0])]
     else:
         sets = await asyncio.to_thread(read_gguf, found, name, layer, api.engine())
-        records = await asyncio.to_thread(gguf.store_all, svc.steering, svc.settings.home, sets)
+        records = await asyncio.to_thread(catalog.store_all, svc.steering, svc.settings.home, sets)
     return {"data": [describe(r, vs) for r, vs in zip(records, sets, strict=True)]}, 201
 
 

@@ -50,6 +50,22 @@ def store(service: SteeringService, home: Path, vs: VectorSet) -> dict[str, Any]
         raise
 
 
+def store_all(service: SteeringService, home: Path, sets: list[VectorSet]) -> list[dict[str, Any]]:
+    """Store and register every set, or none: every name is checked first, and should one store fail the sets
+    stored before it are removed."""
+    for vs in sets:
+        check_new_name(service, vs.names[0])
+    stored: list[dict[str, Any]] = []
+    try:
+        for vs in sets:
+            stored.append(store(service, home, vs))
+    except BaseException:
+        for record in stored:
+            remove(service, home, record["id"])
+        raise
+    return stored
+
+
 def vector_sets(service: SteeringService) -> list[dict[str, Any]]:
     """The registered vector sets, each with its file's description."""
     out = []

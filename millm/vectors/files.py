@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,11 @@ FORMAT = "millm-vectors"
 META_FILE, WEIGHTS_FILE, LABELS_FILE = "vectors.json", "vectors.safetensors", "labels.json"
 METHODS = ("diffmean", "pca")
 POSITIONS = ("mean", "last")
+
+
+def set_name(name: str, layer: int, layers: Sequence[int]) -> str:
+    """A learned or imported set's name: ``name`` when it is the only layer, else ``name-L{layer}``."""
+    return name if len(layers) == 1 else f"{name}-L{layer}"
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -28,8 +28,7 @@ from millm.errors import InvalidParameter, MillmError
 from millm.steering.profiles import ProfileDoc
 from millm.steering.service import SteeringService
 from millm.steering.values import clamp
-from millm.vectors import catalog
-from millm.vectors.files import VectorSet
+from millm.vectors.files import VectorSet, set_name
 
 if TYPE_CHECKING:
     from gguf import GGUFReader, ReaderTensor
@@ -223,23 +222,6 @@ def imported_sets(cv: ControlVectorFile, path: Path, name: str, model_id: str,
         norm = float(vector.norm())
         if not math.isfinite(norm) or norm == 0:
             raise InvalidParameter(f"{path}: direction.{at} has no direction (norm {norm}).", param="file")
-        set_name = name if len(layers) == 1 else f"{name}-L{at}"
-        sets.append(VectorSet((set_name,), (vector / norm)[None, :], at, model_id, "imported",
+        sets.append(VectorSet((set_name(name, at, layers),), (vector / norm)[None, :], at, model_id, "imported",
                               source={"file": str(path), "norm": norm, "model_hint": cv.model_hint}))
     return sets
-
-
-def store_all(service: SteeringService, home: Path, sets: list[VectorSet]) -> list[dict[str, Any]]:
-    """Store and register every set, or none: every name is checked first, and should one store fail the sets
-    stored before it are removed."""
-    for vs in sets:
-        catalog.check_new_name(service, vs.names[0])
-    stored: list[dict[str, Any]] = []
-    try:
-        for vs in sets:
-            stored.append(catalog.store(service, home, vs))
-    except BaseException:
-        for record in stored:
-            catalog.remove(service, home, record["id"])
-        raise
-    return stored

@@ -1,7 +1,12 @@
 """Learning a steering vector from examples, on the engine's paths: the examples are the loaded model's own
-answers (sampled as chat requests, seeded) or texts from files, read unsteered at one layer's output, and the
-direction is their difference in means (AxBench's DiffMean) or the first principal direction of their paired
-differences (repeng's PCA), unit norm, signed so the positives project higher."""
+answers (sampled as chat requests, seeded) or texts from files, read unsteered at each asked layer's output,
+and a layer's direction is their difference in means (AxBench's DiffMean) or the first principal direction of
+their paired differences (repeng's PCA), unit norm, signed so the positives project higher.
+
+Generated negatives are, by default, the model's answers to the same requests about other topics (as
+AxBench contrasts a concept with other concepts): what the positives share beyond them is the concept, not
+"being asked to write about something". ``neutral`` negatives (answers to everyday prompts) are the other
+choice."""
 
 from __future__ import annotations
 
@@ -18,13 +23,17 @@ from millm.engine.params import ChatPrompt, Forced, TextPrompt
 from millm.errors import InvalidParameter
 from millm.research.answers import sample_answers
 from millm.research.measure import NEUTRAL_PROMPTS
-from millm.vectors.files import METHODS, POSITIONS, VectorSet
+from millm.vectors.files import METHODS, POSITIONS, VectorSet, set_name
 
 CONTEXT = "Tell me something."  # the user turn every example is read after, positive and negative alike
 CONCEPT_PROMPTS = ("Write a few sentences about {}.", "Tell me about {}.", "Describe {} in a short paragraph.",
                    "What do you think about {}?", "Write a short story about {}.", "Explain {} to a child.",
                    "Give me some facts about {}.", "Write a short note that mentions {}.")
 EXAMPLE_TOKENS = 48
+NEGATIVES = ("topics", "neutral")
+OTHER_TOPICS = ("history", "mathematics", "computers", "music", "the ocean", "friendship", "space", "cooking",
+                "medicine", "painting", "trains", "mountains")
+DEFAULT_DEPTH = 1 / 3  # the default layer's share of the model's depth: 10 of the bundled model's 30 layers
 
 
 def diffmean(positive: torch.Tensor, negative: torch.Tensor) -> torch.Tensor:
@@ -65,14 +74,62 @@ class Examples:
         return hashlib.sha256(json.dumps([self.positive, self.negative]).encode()).hexdigest()
 
 
-def generated(engine: Engine, concepts: Sequence[str], count: int, seed: int,
-              tokens: int = EXAMPLE_TOKENS) -> Examples:
+def generated(engine: Engine, concepts: Sequence[str], count: int, seed: int, tokens: int = EXAMPLE_TOKENS,
+              negatives: str = "topics") -> Examples:
     """``count`` answers the model writes when asked about ``concepts`` (round robin over them and
-    ``CONCEPT_PROMPTS``) and ``count`` it writes to neutral prompts, unsteered, in one engine job."""
+    ``CONCEPT_PROMPTS``) and ``count`` negatives: the same requests about ``OTHER_TOPICS`` (those that name no
+    concept word) for ``topics``, or answers to ``NEUTRAL_PROMPTS`` for ``neutral``; unsteered, one engine
+    job."""
+    check_negatives(negatives)
     asked = [CONCEPT_PROMPTS[i % len(CONCEPT_PROMPTS)].format(concepts[i % len(concepts)]) for i in range(count)]
-    neutral = [NEUTRAL_PROMPTS[i % len(NEUTRAL_PROMPTS)] for i in range(count)]
-    [answers] = sample_answers(engine, asked + neutral, seed, tokens)
+    if negatives == "neutral":
+        others = [NEUTRAL_PROMPTS[i % len(NEUTRAL_PROMPTS)] for i in range(count)]
+    else:
+        topics = other_topics(concepts)
+        others = [CONCEPT_PROMPTS[i % len(CONCEPT_PROMPTS)].format(topics[i % len(topics)]) for i in range(count)]
+    [answers] = sample_answers(engine, asked + others, seed, tokens)
     return Examples(answers[:count], answers[count:])
+
+
+def other_topics(concepts: Sequence[str]) -> list[str]:
+    """``OTHER_TOPICS`` less any that shares a word with a concept (a "music" concept is not contrasted with
+    music)."""
+    words = {w for c in concepts for w in c.lower().split()}
+    return [t for t in OTHER_TOPICS if not words & set(t.split())]
+
+
+def check_negatives(negatives: str) -> None:
+    if negatives not in NEGATIVES:
+        raise InvalidParameter(f"'negatives' must be one of {', '.join(NEGATIVES)}, got {negatives!r}.",
+                               param="negatives")
+
+
+def default_layer(n_layers: int) -> int:
+    """The layer ``learn`` uses when none is asked: ``DEFAULT_DEPTH`` of the model's depth."""
+    return round(n_layers * DEFAULT_DEPTH)
+
+
+def parse_layers(specs: Sequence[str | int], n_layers: int) -> list[int]:
+    """The layers ``specs`` name, sorted and once each: ``10``, ``8-12`` (inclusive) or ``8,10,12``, as many as
+    given; each must be a layer of the model. A bad spec is a 400 naming ``layer``."""
+    layers: set[int] = set()
+    for spec in specs:
+        for part in str(spec).split(","):
+            low, dash, high = part.strip().partition("-")
+            try:
+                first, last = int(low), int(high) if dash else int(low)
+            except ValueError:
+                raise InvalidParameter(f"'layer' takes a layer, a range like 8-12 or a list like 8,10; got "
+                                       f"{spec!r}.", param="layer") from None
+            if first > last:
+                raise InvalidParameter(f"'layer' range {part.strip()!r} runs backwards.", param="layer")
+            if first < 0 or last >= n_layers:
+                raise InvalidParameter(f"'layer' must be between 0 and {n_layers - 1}, got {part.strip()!r}.",
+                                       param="layer")
+            layers.update(range(first, last + 1))
+    if not layers:
+        raise InvalidParameter("'layer' names no layer.", param="layer")
+    return sorted(layers)
 
 
 def read_file(path: Path, param: str) -> list[str]:
@@ -125,20 +182,23 @@ def check_choices(method: str, position: str) -> None:
                                param="position")
 
 
-def learn(engine: Engine, names: Sequence[str], layer: int, examples: Examples, *, method: str = "diffmean",
+def learn(engine: Engine, name: str, layers: Sequence[int], examples: Examples, *, method: str = "diffmean",
           position: str = "mean", source: dict[str, object] | None = None,
-          progress: Callable[[str], None] = lambda _: None) -> VectorSet:
-    """One vector named ``names[0]`` at ``layer`` from ``examples`` (checked: a method, position and layer the
-    engine has)."""
+          progress: Callable[[str], None] = lambda _: None) -> list[VectorSet]:
+    """One set per layer from ``examples``, each one vector named ``set_name(name, layer, layers)``."""
     check_choices(method, position)
     kept = Examples([t for t in examples.positive if t.strip()], [t for t in examples.negative if t.strip()])
     if not kept.positive or not kept.negative:  # an answer may be empty (the model ended at once)
         raise InvalidParameter("Every positive or every negative example is empty.", param="examples")
-    progress("reading the positive examples")
-    positive = activations(engine, kept.positive, layer, position)
-    progress("reading the negative examples")
-    negative = activations(engine, kept.negative, layer, position)
-    direction = DIRECTIONS[method](positive, negative)
-    return VectorSet(tuple(names), direction[None, :], layer, engine.model_id, method, position,
-                     {"positive": len(kept.positive), "negative": len(kept.negative)}, kept.sha256(),
-                     dict(source or {}))
+    sets = []
+    for layer in layers:
+        at = f" at layer {layer}" if len(layers) > 1 else ""
+        progress(f"reading the positive examples{at}")
+        positive = activations(engine, kept.positive, layer, position)
+        progress(f"reading the negative examples{at}")
+        negative = activations(engine, kept.negative, layer, position)
+        direction = DIRECTIONS[method](positive, negative)
+        sets.append(VectorSet((set_name(name, layer, layers),), direction[None, :], layer, engine.model_id, method,
+                              position, {"positive": len(kept.positive), "negative": len(kept.negative)},
+                              kept.sha256(), dict(source or {})))
+    return sets

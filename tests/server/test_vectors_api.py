@@ -148,7 +148,8 @@ def test_learning_from_texts_is_a_job_whose_set_is_listed_and_steers(server, set
         assert r.headers["location"] == f"/api/vectors/jobs/{job['id']}"
         done = wait_job(server, job["id"])
         assert done["status"] == "succeeded", done
-        assert done["vector_set"] == name and done["error"] is None and done["finished"] is not None
+        assert done["vector_sets"] == [name] and done["layers"] == [LAYER]
+        assert done["error"] is None and done["finished"] is not None
 
         row = listed(server)[name]
         assert row["layer"] == LAYER and row["method"] == "diffmean" and row["position"] == "mean"
@@ -186,9 +187,28 @@ def test_learning_from_concepts_writes_examples_with_the_model(server):
         assert done["status"] == "succeeded", done
         row = listed(server)[name]
         assert (row["method"], row["position"], row["layer"]) == ("pca", "last", LAYER)  # default: a third in
-        assert row["source"] == {"concepts": ["rain"], "seed": 3, "tokens": 8}
+        assert row["source"] == {"concepts": ["rain"], "seed": 3, "tokens": 8, "negatives": "topics"}
     finally:
         cleanup(server, name)
+
+
+def test_a_job_over_several_layers_stores_one_set_per_layer(server):
+    name = "apilayers"
+    names = [f"{name}-L4", f"{name}-L5", f"{name}-L8"]
+    try:
+        r = call(server, "POST", "/api/vectors/learn", json={"name": name, "layer": ["4-5", 8],
+                                                               "positive": POSITIVE, "negative": NEGATIVE})
+        assert r.status_code == 202 and r.json()["layers"] == [4, 5, 8], r.text
+        done = wait_job(server, r.json()["id"])
+        assert done["status"] == "succeeded" and done["vector_sets"] == names, done
+        rows = listed(server)
+        assert [rows[n]["layer"] for n in names] == [4, 5, 8] and name not in rows
+        taken = call(server, "POST", "/api/vectors/learn", json={"name": name, "layer": "5-6",
+                                                                   "positive": POSITIVE, "negative": NEGATIVE})
+        assert taken.status_code == 400 and f"'{name}-L5'" in taken.json()["error"]["message"], taken.text
+    finally:
+        for n in names:
+            cleanup(server, n)
 
 
 BAD_BODIES = [
@@ -198,6 +218,11 @@ BAD_BODIES = [
     ({"positive": POSITIVE, "negative": NEGATIVE, "layer": 99}, "layer", "invalid_parameter"),
     ({"positive": POSITIVE, "negative": NEGATIVE, "layer": -1}, "layer", "invalid_parameter"),
     ({"positive": POSITIVE, "negative": NEGATIVE, "layer": "ten"}, "layer", "invalid_parameter"),
+    ({"positive": POSITIVE, "negative": NEGATIVE, "layer": "12-10"}, "layer", "invalid_parameter"),
+    ({"positive": POSITIVE, "negative": NEGATIVE, "layer": []}, "layer", "invalid_parameter"),
+    ({"positive": POSITIVE, "negative": NEGATIVE, "layer": [True]}, "layer.0", "invalid_parameter"),
+    ({"positive": POSITIVE, "negative": NEGATIVE, "negatives": "topics"}, "negatives", "invalid_parameter"),
+    ({"concepts": ["rain"], "negatives": "others"}, "negatives", "invalid_parameter"),
     ({"concepts": ["rain"], "positive": POSITIVE, "negative": NEGATIVE}, "concepts", "invalid_parameter"),
     ({}, "concepts", "invalid_parameter"),
     ({"positive": POSITIVE}, "negative", "invalid_parameter"),

@@ -163,16 +163,16 @@ def test_an_import_that_fails_midway_stores_nothing(tmp_path: Path, monkeypatch)
 
     monkeypatch.setattr(catalog, "store", third_fails)
     with pytest.raises(OSError, match="disk full"):
-        gguf.store_all(service, tmp_path, sets)
+        catalog.store_all(service, tmp_path, sets)
     monkeypatch.undo()
     assert calls == ["part-L1", "part-L2", "part-L3"]
     assert catalog.vector_sets(service) == [] and not any((tmp_path / "vectors").iterdir())
 
     catalog.store(service, tmp_path, one_set("part-L4", 4))
     with pytest.raises(InvalidParameter, match="'part-L4' is already the id"):
-        gguf.store_all(service, tmp_path, sets)  # a taken name: refused before any is stored
+        catalog.store_all(service, tmp_path, sets)  # a taken name: refused before any is stored
     assert [s["id"] for s in catalog.vector_sets(service)] == ["part-L4"]
-    stored = gguf.store_all(service, tmp_path, [vs for vs in sets if vs.names[0] != "part-L4"])
+    stored = catalog.store_all(service, tmp_path, [vs for vs in sets if vs.names[0] != "part-L4"])
     assert len(stored) == 4 and len(catalog.vector_sets(service)) == 5
 
 

@@ -29,6 +29,7 @@ def test_learn_steer_read_and_remove_a_vector(engine, server):
     [listed] = json.loads(run("vectors", "list", "--json").output)
     assert listed["id"] == NAME and listed["names"] == [NAME] and listed["layer"] == 10
     assert listed["examples"] == {"positive": 6, "negative": 6} and listed["source"]["concepts"] == ["dog"]
+    assert listed["source"]["negatives"] == "topics"
     assert "norm 1.000" in run("vectors", "show", NAME).output
 
     plain = run("chat", "Tell me about your day.", "--temperature", "0", "--max-tokens", "12").stdout
@@ -63,8 +64,31 @@ def test_bad_options_are_refused_before_any_example_is_written(engine, monkeypat
     monkeypatch.setattr(learn, "sample_answers", lambda *a, **k: pytest.fail("examples were written"))
     for args, named in ((["--method", "lda"], "'method'"), (["--position", "first"], "'position'"),
                         (["--layer", "99"], "'layer' must be between 0 and 29"),
+                        (["--layer", "12-10"], "runs backwards"), (["--negatives", "others"], "'negatives'"),
                         (["--positive", "/nonexistent.txt", "--negative", "/nonexistent.txt"], "/nonexistent.txt")):
         result = run("vectors", "learn", "badvec", *(["--concept", "dog"] if "--positive" not in args else []),
                      *args, ok=False)
         assert result.exit_code == 1 and named in result.output and "Traceback" not in result.output
     assert json.loads(run("vectors", "list", "--json").output) == []  # nothing stored
+
+
+def test_a_range_of_layers_learns_one_set_per_layer_from_files(engine, tmp_path):
+    positive, negative = tmp_path / "pos.txt", tmp_path / "neg.jsonl"
+    positive.write_text("It rained all day.\nThe rain fell on the roof.\n")
+    negative.write_text("\n".join(json.dumps({"messages": [{"role": "assistant", "content": t}]})
+                                  for t in ("The sun was out.", "We went to the market.")))
+    try:
+        learned = run("vectors", "learn", "wet", "--positive", positive, "--negative", negative, "--layer", "8-9",
+                      "--layer", "12")
+        assert [line.split(":")[0] for line in learned.output.splitlines()] == [
+            "vector set wet-L8", "vector set wet-L9", "vector set wet-L12"]
+        rows = {r["id"]: r for r in json.loads(run("vectors", "list", "--json").output)}
+        assert {name: r["layer"] for name, r in rows.items()} == {"wet-L8": 8, "wet-L9": 9, "wet-L12": 12}
+        # a name any of the sets would take is refused before anything is stored
+        again = run("vectors", "learn", "wet", "--positive", positive, "--negative", negative, "--layer", "11-12",
+                    ok=False)
+        assert again.exit_code == 1 and "'wet-L12' is already the id" in again.output
+        assert "wet-L11" not in {r["id"] for r in json.loads(run("vectors", "list", "--json").output)}
+    finally:
+        for name in ("wet-L8", "wet-L9", "wet-L12"):
+            run("vectors", "rm", name, ok=False)

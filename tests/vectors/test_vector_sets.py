@@ -10,14 +10,24 @@ import pytest
 import torch
 
 from millm.errors import InvalidParameter
+from millm.research.measure import NEUTRAL_PROMPTS
 from millm.sae.formats import load_sae
 from millm.steering.core import SteeringCore
 from millm.steering.cvec import ControlVectorSteering
 from millm.steering.service import SteeringService
 from millm.store.db import Store
 from millm.vectors import catalog, files
-from millm.vectors.files import VectorSet
-from millm.vectors.learn import diffmean, pca, read_file
+from millm.vectors.files import VectorSet, set_name
+from millm.vectors.learn import (
+    CONCEPT_PROMPTS,
+    default_layer,
+    diffmean,
+    generated,
+    other_topics,
+    parse_layers,
+    pca,
+    read_file,
+)
 from tests.saes import random_sae, write_saelens
 
 D = 8
@@ -138,3 +148,50 @@ def test_a_vector_set_shares_a_layer_with_an_sae_and_their_deltas_add():
     assert vector is not None
     at = vector.data[(3 - 1) * D:3 * D]
     assert torch.allclose(torch.from_numpy(at), 10.0 * sae.W_dec[0] + 5.0 * vector_set().vectors[0], atol=1e-5)
+
+
+@pytest.mark.parametrize(("specs", "layers"), [
+    (["10"], [10]), ([10], [10]), (["8-10"], [8, 9, 10]), (["8,12", "10-11"], [8, 10, 11, 12]),
+    (["9", "9-10", " 10 "], [9, 10]), (["0-0"], [0]), (["29"], [29]),
+])
+def test_layers_take_one_a_range_or_a_list_sorted_once_each(specs, layers):
+    assert parse_layers(specs, 30) == layers
+
+
+@pytest.mark.parametrize(("specs", "says"), [
+    (["30"], "between 0 and 29"), (["-1"], "a range like 8-12"), (["12-10"], "runs backwards"),
+    (["ten"], "a range like 8-12"), (["8,"], "a range like 8-12"), (["5-40"], "between 0 and 29"), ([], "no layer"),
+])
+def test_a_bad_layer_spec_is_refused_naming_layer(specs, says):
+    with pytest.raises(InvalidParameter) as raised:
+        parse_layers(specs, 30)
+    assert raised.value.param == "layer" and says in raised.value.message
+
+
+def test_one_layer_keeps_the_name_several_are_suffixed_as_imports_are():
+    assert set_name("rain", 10, [10]) == "rain"
+    assert [set_name("rain", at, [8, 10]) for at in (8, 10)] == ["rain-L8", "rain-L10"]
+    assert default_layer(30) == 10
+
+
+def test_generated_negatives_are_the_same_requests_about_other_topics(monkeypatch):
+    import millm.vectors.learn as learn
+
+    asked: list[str] = []
+
+    def answers(engine, prompts, seed, tokens):
+        asked.extend(prompts)
+        return [[f"answer {i}" for i in range(len(prompts))]]
+
+    monkeypatch.setattr(learn, "sample_answers", answers)
+    made = generated(None, ["music"], 4, 0)  # type: ignore[arg-type]  # the sampler is replaced
+    assert asked[:4] == [p.format("music") for p in CONCEPT_PROMPTS[:4]]
+    assert asked[4:] == [p.format(t) for p, t in zip(CONCEPT_PROMPTS[:4], other_topics(["music"]))]
+    assert "music" not in other_topics(["music"]) and "the ocean" not in other_topics(["ocean life"])
+    assert made.positive == ["answer 0", "answer 1", "answer 2", "answer 3"] and len(made.negative) == 4
+    asked.clear()
+    generated(None, ["music"], 2, 0, negatives="neutral")  # type: ignore[arg-type]
+    assert asked[2:] == list(NEUTRAL_PROMPTS[:2])
+    with pytest.raises(InvalidParameter) as raised:
+        generated(None, ["music"], 2, 0, negatives="others")  # type: ignore[arg-type]
+    assert raised.value.param == "negatives"
