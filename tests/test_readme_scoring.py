@@ -1,4 +1,5 @@
-"""What the README says scoring refuses is what the field table refuses on scoring requests (fast tier)."""
+"""What the docs' Scoring page (docs/scoring.md, once the README) says scoring refuses is what the field table
+refuses on scoring requests (fast tier)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 
 from millm.requests.fields import REFUSE, USE, policy
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[1] / "docs" / "scoring.md"
 
 
 def scoring_bullet() -> str:

@@ -61,7 +61,7 @@ def test_limits_follow_the_settings(tmp_path):
 
 
 def test_every_bound_is_documented_with_its_default(tmp_path):
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    readme = (Path(__file__).parents[2] / "docs" / "settings.md").read_text()  # the Settings page
     defaults = Limits.of(Settings(home=tmp_path))
     for f in fields(Limits):
         if type(getattr(defaults, f.name)) is not int:  # a policy (MILLM_TOOLS, MILLM_GGUF_STEERING), with the settings
