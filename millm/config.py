@@ -52,14 +52,14 @@ class Settings(BaseSettings):
     cluster_intensity_min: float = Field(default=0.5, ge=ENVELOPE[0], le=ENVELOPE[1])
     circuit_intensity_min: float = Field(default=0.0, ge=ENVELOPE[0], le=ENVELOPE[1])
     # MILLM_TOOLS: "honour" calls tools by constrained decoding (transformers); "refuse" answers tools and
-    # tool_choice with 400 field_not_honoured, the spec's table (README: Structured output and tools)
+    # tool_choice with 400 field_not_honoured, the spec's table (docs/structured.md)
     tools: Literal["honour", "refuse"] = "honour"
     # MILLM_UNDECLARED_PROPERTIES: "omit" generates an object that declares properties and leaves
     # additionalProperties unset without undeclared keys (xgrammar's strict reading); "allow" as JSON Schema's
-    # literal reading (README: Structured output and tools)
+    # literal reading (docs/structured.md)
     undeclared_properties: Literal["omit", "allow"] = "omit"
     # MILLM_GGUF_STEERING: SAEs attach to GGUF models and steer llama.cpp through its control vectors (profile and
-    # steering_intensity honoured on GGUF chat); off, the spec's table refuses them (README: GGUF models)
+    # steering_intensity honoured on GGUF chat); off, the spec's table refuses them (docs/gguf.md)
     gguf_steering: bool = False
 
     @model_validator(mode="after")

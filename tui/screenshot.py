@@ -1,4 +1,4 @@
-"""The README's screenshot, made by driving the real app on the bundled model and its bundled SAE.
+"""The docs' screenshot (docs/steering/tui.md), made by driving the real app on the bundled model and its bundled SAE.
 
     python -m tui.screenshot docs/tui.svg
 

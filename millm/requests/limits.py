@@ -4,7 +4,7 @@ unset additionalProperties (MILLM_UNDECLARED_PROPERTIES).
 
 Without bounds one request could hold the engine or the memory (1,000 conversations ran 69 s with every
 other client waiting; 16 choices x 101 conversations took 4 GB). Each bound is a setting (MILLM_MAX_*,
-documented in the README); past it the request is refused with 400 naming the field, before any model work
+documented in docs/settings.md); past it the request is refused with 400 naming the field, before any model work
 (prompt tokens: once tokenised, before any forward pass).
 """
 

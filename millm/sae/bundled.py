@@ -1,7 +1,7 @@
 """SAEs shipped inside the package for the bundled model, registered like the bundled model: never downloaded.
 
 Each folder under ``millm/sae/bundled/`` is one SAE in SAELens format with its labels; the folder name
-is its stable id (``smollm2-135m-res-L10``). How each was made is in its ``train.json`` and in the README
+is its stable id (``smollm2-135m-res-L10``). How each was made is in its ``train.json`` and in docs/saes/index.md
 (one ``millm sae train`` command per SAE).
 """
 

@@ -37,7 +37,7 @@ def build(app: Quart) -> dict[str, Any]:
                   for name in re.findall(r"{([^}]+)}", path)]
         for method in sorted((rule.methods or set()) - {"HEAD", "OPTIONS"}):
             op: dict[str, Any] = {
-                "summary": (view.__doc__ or "").strip().splitlines()[0] if view.__doc__ else rule.endpoint,
+                "summary": summary(view.__doc__) or rule.endpoint,
                 "operationId": f"{rule.endpoint}_{method.lower()}",
                 "responses": {"200": {"description": "OK"}, "default": {"description": "Error", "content": {
                     "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}},
@@ -51,6 +51,11 @@ def build(app: Quart) -> dict[str, Any]:
             paths.setdefault(path, {})[method.lower()] = op
     return {"openapi": "3.1.0", "info": {"title": "miLLM", "version": __version__},
             "paths": paths, "components": {"schemas": schemas}}
+
+
+def summary(doc: str | None) -> str:
+    """A view's docstring's first paragraph on one line (its first line alone stops mid-sentence)."""
+    return " ".join((doc or "").strip().split("\n\n")[0].split())
 
 
 def _component(body: dict[str, Any] | type[BaseModel], endpoint: str, schemas: dict[str, Any]) -> str:
