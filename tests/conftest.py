@@ -43,7 +43,7 @@ def engine(settings: Settings) -> Iterator[TransformersEngine]:
 def server(engine: TransformersEngine, settings: Settings) -> Iterator[str]:
     """The real app serving the session's model on a loopback port; yields its base URL."""
     from millm.server.app import create_app
-    from tests.live import live_server
+    from tests.support.live import live_server
 
     with live_server(create_app(settings, engine)) as base:
         yield base
@@ -68,7 +68,7 @@ def gguf_engine(settings: Settings):
 @pytest.fixture(scope="session")
 def gguf_server(gguf_engine, settings: Settings) -> Iterator[str]:
     from millm.server.app import create_app
-    from tests.live import live_server
+    from tests.support.live import live_server
 
     with live_server(create_app(settings, gguf_engine)) as base:
         yield base

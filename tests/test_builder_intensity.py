@@ -12,7 +12,7 @@ from millm.requests.builder import build_chat, build_completion
 from millm.requests.fields import USE, policy
 from millm.server.app import create_app
 from millm.steering.intensity import Symbol
-from tests.fakes import FakeEngine
+from tests.support.fakes import FakeEngine
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 

@@ -78,7 +78,7 @@ def test_serve_starts_and_says_where(engine, settings):
 
     import httpx
 
-    from tests.live import free_port
+    from tests.support.live import free_port
 
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "cli", "serve", "--port", str(port)], stderr=subprocess.PIPE,

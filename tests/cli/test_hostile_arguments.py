@@ -22,7 +22,7 @@ from millm import local
 from millm.engine import loader
 from millm.errors import ModelLoadFailed
 from millm.registry import BUNDLED_ID
-from tests.fakes import FakeEngine
+from tests.support.fakes import FakeEngine
 
 SKIPPED = {"serve", "tui", "models pull"}  # they serve or reach the network; their arguments are Typer's
 NOT_UTF8 = "caf\udce9"  # b"caf\xe9" (Latin-1) as Python decodes an argv byte that is not UTF-8

@@ -29,8 +29,8 @@ from millm.config import Settings, get_settings
 from millm.errors import InvalidParameter, ModelNotFound
 from millm.registry import BUNDLED_ID, ModelEntry, bundled_gguf, resolve
 from millm.server.app import create_app
-from tests.fakes import FakeEngine
-from tests.live import live_server
+from tests.support.fakes import FakeEngine
+from tests.support.live import live_server
 
 runner = CliRunner()
 COMMIT = "1" * 40

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from tests.sae.test_cards import ROWS, TABLE
-from tests.saes import random_sae, write_saelens
+from tests.support.saes import random_sae, write_saelens
 
 runner = CliRunner()
 

@@ -89,7 +89,7 @@ def test_an_attached_sae_is_read_where_it_is_and_stays(engine):
 
 def test_a_registered_sae_by_name_with_its_labels(untouched, tmp_path):
     from cli.common import steering_service
-    from tests.saes import random_sae, write_saelens
+    from tests.support.saes import random_sae, write_saelens
 
     folder = write_saelens(tmp_path / "read-l12", random_sae(576, 256, seed=21), layer=12)
     (folder / "labels.json").write_text(json.dumps({str(i): f"even {i}" for i in range(0, 256, 2)}))

@@ -6,7 +6,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
-from tests.saes import random_sae, write_saelens
+from tests.support.saes import random_sae, write_saelens
 
 runner = CliRunner()
 

@@ -24,7 +24,7 @@ from millm.engine.plan import Plan
 from millm.engine.worker import EngineWorker
 from millm.errors import InsufficientMemory, InvalidFeatureIndex, NonFiniteLogits
 from millm.steering.controller import Override
-from tests.saes import random_sae
+from tests.support.saes import random_sae
 
 SAE_ID = "sae_batch_test"
 

@@ -9,7 +9,7 @@ from millm.engine.params import ChatPrompt, GenerationRequest, TextPrompt
 from millm.engine.templates import render_chat
 from millm.errors import ContextLengthExceeded, InvalidParameter
 from millm.requests.validation import sampling_params
-from tests.helpers import events, finishes, texts, usage
+from tests.support.helpers import events, finishes, texts, usage
 
 
 def test_greedy_capital_of_france(engine):

@@ -8,7 +8,7 @@ import torch
 
 from millm.engine.params import Forced, TextPrompt
 from millm.steering.core import Override
-from tests.saes import random_sae
+from tests.support.saes import random_sae
 
 SAE_ID = "sae_forced"
 

@@ -24,7 +24,7 @@ from millm.errors import FieldNotHonoured, InvalidParameter
 from millm.steering.controller import Override
 from millm.steering.cvec import ROW, ControlVectorSteering
 from millm.steering.readout import ReadoutAsk
-from tests.saes import random_sae
+from tests.support.saes import random_sae
 
 SAE_ID, LAYER, FEATURE, STRENGTH = "sae_gguf_test", 10, 3, 60.0
 CHAT = ChatPrompt([{"role": "user", "content": "Tell me about your day."}])

@@ -19,7 +19,7 @@ from millm.engine.decode.scheduler import Scheduler
 from millm.steering.controller import Override
 from millm.steering.monitor import MonitorConfig
 from tests.engine.test_batching import alone, drain, plan, submit
-from tests.saes import random_sae
+from tests.support.saes import random_sae
 
 SAE_ID = "sae_merged_prefill_test"
 

@@ -21,7 +21,7 @@ from millm.engine.params import ChatPrompt, GenerationRequest, SamplingParams, T
 from millm.steering.readout import check_readout
 from millm.structured.schema import JsonConstraint
 from tests.engine.test_batching import Consumer, alone, drain, plan, submit
-from tests.saes import random_sae
+from tests.support.saes import random_sae
 
 SAE_ID = "sae_one_loop"
 

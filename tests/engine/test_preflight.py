@@ -92,7 +92,7 @@ def test_the_manager_counts_a_torch_models_own_tensors_per_device(tmp_path):
 
     from millm.engine.manager import ModelManager
     from millm.engine.worker import EngineWorker
-    from tests.fakes import FakeEngine
+    from tests.support.fakes import FakeEngine
 
     engine = FakeEngine()
     engine.model = torch.nn.Linear(16, 16)  # type: ignore[attr-defined]

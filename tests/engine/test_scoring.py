@@ -213,7 +213,7 @@ def test_non_finite_logits_from_the_model(server, engine):
 
 
 def test_scoring_is_never_steered_or_monitored(server, engine, tmp_path):
-    from tests.saes import random_sae
+    from tests.support.saes import random_sae
 
     plain = post(server, "completions", prompt=PROMPT, logprobs=5).json()["choices"][0]["logprobs"]
     engine.steering.attach("sae_scoring", random_sae(576, 64, seed=9), 5)

@@ -20,7 +20,7 @@ from millm.requests.generation import prepare
 from millm.requests.limits import Limits
 from millm.steering.service import SteeringService
 from millm.store import Store
-from tests.saes import random_sae
+from tests.support.saes import random_sae
 
 LAYER, FEATURE, STRENGTH = 10, 3, 60.0
 SAE_ID = "sae_race"

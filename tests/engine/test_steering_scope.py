@@ -15,7 +15,7 @@ from millm.engine.llama_engine import LlamaCppEngine
 from millm.engine.params import ChatPrompt, GenerationRequest, SamplingParams
 from millm.errors import FieldNotHonoured
 from millm.steering.controller import Override
-from tests.saes import random_sae
+from tests.support.saes import random_sae
 
 SAE_ID, LAYER = "sae_scope_test", 10
 STEER = Override("scoped", {SAE_ID: {3: 60.0}})

@@ -10,7 +10,7 @@ from millm.sae.bundled import BUNDLED_DIR, bundled_saes, register_bundled
 from millm.sae.formats import load_sae
 from millm.sae.labels import LabelIndex
 from millm.store import Store
-from tests.helpers import events, texts
+from tests.support.helpers import events, texts
 
 IDS = ("smollm2-135m-res-L10", "smollm2-135m-res-L20")
 

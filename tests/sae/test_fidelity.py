@@ -28,8 +28,8 @@ from millm.errors import InvalidSAE
 from millm.sae.formats import load_sae
 from millm.sae.model import SAE
 from millm.steering.controller import Steering
-from tests.saes import write_llama_scope, write_saelens_files, write_sparsify
 from tests.steering.tiny import as_scheduled
+from tests.support.saes import write_llama_scope, write_saelens_files, write_sparsify
 
 D_IN, D_SAE, K = 64, 256, 8
 FEATURE, STRENGTH = 37, 3.0

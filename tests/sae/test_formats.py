@@ -8,7 +8,7 @@ import torch
 from millm.errors import InvalidSAE
 from millm.sae.formats import load_sae
 from millm.sae.model import SAE
-from tests.saes import random_sae, write_gemma_scope, write_llama_scope, write_saelens, write_sparsify
+from tests.support.saes import random_sae, write_gemma_scope, write_llama_scope, write_saelens, write_sparsify
 
 D_IN, D_SAE = 16, 64
 

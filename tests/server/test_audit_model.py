@@ -10,8 +10,8 @@ import httpx
 import pytest
 
 from millm.server.app import create_app
-from tests.live import live_server
-from tests.saes import random_sae, write_saelens
+from tests.support.live import live_server
+from tests.support.saes import random_sae, write_saelens
 
 MODEL = "SmolLM2-135M-Instruct"
 LAYER = 10

@@ -11,7 +11,7 @@ from millm.requests.builder import build_chat
 from millm.requests.jsonbody import MAX_DEPTH, check_value, decode
 from millm.requests.validation import sampling_params
 from millm.structured.schema import check_response_format
-from tests.hostile import hostile_bodies
+from tests.support.hostile import hostile_bodies
 
 MODEL = "SmolLM2-135M-Instruct"
 HI = [{"role": "user", "content": "hi"}]

@@ -13,8 +13,8 @@ import pytest
 from millm.engine.events import Delta
 from millm.engine.params import ChatPrompt, GenerationRequest, SamplingParams
 from millm.server.app import create_app
-from tests.live import live_server
-from tests.saes import random_sae
+from tests.support.live import live_server
+from tests.support.saes import random_sae
 
 MODEL = "SmolLM2-135M-Instruct"
 SAE_ID = "sae_batch_http"
@@ -117,7 +117,7 @@ def test_response_format_is_batched_and_refused_only_under_the_setting(engine, s
                           json=body("JSON please", response_format={"type": "json_object"}, max_tokens=8))
     assert honoured.status_code == 200 and honoured.headers["X-miLLM-Constrained"] == "json_object"
     from millm.server.app import create_app
-    from tests.live import live_server
+    from tests.support.live import live_server
 
     refusing = settings.model_copy(update={"batching": True, "batching_constraints": "refuse"})
     with live_server(create_app(refusing, engine)) as base:
@@ -195,7 +195,7 @@ def test_queue_full_before_the_stream_starts(engine, settings):
 
 
 def test_two_stored_profiles_in_one_batch_each_as_served_serially(server, batching, tmp_path):
-    from tests.saes import write_saelens
+    from tests.support.saes import write_saelens
 
     folder = write_saelens(tmp_path / "sae", random_sae(576, 64, seed=3), layer=10)
     sid = httpx.post(batching + "/api/saes", json={"path": str(folder)}, timeout=30).json()["id"]

@@ -19,7 +19,7 @@ from millm.errors import InvalidParameter
 from millm.requests.builder import build_chat, build_completion, build_embedding
 from millm.requests.limits import Limits, check_prompt_tokens, check_rows, prompt_tokens
 from millm.server.app import create_app
-from tests.fakes import FakeEngine
+from tests.support.fakes import FakeEngine
 
 HI = [{"role": "user", "content": "hi"}]
 SMALL = Limits(max_rows=4, max_prompts=3, max_embedding_inputs=2, max_prompt_tokens=10)

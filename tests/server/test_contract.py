@@ -20,7 +20,7 @@ from millm.engine.base import Engine
 from millm.errors import ModelNotFound
 from millm.registry import ModelEntry
 from millm.server.app import create_app
-from tests.fakes import SCRIPT, FakeEngine
+from tests.support.fakes import SCRIPT, FakeEngine
 
 Run = Callable[[Callable[[Any], Awaitable[Any]]], Any]
 

@@ -24,8 +24,8 @@ from millm.engine.decode.detok import IncrementalDetokenizer
 from millm.server.app import create_app
 from millm.store import Store
 from millm.structured.constraint import RowGuides
-from tests.live import free_port, live_server
-from tests.saes import random_sae, write_saelens
+from tests.support.live import free_port, live_server
+from tests.support.saes import random_sae, write_saelens
 
 MODEL = "SmolLM2-135M-Instruct"
 LAYER = 10

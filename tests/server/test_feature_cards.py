@@ -12,9 +12,9 @@ import pytest
 
 from millm.config import Settings
 from millm.server.app import create_app
-from tests.fakes import FakeEngine
 from tests.sae.test_cards import ROWS, TABLE
-from tests.saes import random_sae, write_saelens
+from tests.support.fakes import FakeEngine
+from tests.support.saes import random_sae, write_saelens
 
 
 def scenario_results(tmp_path: Path, calls: list[str], extra: list[Any] = ()) -> tuple[str, list[tuple[int, Any]]]:

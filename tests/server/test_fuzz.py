@@ -17,8 +17,8 @@ from millm.engine import load_engine
 from millm.registry import BUNDLED_ID, resolve
 from millm.server.app import create_app
 from millm.server.openapi import build
-from tests.fuzzing import fuzz, problem_of
-from tests.live import live_server
+from tests.support.fuzzing import fuzz, problem_of
+from tests.support.live import live_server
 
 EXAMPLES = 4  # per operation and mode: about a minute on two cores
 

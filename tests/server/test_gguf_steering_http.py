@@ -12,9 +12,9 @@ import pytest
 
 from millm.engine.llama_engine import LlamaCppEngine
 from millm.server.app import create_app
-from tests.live import live_server
-from tests.saes import random_sae, write_saelens
-from tests.waiting import wait_idle, wait_running
+from tests.support.live import live_server
+from tests.support.saes import random_sae, write_saelens
+from tests.support.waiting import wait_idle, wait_running
 
 GGUF = "SmolLM2-135M-Instruct:Q4_1"
 LAYER, FEATURE, STRENGTH = 10, 3, 60.0

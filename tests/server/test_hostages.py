@@ -20,7 +20,7 @@ from millm.engine import preflight
 from millm.errors import InvalidModelFiles
 from millm.registry import ModelEntry
 from millm.server.app import create_app
-from tests.fakes import FakeEngine
+from tests.support.fakes import FakeEngine
 
 
 def checkpoint(folder: Path) -> ModelEntry:

@@ -7,8 +7,8 @@ import httpx
 import pytest
 
 from millm.server.app import create_app
-from tests.live import live_server
-from tests.waiting import wait_idle, wait_running
+from tests.support.live import live_server
+from tests.support.waiting import wait_idle, wait_running
 
 MODEL = "SmolLM2-135M-Instruct"
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]

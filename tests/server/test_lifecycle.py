@@ -18,7 +18,7 @@ from millm.engine.base import Engine
 from millm.errors import InsufficientMemory, ModelLoadFailed, ModelNotFound, UnsupportedQuantization
 from millm.registry import ModelEntry
 from millm.server.app import create_app
-from tests.fakes import SCRIPT, FakeEngine
+from tests.support.fakes import SCRIPT, FakeEngine
 
 
 class OutOfMemoryError(RuntimeError):

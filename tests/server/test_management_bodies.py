@@ -14,8 +14,8 @@ from typing import Any
 from millm.config import Settings
 from millm.server.api_bodies import BODIES
 from millm.server.app import create_app
-from tests.fakes import FakeEngine
-from tests.saes import random_sae, write_saelens
+from tests.support.fakes import FakeEngine
+from tests.support.saes import random_sae, write_saelens
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -13,9 +13,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from millm.config import Settings
 from millm.server.app import create_app
 from millm.server.metrics import usage_of
-from tests.fakes import FakeEngine
-from tests.live import live_server
-from tests.saes import random_sae, write_saelens
+from tests.support.fakes import FakeEngine
+from tests.support.live import live_server
+from tests.support.saes import random_sae, write_saelens
 
 
 def make(tmp_path: Path, **kw: Any) -> Any:

@@ -14,7 +14,7 @@ from millm.config import Settings
 from millm.engine.base import Engine
 from millm.registry import ModelEntry, check_model_id, model_id_problem
 from millm.server.app import create_app
-from tests.fakes import FakeEngine
+from tests.support.fakes import FakeEngine
 
 GGUF_ID = "tinyrepo:Q4_0"
 

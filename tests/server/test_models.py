@@ -6,8 +6,8 @@ import httpx
 import pytest
 
 from millm.server.app import create_app
-from tests.live import live_server
-from tests.waiting import wait_for, wait_running
+from tests.support.live import live_server
+from tests.support.waiting import wait_for, wait_running
 
 MODEL = "SmolLM2-135M-Instruct"
 TINY = "tiny-random-llama"

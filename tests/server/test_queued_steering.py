@@ -13,9 +13,9 @@ import httpx
 import pytest
 
 from millm.server.app import create_app
-from tests.live import live_server
-from tests.saes import random_sae, write_saelens
-from tests.waiting import wait_for, wait_running
+from tests.support.live import live_server
+from tests.support.saes import random_sae, write_saelens
+from tests.support.waiting import wait_for, wait_running
 
 MODEL = "SmolLM2-135M-Instruct"
 PROMPT = [{"role": "user", "content": "Tell me about your day."}]

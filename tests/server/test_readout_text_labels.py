@@ -8,7 +8,7 @@ import pytest
 from millm.engine.params import ChatPrompt
 from millm.sae.bundled import BUNDLED_DIR
 from millm.server.app import create_app
-from tests.live import live_server
+from tests.support.live import live_server
 
 MODEL = "SmolLM2-135M-Instruct"
 SAE = "smollm2-135m-res-L10"

@@ -17,9 +17,9 @@ import pytest
 from millm.config import Settings
 from millm.server.app import create_app
 from millm.server.auth import BIND_HOST
-from tests.fakes import FakeEngine
-from tests.live import live_server
-from tests.saes import random_sae, write_saelens
+from tests.support.fakes import FakeEngine
+from tests.support.live import live_server
+from tests.support.saes import random_sae, write_saelens
 
 ROOT = Path(__file__).resolve().parents[2]
 

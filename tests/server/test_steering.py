@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from millm.server.app import create_app
-from tests.live import live_server
-from tests.saes import random_sae, write_saelens
-from tests.waiting import wait_for, wait_idle, wait_running
+from tests.support.live import live_server
+from tests.support.saes import random_sae, write_saelens
+from tests.support.waiting import wait_for, wait_idle, wait_running
 
 MODEL = "SmolLM2-135M-Instruct"
 LAYER = 10

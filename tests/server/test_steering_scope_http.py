@@ -10,8 +10,8 @@ from openai import OpenAI
 
 from millm.server.app import create_app
 from millm.steering.names import steering_label, steering_scope_of
-from tests.live import live_server
-from tests.saes import random_sae, write_saelens
+from tests.support.live import live_server
+from tests.support.saes import random_sae, write_saelens
 
 MODEL, GGUF = "SmolLM2-135M-Instruct", "SmolLM2-135M-Instruct:Q4_1"
 PROMPT = [{"role": "user", "content": "Tell me about your day."}]

@@ -19,8 +19,8 @@ from millm.steering.service import SteeringService
 from millm.store import Store
 from millm.vectors import catalog, files
 from millm.vectors.files import VectorSet
-from tests.fakes import FakeEngine
-from tests.waiting import wait_for
+from tests.support.fakes import FakeEngine
+from tests.support.waiting import wait_for
 
 MODEL = "SmolLM2-135M-Instruct"
 D_MODEL, LAYER = 576, 10
@@ -61,7 +61,7 @@ def chat(server: str) -> httpx.Response:
 
 
 def wait_job(server: str, job_id: str) -> dict[str, Any]:
-    """The job once it ended (polled, bounded by tests.waiting's deadline)."""
+    """The job once it ended (polled, bounded by tests.support.waiting's deadline)."""
     seen: dict[str, Any] = {}
 
     def ended() -> bool:

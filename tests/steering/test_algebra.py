@@ -6,8 +6,8 @@ import torch
 from millm.errors import InvalidFeatureIndex, InvalidParameter, SAENotAttached
 from millm.steering.controller import Override, RowView, Steering
 from millm.steering.values import STRENGTH_LIMIT, clamp, parse_assignments
-from tests.saes import random_sae
 from tests.steering.tiny import IDS, D, as_scheduled
+from tests.support.saes import random_sae
 
 
 def layer_outputs(model, ids, steering=None, view=None):

@@ -13,8 +13,8 @@ from millm.steering.monitor import Monitor
 from millm.steering.service import SteeringService
 from millm.steering.target import SteeringTarget
 from millm.store import Store
-from tests.saes import random_sae, write_saelens
 from tests.steering.tiny import IDS, D
+from tests.support.saes import random_sae, write_saelens
 
 
 def logits(model) -> torch.Tensor:

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from millm.steering.controller import Override, Steering
-from tests.saes import random_sae
 from tests.steering.tiny import IDS, D
+from tests.support.saes import random_sae
 
 
 def logits(model, ids):

@@ -8,7 +8,7 @@ import pytest
 from millm.errors import InvalidFeatureIndex, InvalidParameter
 from millm.steering.controller import Steering
 from millm.steering.profiles import parse_profile, resolve_entries
-from tests.saes import random_sae
+from tests.support.saes import random_sae
 
 EXAMPLES = [p for p in sorted((Path(__file__).parents[2] / "profiles").glob("*.json"))
             if "kind" not in json.loads(p.read_text())]  # cluster and circuit documents: test_documents_dir.py

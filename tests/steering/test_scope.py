@@ -9,8 +9,8 @@ from millm.errors import InvalidParameter
 from millm.steering.controller import Override, RowView, Steering
 from millm.steering.names import steering_header, steering_label, steering_scope_of
 from millm.steering.scope import GENERATED_PHASE, PROMPT_PHASE, SCOPES, applies, gates, parse_scope
-from tests.saes import random_sae
 from tests.steering.tiny import IDS, D
+from tests.support.saes import random_sae
 
 STEER = Override("test", {"sae": {5: 8.0}})
 

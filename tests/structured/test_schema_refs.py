@@ -15,7 +15,7 @@ from millm.errors import InvalidParameter, ResponseFormatUnsupported
 from millm.requests.builder import TEMPLATE_ARGUMENTS, build_chat
 from millm.server.app import create_app
 from millm.structured.schema import check_response_format
-from tests.fakes import FakeEngine
+from tests.support.fakes import FakeEngine
 
 
 def schema_format(schema: dict[str, Any]) -> dict[str, Any]:

@@ -20,8 +20,8 @@ from millm.structured.tools import (
     split,
     tool_constraint,
 )
-from tests.fakes import FakeEngine
 from tests.server.test_contract import frames, make, run
+from tests.support.fakes import FakeEngine
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city",

@@ -121,8 +121,8 @@ def test_streamed_response_format_yields_a_valid_document_and_a_cut_stream_ends_
 def steered_base(engine, settings, tmp_path_factory):
     """A server of its own with a random SAE attached at layer 10 (detached afterwards)."""
     from millm.server.app import create_app
-    from tests.live import live_server
-    from tests.saes import random_sae, write_saelens
+    from tests.support.live import live_server
+    from tests.support.saes import random_sae, write_saelens
 
     folder = write_saelens(tmp_path_factory.mktemp("saes") / "tools-l10", random_sae(576, 256, seed=11), layer=10)
     with live_server(create_app(settings, engine)) as base:
@@ -167,7 +167,7 @@ def test_constrained_requests_are_batched_and_their_text_is_the_same_in_a_crowd(
     from concurrent.futures import ThreadPoolExecutor
 
     from millm.server.app import create_app
-    from tests.live import live_server
+    from tests.support.live import live_server
 
     person = {"messages": [{"role": "user", "content": "Name a famous scientist and their birth date."}],
               "response_format": FORMAT, "max_tokens": 60}

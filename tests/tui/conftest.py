@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.saes import random_sae, write_saelens
+from tests.support.saes import random_sae, write_saelens
 
 LABELS = {"5": "weather, storm, rain", "7": "ocean, sea", "9": "stormy seas"}
 

@@ -11,9 +11,9 @@ import httpx
 
 from millm.config import Settings
 from millm.server.app import create_app
-from tests.fakes import FakeEngine
 from tests.sae.test_cards import ROWS, TABLE
-from tests.saes import random_sae, write_saelens
+from tests.support.fakes import FakeEngine
+from tests.support.saes import random_sae, write_saelens
 from tests.tui.fakes import LABELS, SAE, ScriptedClient
 from tests.tui.helpers import drive, settle
 from tui.remote import RemoteClient

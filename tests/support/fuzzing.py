@@ -1,0 +1,129 @@
+"""Fuzzing a live server from its own /openapi.json with schemathesis: the driver the test suite and
+bench/fuzz.py share.
+
+Every operation gets schema-valid (positive) and schema-violating (negative) requests. The properties: no
+5xx except the spec's typed ones, every error body in OpenAI's shape, and the server still answers
+/api/health afterwards. Generation is kept short (max_tokens at most ``MAX_TOKENS``) so a run measures the
+request handling, not decoding.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import requests
+import schemathesis
+from hypothesis import HealthCheck, Phase, given, settings
+from schemathesis import GenerationMode
+from schemathesis.core.result import Ok
+
+from tests.support.hostile import MAX_TOKENS, hostile_bodies
+
+# the spec's typed 5xx: a server-side condition a client can act on, never a crash
+TYPED_5XX = {"model_not_loaded", "model_busy", "queue_full", "insufficient_memory", "model_load_failed",
+             "non_finite_logits", "constrained_output_invalid"}
+GENERATING = ("/v1/chat/completions", "/v1/completions")
+
+
+@dataclass
+class Report:
+    """What a run sent and what broke a property (one line per problem, with the request that caused it)."""
+
+    sent: Counter[str] = field(default_factory=Counter)
+    statuses: Counter[int] = field(default_factory=Counter)
+    problems: list[str] = field(default_factory=list)
+
+
+def problem_of(status: int, content_type: str, text: str) -> str | None:
+    """Why a response breaks a property, or None."""
+    if status < 400:
+        return None
+    try:
+        body = httpx.Response(status, text=text).json()
+    except ValueError:
+        return f"{status}: the error body is not JSON ({content_type}): {text[:200]!r}"
+    error = body.get("error") if isinstance(body, dict) else None
+    if not isinstance(error, dict) or not (
+            set(error) == {"message", "type", "param", "code"} and isinstance(error["message"], str)
+            and isinstance(error["type"], str) and isinstance(error["param"], (str, type(None)))
+            and isinstance(error["code"], (str, type(None)))):
+        return f"{status}: the error body is not OpenAI's shape: {text[:200]!r}"
+    if status >= 500 and error["code"] not in TYPED_5XX:
+        return f"{status} {error['code']}: {error['message'][:300]}"
+    return None
+
+
+def short(case: Any) -> Any:
+    """A generating request asks for at most MAX_TOKENS tokens (the fuzz is of the request, not the decode)."""
+    if case.path in GENERATING and isinstance(case.body, dict):
+        for name in ("max_tokens", "max_completion_tokens"):
+            value = case.body.get(name)
+            if isinstance(value, int) and not isinstance(value, bool) and value > MAX_TOKENS:
+                case.body[name] = MAX_TOKENS
+        if "max_tokens" not in case.body and "max_completion_tokens" not in case.body:
+            case.body["max_tokens"] = MAX_TOKENS
+    return case
+
+
+def operations(base: str, skip: tuple[str, ...] = ()) -> list[Any]:
+    """The server's operations from its /openapi.json, less any whose path starts with one in ``skip``."""
+    schema = schemathesis.openapi.from_dict(httpx.get(base + "/openapi.json", timeout=30).json())
+    ops = [result.ok() for result in schema.get_all_operations() if isinstance(result, Ok)]
+    return [op for op in ops if not op.path.startswith(skip)]
+
+
+def fuzz_operation(base: str, op: Any, examples: int, report: Report, seed: int = 0) -> None:
+    """``examples`` positive and ``examples`` negative requests to one operation, recorded in ``report``."""
+    with requests.Session() as session:
+        for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
+            _fuzz_mode(base, op, mode, examples, report, seed, session)
+
+
+def _fuzz_mode(base: str, op: Any, mode: GenerationMode, examples: int, report: Report, seed: int,
+               session: requests.Session) -> None:
+    label = f"{op.method.upper()} {op.path}"
+
+    @settings(max_examples=examples, deadline=None, database=None, derandomize=seed == 0,
+              suppress_health_check=list(HealthCheck), phases=[Phase.explicit, Phase.generate])
+    @given(case=op.as_strategy(generation_mode=mode).map(short))
+    def send(case: Any) -> None:
+        response = case.call(base_url=base, session=session, timeout=300)
+        report.sent[label] += 1
+        report.statuses[response.status_code] += 1
+        found = problem_of(response.status_code, str(response.headers.get("content-type", "")), response.text)
+        if found is not None:
+            report.problems.append(f"{label} [{mode.value}] {found}; body: {str(case.body)[:300]}")
+
+    try:
+        send()
+    except Exception as exc:  # the fuzzer's own failure (not the server's) is reported, not raised
+        if "Unsatisfiable" not in type(exc).__name__:
+            report.problems.append(f"{label} [{mode.value}] the fuzzer failed: {type(exc).__name__}: {exc}")
+
+
+def send_hostile(base: str, report: Report) -> None:
+    """The hand-made hostile schemas, through the same properties as the generated requests."""
+    model = httpx.get(base + "/v1/models", timeout=30).json()["data"][0]["id"]
+    for label, body, _ in hostile_bodies(model):
+        response = httpx.post(base + "/v1/chat/completions", json=body, timeout=300)
+        report.sent[f"hostile {label}"] += 1
+        report.statuses[response.status_code] += 1
+        found = problem_of(response.status_code, response.headers.get("content-type", ""), response.text)
+        if found is not None:
+            report.problems.append(f"hostile {label}: {found}")
+
+
+def fuzz(base: str, examples: int, skip: tuple[str, ...] = (), seed: int = 0) -> Report:
+    """Fuzz every operation of the server at ``base``; then check it still answers /api/health."""
+    report = Report()
+    for op in operations(base, skip):
+        fuzz_operation(base, op, examples, report, seed)
+    if not any("/v1/chat/completions".startswith(s) for s in skip):
+        send_hostile(base, report)
+    health = httpx.get(base + "/api/health", timeout=30)
+    if health.status_code != 200:
+        report.problems.append(f"/api/health answers {health.status_code} after the run")
+    return report
