@@ -1,9 +1,4 @@
-"""Running the real app under Hypercorn on a loopback port, for tests that drive it over HTTP."""
+"""Moved to ``tests.support.live``. This name remains while bench/fuzz.py
+import it; delete it once they import ``tests.support.live``."""
 
-from __future__ import annotations
-
-from millm.server.run import free_port, in_thread
-
-live_server = in_thread
-
-__all__ = ["free_port", "live_server"]
+from tests.support.live import *  # noqa: F401,F403
