@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
-from tests.sae.test_cards import ROWS, TABLE
+from tests.support.cards import ROWS, TABLE
 from tests.support.saes import random_sae, write_saelens
 
 runner = CliRunner()

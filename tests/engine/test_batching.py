@@ -17,64 +17,15 @@ from millm.engine.base import StepControl
 from millm.engine.decode.admission import BatchSettings, fallback_reason
 from millm.engine.decode.kv import attention_mask, span_for
 from millm.engine.decode.sampling import apply_penalties, sample_rows, top_p_mask, unsampleable
-from millm.engine.decode.scheduler import Job, Scheduler
-from millm.engine.events import Delta, Event, Finish, Usage
-from millm.engine.params import ChatPrompt, GenerationRequest, SamplingParams, TextPrompt
-from millm.engine.plan import Plan
+from millm.engine.decode.scheduler import Scheduler
+from millm.engine.events import Delta, Usage
 from millm.engine.worker import EngineWorker
 from millm.errors import InsufficientMemory, InvalidFeatureIndex, NonFiniteLogits
 from millm.steering.controller import Override
 from tests.support.saes import random_sae
+from tests.support.scheduler import alone, drain, plan, submit
 
 SAE_ID = "sae_batch_test"
-
-
-class Consumer:
-    """One request's view of the batch: its events, and how it ended."""
-
-    def __init__(self) -> None:
-        self.events: list[Event] = []
-        self.ended = False
-        self.error: BaseException | None = None
-        self.control = StepControl()
-
-    def end(self, error: BaseException | None) -> None:
-        self.ended, self.error = True, error
-
-    @property
-    def text(self) -> str:
-        return "".join(e.text for e in self.events if isinstance(e, Delta))
-
-    @property
-    def finishes(self) -> list[str]:
-        return [e.reason for e in self.events if isinstance(e, Finish)]
-
-
-def plan(engine, prompt: str, override=None, chat: bool = False, **params) -> Plan:
-    params.setdefault("temperature", 0.0)
-    params.setdefault("max_tokens", 8)
-    p = ChatPrompt([{"role": "user", "content": prompt}]) if chat else TextPrompt(prompt)
-    return engine.prepare(GenerationRequest([p], SamplingParams(**params), override=override))
-
-
-def alone(engine, p: Plan) -> tuple[str, list[str]]:
-    events = list(engine.run(p))
-    return "".join(e.text for e in events if isinstance(e, Delta)), [e.reason for e in events if isinstance(e, Finish)]
-
-
-def submit(scheduler: Scheduler, *plans: Plan, check=None) -> Consumer:
-    consumer = Consumer()
-    scheduler.submit(Job(list(plans), consumer.control, consumer.events.append, consumer.end, check))
-    return consumer
-
-
-def drain(scheduler: Scheduler, limit: int = 500) -> int:
-    steps = 0
-    while scheduler.busy:
-        scheduler.step()
-        steps += 1
-        assert steps < limit
-    return steps
 
 
 @pytest.fixture

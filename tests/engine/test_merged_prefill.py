@@ -18,8 +18,8 @@ from millm.engine.decode.prefill import Merged, choose, inputs
 from millm.engine.decode.scheduler import Scheduler
 from millm.steering.controller import Override
 from millm.steering.monitor import MonitorConfig
-from tests.engine.test_batching import alone, drain, plan, submit
 from tests.support.saes import random_sae
+from tests.support.scheduler import alone, drain, plan, submit
 
 SAE_ID = "sae_merged_prefill_test"
 

@@ -20,8 +20,8 @@ from millm.engine.events import Activations, Delta, Finish, Usage
 from millm.engine.params import ChatPrompt, GenerationRequest, SamplingParams, TextPrompt
 from millm.steering.readout import check_readout
 from millm.structured.schema import JsonConstraint
-from tests.engine.test_batching import Consumer, alone, drain, plan, submit
 from tests.support.saes import random_sae
+from tests.support.scheduler import Consumer, alone, drain, plan, submit
 
 SAE_ID = "sae_one_loop"
 

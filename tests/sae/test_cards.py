@@ -10,15 +10,7 @@ import pytest
 from millm.errors import InvalidFeatureIndex
 from millm.sae.cards import FeatureCard, example_parts, measured_features, parse_index, read_card
 from millm.sae.labels import LabelIndex, rank
-
-ROWS = [
-    {"index": 3, "label": "rain, storm, weather", "frequency": 0.0125, "max_activation": 17.5,
-     "top_tokens": [["rain", 40.5], ["storm", 12.0]],
-     "examples": [{"text": "then the« rain» fell", "activation": 17.5}, {"text": "no marks here", "activation": 2.0}],
-     "promotes": [" umbrella", "wet"]},
-    {"index": 8, "label": "rainbow, colours", "frequency": 0.002, "max_activation": 9.0, "top_tokens": [],
-     "examples": [], "promotes": [], "recommended_strength": 60.0},
-]
+from tests.support.cards import ROWS, TABLE
 
 
 def write_sae(folder: Path, rows: list[dict] | None = ROWS, labels: dict[int, str] | None = None) -> Path:
@@ -109,9 +101,6 @@ def test_rows_are_reread_when_the_file_changes(tmp_path: Path) -> None:
 
 
 # ranking: whole-word matches, then features measured to steer, then other substring matches
-TABLE = {1: "rainbow, colours", 2: "heavy rain, storm", 3: "rain, wet", 4: "drain, pipe", 5: "weather, rain",
-         6: "terrain, maps", 7: "brain, mind"}
-
 
 def test_rank_puts_whole_words_first_then_measured_then_other_substrings() -> None:
     assert [m.index for m in rank(TABLE, "rain")] == [3, 5, 2, 1, 4, 6, 7]

@@ -13,7 +13,7 @@ import pytest
 from millm.errors import InvalidParameter, MillmError, ResponseFormatUnsupported, UnusedFieldsRefused
 from millm.requests.builder import build_chat, build_completion
 from millm.steering.readout import ReadoutAsk
-from tests.server.test_contract import chat, frames, make, run
+from tests.support.app import chat, frames, make, run
 from tests.support.fakes import FakeEngine
 
 TF = lambda _: "transformers"  # noqa: E731

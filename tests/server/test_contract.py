@@ -20,30 +20,10 @@ from millm.engine.base import Engine
 from millm.errors import ModelNotFound
 from millm.registry import ModelEntry
 from millm.server.app import create_app
+from tests.support.app import chat, frames, make, run
 from tests.support.fakes import SCRIPT, FakeEngine
 
 Run = Callable[[Callable[[Any], Awaitable[Any]]], Any]
-
-
-def chat(**extra: Any) -> dict[str, Any]:
-    return {"model": "fake", "messages": [{"role": "user", "content": "hi"}], **extra}
-
-
-def frames(data: bytes) -> list[str]:
-    return [f for f in data.decode().split("\n\n") if f]
-
-
-def make(tmp_path: Path, engine: Engine | None = None, **kw: Any) -> tuple[Any, FakeEngine]:
-    eng = engine or FakeEngine()
-    settings = Settings(home=tmp_path, **kw)
-    return create_app(settings, eng), eng  # type: ignore[return-value]
-
-
-def run(app: Any, scenario: Callable[[Any], Awaitable[Any]]) -> Any:
-    async def main() -> Any:
-        async with app.test_app():
-            return await scenario(app.test_client())
-    return asyncio.run(main())
 
 
 def test_strict_mode_refuses_fields_found_on_every_path(tmp_path):

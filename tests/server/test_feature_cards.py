@@ -12,7 +12,7 @@ import pytest
 
 from millm.config import Settings
 from millm.server.app import create_app
-from tests.sae.test_cards import ROWS, TABLE
+from tests.support.cards import ROWS, TABLE
 from tests.support.fakes import FakeEngine
 from tests.support.saes import random_sae, write_saelens
 

@@ -6,70 +6,21 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import threading
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from millm.config import Settings
 from millm.engine import preflight
-from millm.engine.base import Engine
-from millm.errors import InsufficientMemory, ModelLoadFailed, ModelNotFound, UnsupportedQuantization
+from millm.errors import InsufficientMemory, UnsupportedQuantization
 from millm.registry import ModelEntry
 from millm.server.app import create_app
 from tests.support.fakes import SCRIPT, FakeEngine
+from tests.support.lab import Lab, answer, chat
 
 
 class OutOfMemoryError(RuntimeError):
     """Named like torch's: the worker types any backend's out-of-memory error by name."""
-
-
-def entry(model_id: str) -> ModelEntry:
-    return ModelEntry(id=model_id, engine="transformers", source="path", path=Path(__file__))
-
-
-class Lab:
-    """An app with a scripted registry, loader and preflight check."""
-
-    def __init__(self, tmp_path: Path, **settings: Any) -> None:
-        self.entries = {m: entry(m) for m in ("fake", "good", "refused", "broken", "slow")}
-        self.loaded: list[str] = []
-        self.release = threading.Event()
-        self.release.set()
-        self.old = FakeEngine()
-        self.app = create_app(Settings(home=tmp_path, **settings), self.old, loader=self.load, registry=self.find)
-        self.app.extensions["millm"].manager.preflight = self.check
-
-    def find(self, name: str) -> ModelEntry:
-        if name not in self.entries:
-            raise ModelNotFound(name)
-        return self.entries[name]
-
-    def check(self, target: ModelEntry, current: ModelEntry | None) -> None:
-        if target.id == "refused":
-            raise UnsupportedQuantization("'refused' is quantised to 2 bits (hqq); transformers takes ...")
-
-    def load(self, target: ModelEntry, settings: Settings) -> Engine:
-        self.release.wait(10)
-        if target.id == "broken":
-            raise ModelLoadFailed("'broken': weights are corrupt")
-        self.loaded.append(target.id)
-        return FakeEngine(target.id)
-
-    def run(self, scenario: Any) -> Any:
-        async def main() -> Any:
-            async with self.app.test_app():
-                return await scenario(self.app.test_client())
-        return asyncio.run(main())
-
-
-def chat(model: str = "fake", **extra: Any) -> dict[str, Any]:
-    return {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, **extra}
-
-
-async def answer(response: Any) -> tuple[int, Any]:
-    return response.status_code, await response.get_json()
 
 
 def test_a_load_refused_before_unload_keeps_the_old_model_serving(tmp_path):

@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from tests.server.test_lifecycle import Lab, answer, chat
 from tests.support.fakes import SCRIPT
+from tests.support.lab import Lab, answer, chat
 
 
 def holding_generation(lab: Lab) -> tuple[asyncio.Event, asyncio.Event]:

@@ -10,7 +10,7 @@ from millm.errors import InvalidFeatureIndex, InvalidParameter, ProfileConflict
 from millm.steering.documents import Registered
 from millm.steering.imports import import_document, stored_cluster
 from millm.store import Store
-from tests.steering.test_documents import CIRCUIT, CLUSTER, REG
+from tests.support.documents import CIRCUIT, CLUSTER, REG
 
 
 @pytest.fixture

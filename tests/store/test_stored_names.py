@@ -15,7 +15,7 @@ from millm.steering.intensity import IntensitySettings
 from millm.steering.names import name_problem
 from millm.steering.service import SteeringService
 from millm.store import Store
-from tests.steering.test_documents import CIRCUIT, CLUSTER, REG
+from tests.support.documents import CIRCUIT, CLUSTER, REG
 
 OLD = "weather: rain (v1)"  # a name the rule now refuses (':' and parentheses)
 

@@ -20,7 +20,7 @@ from millm.structured.tools import (
     split,
     tool_constraint,
 )
-from tests.server.test_contract import frames, make, run
+from tests.support.app import frames, make, run
 from tests.support.fakes import FakeEngine
 
 WEATHER = {"type": "function", "function": {

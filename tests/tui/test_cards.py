@@ -11,7 +11,7 @@ import httpx
 
 from millm.config import Settings
 from millm.server.app import create_app
-from tests.sae.test_cards import ROWS, TABLE
+from tests.support.cards import ROWS, TABLE
 from tests.support.fakes import FakeEngine
 from tests.support.saes import random_sae, write_saelens
 from tests.tui.fakes import LABELS, SAE, ScriptedClient
