@@ -15,7 +15,7 @@ from millm.batch.generate import Job, run_generations, run_padded
 from millm.engine.decode.admission import BatchSettings
 from millm.engine.decode.scheduler import Scheduler
 from millm.requests.builder import build_chat
-from tests.cli.batch_rows import BROKEN, GOOD, PROFILE, read_out, weather_profile, write_input
+from tests.support.batch_rows import BROKEN, GOOD, PROFILE, read_out, weather_profile, write_input
 
 __all__ = ["weather_profile"]
 runner = CliRunner()

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
-from tests.cli.batch_rows import weather_profile, write_input
+from tests.support.batch_rows import weather_profile, write_input
 
 __all__ = ["weather_profile"]
 ray = pytest.importorskip("ray")
