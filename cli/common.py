@@ -2,6 +2,10 @@
 
 Heavy modules (torch, transformers, llama.cpp) are imported inside the commands that need them,
 so ``millm --help`` answers at once.
+
+Every command gets its engine from ``engine_for``. ``ENGINE_FACTORY``, when set, is where that engine comes
+from instead of loading a model: the tests hand the CLI the scripted engine this way (``tests/support/cli.py``),
+so ``chat``, ``steer``, ``score``, ``batch`` and ``embed`` run without a model.
 """
 
 from __future__ import annotations
@@ -28,6 +32,9 @@ out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+EngineFactory = Callable[[str | None], "Engine"]  # a model name (None: the default) -> its engine
+ENGINE_FACTORY: EngineFactory | None = None  # set: every command's engine comes from here, nothing is loaded
 
 
 def reports_errors(fn: F) -> F:
@@ -76,15 +83,21 @@ def check_seed(seed: int, option: str = "seed") -> int:
 
 
 def engine_of(model: str) -> str:
-    """Which engine runs ``model`` (an id, a GGUF repo name or a path), without loading it."""
+    """Which engine runs ``model`` (an id, a GGUF repo name or a path), without loading it (with an
+    ``ENGINE_FACTORY``: the engine it hands out)."""
     from millm.registry import resolve
 
+    if ENGINE_FACTORY is not None:
+        return ENGINE_FACTORY(model).engine_name
     return resolve(model, get_settings(), paths=True).engine
 
 
 def engine_for(model: str | None) -> Engine:
     """The engine for ``model`` (default: the configured default), loaded once per process with a spinner,
-    its persisted SAE attachments and steering values re-applied (``millm.local``)."""
+    its persisted SAE attachments and steering values re-applied (``millm.local``); or, with an
+    ``ENGINE_FACTORY``, the one it hands out."""
+    if ENGINE_FACTORY is not None:
+        return ENGINE_FACTORY(model)
     return local.engine_for(model, lambda model_id: err.status(f"loading {model_id} ..."))
 
 

@@ -1,43 +1,40 @@
-"""``millm batch``: every line answered as the live server answers the same request, and resumable."""
+"""``millm batch`` on the scripted engine (``fake_cli``): every line answered as the server answers the same
+request, and resumable. Whether rows batched together decode as they would alone is the engine's
+(tests/batch/test_generate.py, on the real model)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
-from millm.batch.generate import Job, run_generations, run_padded
-from millm.engine.decode.admission import BatchSettings
-from millm.engine.decode.scheduler import Scheduler
-from millm.requests.builder import build_chat
-from tests.support.batch_rows import BROKEN, GOOD, PROFILE, read_out, weather_profile, write_input
+from tests.support.batch_rows import BROKEN, GOOD, PROFILE, read_out, weather_steering, write_input
 
-__all__ = ["weather_profile"]
 runner = CliRunner()
 VOLATILE = ("id", "created")
 
 
-@pytest.fixture(scope="module")
-def answered(engine, weather_profile, tmp_path_factory) -> tuple[Path, Path]:
-    """The mixed file answered once: (input, output)."""
-    folder = tmp_path_factory.mktemp("batch")
-    src, out = write_input(folder), folder / "out.jsonl"
-    result = runner.invoke(app, ["batch", str(src), "-o", str(out), "--batch-size", "4"])
-    assert result.exit_code == 0, result.output
-    return src, out
+@pytest.fixture
+def answered(fake_cli, tmp_path) -> Iterator[tuple[Path, Path]]:
+    """The mixed file answered once, the weather profile steering its steered rows: (input, output)."""
+    with weather_steering(fake_cli.steering_target()):
+        src, out = write_input(tmp_path), tmp_path / "out.jsonl"
+        result = runner.invoke(app, ["batch", str(src), "-o", str(out), "--batch-size", "4"])
+        assert result.exit_code == 0, result.output
+        yield src, out
 
 
 def stable(body: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in body.items() if k not in VOLATILE}
 
 
-def millm_headers(response: httpx.Response) -> dict[str, str]:
-    return {k: v for k, v in response.headers.items() if k.lower().startswith("x-millm-")}
+def millm_headers(headers: Any) -> dict[str, str]:
+    return {k.lower(): v for k, v in headers.items() if k.lower().startswith("x-millm-")}
 
 
 def test_every_line_is_answered_in_input_order(answered):
@@ -51,22 +48,34 @@ def test_every_line_is_answered_in_input_order(answered):
     assert set(by_id) == {c for c, _, _ in GOOD}
 
 
-def test_bodies_equal_the_live_servers(answered, server):
-    """Greedy generation, scoring, embeddings, steered rows and refusals: status, body (but id and created)
-    and the X-miLLM-* headers are the server's own."""
+def test_bodies_equal_the_servers(fake_cli, answered):
+    """Generation, scoring, embeddings, steered rows and refusals: status, body (but id and created) and the
+    X-miLLM-* headers are those of the server on the same engine, with the same steering and store."""
+    from millm.config import get_settings
+    from tests.support.app import run
+
     _, out = answered
     rows = {r["custom_id"]: r for r in read_out(out) if r["error"] is None}
-    with httpx.Client(base_url=server, timeout=300) as http:
-        for custom_id, url, body in GOOD:
-            live = http.post(url, json=body)
-            response = rows[custom_id]["response"]
-            assert response["status_code"] == live.status_code, custom_id
-            assert stable(response["body"]) == stable(live.json()), custom_id
-            assert {k.lower(): v for k, v in response["headers"].items()} == millm_headers(live), custom_id
-        plain = http.post("/v1/chat/completions", json={k: v for k, v in GOOD[7][2].items() if k != "profile"})
+    from millm.server.app import create_app
+
+    async def scenario(client: Any) -> tuple[list[tuple[int, Any, dict[str, str]]], Any]:
+        answers = []
+        for _, url, body in GOOD:
+            r = await client.post(url, json=body)
+            answers.append((r.status_code, await r.get_json(), millm_headers(r.headers)))
+        plain = await client.post("/v1/chat/completions", json={k: v for k, v in GOOD[7][2].items() if k != "profile"})
+        return answers, await plain.get_json()
+
+    answers, plain = run(create_app(get_settings(), fake_cli), scenario)
+    for (custom_id, _, _), (status, body, headers) in zip(GOOD, answers):
+        response = rows[custom_id]["response"]
+        assert response["status_code"] == status, custom_id
+        assert stable(response["body"]) == stable(body), custom_id
+        assert millm_headers(response["headers"]) == headers, custom_id
     steered = rows["steer1"]["response"]
     assert steered["headers"]["X-miLLM-Steering"] == f'"{PROFILE}"'
-    assert steered["body"]["choices"][0]["message"] != plain.json()["choices"][0]["message"]
+    assert steered["body"]["choices"][0]["message"]["content"] == "Stee"  # steered_script, 4 tokens
+    assert plain["choices"][0]["message"] != steered["body"]["choices"][0]["message"]
     assert rows["steer2"]["response"]["headers"]["X-miLLM-Steering-Intensity"] == "0.5"
     assert rows["ign"]["response"]["headers"]["X-miLLM-Ignored-Fields"] == '"user"'
     assert rows["bad2"]["response"]["status_code"] == 404
@@ -107,52 +116,6 @@ def test_resume_after_a_killed_run(answered, tmp_path):
     assert again.exit_code == 0 and out.read_bytes() == full.read_bytes()
 
 
-def chat_job(engine, text: str, **fields: Any) -> Job:
-    body = {"model": engine.model_id, "messages": [{"role": "user", "content": text}], "temperature": 0,
-            "max_tokens": 4, **fields}
-    built = build_chat(body, lambda _: "transformers")
-    return Job([engine.prepare(built.generations[0])])
-
-
-def test_shared_padded_runs_equal_runs_alone(engine):
-    """Greedy rows with equal parameters decode as one padded plan (the path of engines without a
-    scheduler), and each row's events are those of its own run."""
-    texts = ["Hi.", "What is the capital of France?", "Name a fruit."]
-    shared, alone = [chat_job(engine, t) for t in texts], [chat_job(engine, t) for t in texts]
-    run_padded(engine, shared)
-    run_generations(engine, alone, shares=False)
-    assert [j.events for j in shared] == [j.events for j in alone]
-    assert all(j.error is None and j.events for j in shared)
-
-
-def test_scheduled_rows_with_different_parameters_equal_runs_alone(engine, settings, monkeypatch):
-    """Rows with different budgets, stops and penalties share the scheduler's batch, each giving the events of
-    its own run; the scheduler's fallbacks (a seed, n > 1) are the only rows it serves alone: a schema is a
-    row's own matcher, batched (MILLM_BATCHING_CONSTRAINTS=refuse would serve it alone)."""
-    def jobs() -> list[Job]:
-        return [chat_job(engine, "Hi."), chat_job(engine, "What is the capital of France?", max_tokens=7),
-                chat_job(engine, "Count to five.", stop=[","]),
-                chat_job(engine, "Name a fruit.", frequency_penalty=1.5),
-                chat_job(engine, "Pick a word.", temperature=1, seed=3), chat_job(engine, "Say yes.", n=2),
-                chat_job(engine, "JSON.", response_format={"type": "json_object"}, max_tokens=6)]
-
-    alone = jobs()
-    run_generations(engine, alone, shares=False)
-    submitted: list[bool] = []
-    real_submit = Scheduler.submit
-
-    def counted(self, job):
-        submitted.append(job.alone)
-        return real_submit(self, job)
-
-    monkeypatch.setattr(Scheduler, "submit", counted)
-    batched = jobs()
-    run_generations(engine, batched, BatchSettings.of(settings))
-    assert [j.events for j in batched] == [j.events for j in alone]
-    assert all(j.error is None and j.events for j in batched)
-    assert submitted == [False, False, False, False, True, True, False]
-
-
 def test_batch_refuses_bad_options(tmp_path):
     src = tmp_path / "in.jsonl"
     src.write_text("")
@@ -162,12 +125,16 @@ def test_batch_refuses_bad_options(tmp_path):
     assert runner.invoke(app, ["batch", str(src), "-o", str(src)]).exit_code == 1
 
 
-def test_a_tool_call_line_answers_tool_calls_as_the_server_renders_them(engine, tmp_path):
+def test_a_tool_call_line_answers_tool_calls_as_the_server_renders_them(fake_cli, tmp_path):
+    from millm.structured.tools import call_text
+
+    fake_cli.say(call_text("get_weather", '{"city": "Paris"}'))  # the scripted engine answers the call
+    engine = fake_cli
     weather = {"type": "function", "function": {"name": "get_weather", "parameters": {
         "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
     body = {"model": engine.model_id, "messages": [{"role": "user", "content": "Weather in Paris?"}],
             "tools": [weather], "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
-            "max_tokens": 40, "temperature": 0}
+            "max_tokens": 200, "temperature": 0}
     src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     src.write_text(json.dumps({"custom_id": "t", "method": "POST", "url": "/v1/chat/completions", "body": body}) + "\n")
     result = runner.invoke(app, ["batch", str(src), "-o", str(out)])
@@ -175,4 +142,4 @@ def test_a_tool_call_line_answers_tool_calls_as_the_server_renders_them(engine, 
     choice = read_out(out)[0]["response"]["body"]["choices"][0]
     call = choice["message"]["tool_calls"][0]
     assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
-    assert call["function"]["name"] == "get_weather" and "city" in json.loads(call["function"]["arguments"])
+    assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}

@@ -1,10 +1,10 @@
 """What steered each ``millm chat`` answer (one stderr line), labels on ``steer set`` / ``profiles create``, and
-``chat --sae`` taking its layer over whatever is attached or active for that chat only. On the real model with
-the bundled SAEs (``smollm2-135m-res-L10``: feature 2375 is "music, melody")."""
+``chat --sae`` taking its layer over whatever is attached or active for that chat only. On the steerable scripted
+engine (``fake_cli``: the bundled model's shape) with the bundled SAEs (``smollm2-135m-res-L10``: feature 2375 is
+"music, melody")."""
 
 import json
 
-import pytest
 from typer.testing import CliRunner
 
 from cli.common import steering_service
@@ -22,8 +22,13 @@ def run(*args, ok=True, input=None):
     return result
 
 
-def chat(*extra, ok=True):
-    return run("chat", "Hi.", "--temperature", "0", "--max-tokens", "2", *extra, ok=ok)
+def chat(*extra, ok=True, tokens=2):
+    return run("chat", "Hi.", "--temperature", "0", "--max-tokens", tokens, *extra, ok=ok)
+
+
+def steered(result) -> bool:
+    """Whether the scripted engine's answer was steered (``steered_script``: it starts with "Steered")."""
+    return result.stdout.startswith("St")
 
 
 def lines(result):
@@ -32,38 +37,29 @@ def lines(result):
     return [line for line in result.stderr.splitlines() if line.startswith("steering:")]
 
 
-@pytest.fixture
-def clean(engine):
-    """Nothing attached or set before; attachments, values and the test's profiles gone after."""
-    assert not engine.steering.attachments, "another test left an SAE attached"
-    yield
-    service = steering_service()
-    run("steer", "clear")
-    for sid in list(engine.steering.attachments):
-        run("sae", "detach", sid)
-    for name in ("cli26-music", "cli26-far"):
-        if service.store.profile(name) is not None:
-            service.delete_profile(name)
-
-
-def test_each_answer_says_what_steered_it(engine, clean):
-    assert lines(chat()) == ["steering: none (no SAE attached)"]
-    steered = chat("--sae", L10, "--steer", "music=40")
-    assert lines(steered) == [f"steering: this chat's values on {L10} (L10): {MUSIC}"]
+def test_each_answer_says_what_steered_it(fake_cli):
+    plain = chat()
+    assert lines(plain) == ["steering: none (no SAE attached)"] and not steered(plain)
+    own = chat("--sae", L10, "--steer", "music=40")
+    assert lines(own) == [f"steering: this chat's values on {L10} (L10): {MUSIC}"] and steered(own)
     run("profiles", "create", "cli26-music", "2375=40", "--sae", L10)
     assert lines(chat("--profile", "cli26-music")) == [
         f'steering: none (profile "cli26-music" names SAE {L10}, which is not attached)']
     run("sae", "attach", L10)
     run("profiles", "activate", "cli26-music")
-    assert lines(chat()) == [f'steering: profile "cli26-music" on {L10} (L10): {MUSIC}']
-    assert lines(chat("--intensity", "0.5")) == [
+    full = chat(tokens=40)
+    assert lines(full) == [f'steering: profile "cli26-music" on {L10} (L10): {MUSIC}']
+    half = chat("--intensity", "0.5", tokens=40)
+    assert lines(half) == [
         f'steering: profile "cli26-music" at intensity 0.5 on {L10} (L10): 2375 "music, melody" = 20']
-    assert lines(chat("--intensity", "off")) == ["steering: none (intensity off)"]
+    assert steered(full) and steered(half) and full.stdout != half.stdout  # half the strength, half the norm
+    off = chat("--intensity", "off")
+    assert lines(off) == ["steering: none (intensity off)"] and not steered(off)
     talk = run("chat", "-i", "--temperature", "0", "--max-tokens", "2", input="Hi.\nHello.\n/exit\n")
     assert lines(talk) == [f'steering: profile "cli26-music" on {L10} (L10): {MUSIC}'] * 2
 
 
-def test_steer_set_and_profiles_create_take_labels(engine, clean):
+def test_steer_set_and_profiles_create_take_labels(fake_cli):
     nowhere = run("steer", "set", "music=40", ok=False)
     assert nowhere.exit_code == 1 and "give --sae" in nowhere.stderr
     run("sae", "attach", L10)
@@ -71,7 +67,7 @@ def test_steer_set_and_profiles_create_take_labels(engine, clean):
     assert shown["saes"][L10]["values"] == {"2375": 40.0}
     ambiguous = run("steer", "set", "weather=40", ok=False)
     assert ambiguous.exit_code == 1 and "ambiguous" in ambiguous.stderr and "1604 (weather" in ambiguous.stderr
-    assert engine.steering.attachments[L10].values == {2375: 40.0}
+    assert fake_cli.steering.attachments[L10].values == {2375: 40.0}
     run("profiles", "create", "cli26-music", "music=40", "--sae", L10)
     assert json.loads(run("profiles", "show", "cli26-music").stdout)["entries"] == [
         {"sae": L10, "feature": 2375, "strength": 40.0}]
@@ -80,12 +76,12 @@ def test_steer_set_and_profiles_create_take_labels(engine, clean):
     assert steering_service().store.profile("cli26-far") is None
 
 
-def test_chat_sae_overrides_for_that_chat_only(engine, clean):
+def test_chat_sae_overrides_for_that_chat_only(fake_cli):
     service = steering_service()
     run("profiles", "create", "cli26-music", "2375=40", "--sae", L10)
     run("sae", "attach", L10)
     run("profiles", "activate", "cli26-music")
-    before, stored = engine.steering.snapshot(), service.store.get_state(f"steering:{engine.model_id}")
+    before, stored = fake_cli.steering.snapshot(), service.store.get_state(f"steering:{fake_cli.model_id}")
     # L20 on layer 10, where L10 and the active profile are: L10 is set aside for this chat
     taken = chat("--sae", L20, "--layer", 10, "--steer", "5=40")
     assert lines(taken) == [f'steering: this chat\'s values on {L20} (L10): 5 "value, child, item" = 40; '
@@ -101,14 +97,14 @@ def test_chat_sae_overrides_for_that_chat_only(engine, clean):
     assert lines(far) == [f'steering: none (profile "cli26-far" names SAE {L20}, which is not attached)']
     refused = chat("--profile", "cli26-far", ok=False)  # without --sae it is refused, as the server does
     assert refused.exit_code == 1 and L20 in refused.stderr
-    assert engine.steering.snapshot() == before
-    assert service.store.get_state(f"steering:{engine.model_id}") == stored
+    assert fake_cli.steering.snapshot() == before
+    assert service.store.get_state(f"steering:{fake_cli.model_id}") == stored
     assert lines(chat()) == [f'steering: profile "cli26-music" on {L10} (L10): {MUSIC}']
     run("sae", "attach", L10, "--layer", 12)  # --sae without --layer leaves an attached SAE where it is
     assert lines(chat("--sae", L10)) == [f'steering: profile "cli26-music" on {L10} (L12): {MUSIC}']
 
 
-def test_scope_says_where_steering_applied_and_a_bad_one_is_refused_before_loading(engine, clean):
+def test_scope_says_where_steering_applied_and_a_bad_one_is_refused_before_loading(fake_cli):
     steered = chat("--sae", L10, "--steer", "music=40", "--scope", "generated")
     assert lines(steered) == [f"steering: this chat's values (generated positions only) on {L10} (L10): {MUSIC}"]
     bad = chat("--scope", "decode", ok=False)

@@ -1,4 +1,5 @@
-"""``millm clusters``, ``millm circuits`` and ``millm chat --intensity``: a round trip on the real model."""
+"""``millm clusters``, ``millm circuits`` and ``millm chat --intensity``: a round trip on the steerable scripted
+engine (``fake_cli``): a steered answer is ``steered_script`` (the norm of its steering in the text)."""
 
 import json
 
@@ -24,20 +25,15 @@ def answer(*extra):
                *extra).stdout
 
 
-@pytest.fixture(scope="module")
-def saes(engine, tmp_path_factory):
-    """SAEs at layers 11 and 21, registered and attached through the CLI, detached afterwards."""
-    root = tmp_path_factory.mktemp("cli-docs")
+@pytest.fixture
+def saes(fake_cli, tmp_path):
+    """SAEs at layers 11 and 21, registered and attached through the CLI."""
     ids = {}
     for layer, seed in ((11, 31), (21, 32)):
-        result = run("sae", "add", write_saelens(root / f"l{layer}", random_sae(576, 128, seed=seed), layer=layer))
-        ids[layer] = result.stdout.split()[0]
+        folder = write_saelens(tmp_path / "cli-docs" / f"l{layer}", random_sae(576, 128, seed=seed), layer=layer)
+        ids[layer] = run("sae", "add", folder).stdout.split()[0]
         run("sae", "attach", ids[layer])
-    yield ids
-    run("steer", "clear")
-    for sid in ids.values():
-        if sid in engine.steering.attachments:
-            run("sae", "detach", sid)
+    return ids
 
 
 def write(tmp_path, doc):
@@ -53,7 +49,7 @@ CIRCUIT = {"kind": "circuit", "name": "cli-circuit", "model": MODEL, "fallback_c
            "evidence": {"rung": 3}}
 
 
-def test_clusters_round_trip(engine, saes, tmp_path):
+def test_clusters_round_trip(fake_cli, saes, tmp_path):
     path = write(tmp_path, CLUSTER)
     assert "imported cluster cli-cluster (3 members)" in run("clusters", "import", path).stdout
     again = run("clusters", "import", path, ok=False)
@@ -88,7 +84,7 @@ def test_clusters_round_trip(engine, saes, tmp_path):
     run("steer", "clear")
 
 
-def test_circuits_round_trip(engine, saes, tmp_path):
+def test_circuits_round_trip(fake_cli, saes, tmp_path):
     run("clusters", "import", write(tmp_path, CLUSTER), "--overwrite")
     run("circuits", "import", write(tmp_path, CIRCUIT), "--overwrite")
     assert "native" in run("circuits", "list").stdout

@@ -1,4 +1,7 @@
-"""``millm sae read`` on the bundled model with its bundled, labelled SAE smollm2-135m-res-L10."""
+"""``millm sae read`` with the bundled, labelled SAE smollm2-135m-res-L10, on the steerable scripted engine
+(``fake_cli``): its tokens are characters, and a token's residual is a fixed random vector, encoded by the SAE
+through the engine's own ``ReadoutRecorder``. Which features fire on real text is the engine's
+(tests/engine/test_one_loop.py, tests/server/test_readout_text_labels.py)."""
 
 import json
 
@@ -11,7 +14,7 @@ from millm.sae.bundled import BUNDLED_DIR
 SAE = "smollm2-135m-res-L10"
 LAYER = 10
 TEXT = "It was raining in Paris."
-PARIS = 1833  # labelled "paris, rome, ctrl"; the strongest feature on " Paris" in TEXT
+PARIS = 1833  # labelled "paris, rome, ctrl"
 
 runner = CliRunner()  # the millm command as installed: the command is reached through its group
 
@@ -24,18 +27,20 @@ def run(*args, ok=True):
 
 
 @pytest.fixture
-def untouched(engine):
-    """The SAE is attached for the read only: no attachment, hook or reader is left behind."""
-    layer = engine.steering.layers[LAYER]
-    hooks = (len(layer._forward_hooks), len(layer._forward_pre_hooks))
-    attachments = dict(engine.steering.attachments)
+def untouched(fake_cli):
+    """The SAE is attached for the read only: no attachment or reader is left behind."""
+    attachments = dict(fake_cli.steering.attachments)
     readers = lambda: {s: (len(a.pre_readers), len(a.post_readers), len(a.unsteered_readers))  # noqa: E731
-                       for s, a in engine.steering.attachments.items()}
+                       for s, a in fake_cli.steering.attachments.items()}
     before = readers()
     assert SAE not in attachments
     yield
-    assert engine.steering.attachments == attachments and readers() == before
-    assert (len(layer._forward_hooks), len(layer._forward_pre_hooks)) == hooks
+    assert fake_cli.steering.attachments == attachments and readers() == before
+
+
+def largest_first(position: dict) -> bool:
+    values = [f["value"] for f in position["features"]]
+    return values == sorted(values, reverse=True)
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +56,7 @@ def test_json_tokens_join_to_the_text_with_labels(untouched, labels):
     feats = [f for p in data["positions"] for f in p["features"]]
     assert all(len(p["features"]) <= 3 for p in data["positions"])
     assert feats and all(f["label"] == labels.get(f["index"]) for f in feats)
-    paris = next(p for p in data["positions"] if p["token"] == " Paris")
-    assert paris["features"][0]["index"] == PARIS and paris["features"][0]["label"] == labels[PARIS]
+    assert all(largest_first(p) and all(f["value"] > 0 for f in p["features"]) for p in data["positions"])
 
 
 def test_table_has_a_row_per_token_and_the_labels(untouched, labels):
@@ -61,30 +65,30 @@ def test_table_has_a_row_per_token_and_the_labels(untouched, labels):
     rows = [line for line in table.splitlines() if line.startswith("│") and line.split("│")[1].strip()]
     assert [r.split("│")[2].strip() for r in rows] == [json.dumps(p["token"]) for p in data["positions"]]
     assert [int(r.split("│")[1]) for r in rows] == [p["position"] for p in data["positions"]]
-    assert labels[PARIS] in table and str(PARIS) in table
+    shown = {(f["index"], f["label"]) for p in data["positions"] for f in p["features"]}
+    assert all(str(index) in table and (label is None or label in table) for index, label in shown)
 
 
 def test_features_restrict_by_index_or_label(untouched):
     data = json.loads(run(SAE, TEXT, "--json", "--features", "paris, rome, ctrl", "--features", "5,7").stdout)
     assert all(sorted(f["index"] for f in p["features"]) == [5, 7, PARIS] for p in data["positions"])
-    paris = next(p for p in data["positions"] if p["token"] == " Paris")
-    assert paris["features"][0]["index"] == PARIS  # largest first; the others are kept, at 0 where they do not fire
+    assert all(largest_first(p) for p in data["positions"])  # the others are kept, at 0 where they do not fire
     ambiguous = run(SAE, TEXT, "--features", "paris", ok=False)
     assert ambiguous.exit_code == 1 and "ambiguous" in ambiguous.output and str(PARIS) in ambiguous.output
 
 
-def test_an_attached_sae_is_read_where_it_is_and_stays(engine):
+def test_an_attached_sae_is_read_where_it_is_and_stays(fake_cli):
     from millm.sae.formats import load_sae
 
-    att = engine.steering.attach(SAE, load_sae(BUNDLED_DIR / SAE).sae, LAYER)
+    att = fake_cli.steering.attach(SAE, load_sae(BUNDLED_DIR / SAE).sae, LAYER)
     try:
         data = json.loads(run(SAE, TEXT, "--json").stdout)
         assert "".join(p["token"] for p in data["positions"]) == TEXT
-        assert engine.steering.attachments[SAE] is att and not att.unsteered_readers
+        assert fake_cli.steering.attachments[SAE] is att and not att.unsteered_readers
         wrong = run(SAE, TEXT, "--layer", "3", ok=False)
         assert wrong.exit_code == 1 and "attached at layer 10" in wrong.output
     finally:
-        engine.steering.detach(SAE)
+        fake_cli.steering.detach(SAE)
 
 
 def test_a_registered_sae_by_name_with_its_labels(untouched, tmp_path):
@@ -101,7 +105,7 @@ def test_a_registered_sae_by_name_with_its_labels(untouched, tmp_path):
     assert {f["index"] % 2 for f in feats} == {0, 1}  # labelled features and unlabelled ones (null) both shown
 
 
-def test_refusals(untouched, engine):
+def test_refusals(untouched, fake_cli):
     missing = run("no-such-sae", TEXT, ok=False)
     assert missing.exit_code == 1 and "no-such-sae" in missing.output
     too_many = run(SAE, TEXT, "--top-k", "65", ok=False)

@@ -1,6 +1,8 @@
-"""``millm score`` end to end: results, bad rows, batching, and resuming after a killed run."""
+"""``millm score`` end to end on the scripted engine (``fake_cli``): results, bad rows, batching, and resuming
+after a killed run. What the probabilities mean is the engine's (tests/engine/test_scoring.py)."""
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -19,14 +21,16 @@ def lines(path):
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def test_score_file(engine, tmp_path):
+def test_score_file(fake_cli, tmp_path):
+    """The scripted engine's tokens are characters: an allowed token is one character, and its scores are
+    -1, -2, ... in the order allowed (1, 2, 3 when none is)."""
     src = tmp_path / "in.jsonl"
     src.write_text("\n".join([
         json.dumps({"prompt": "2+2="}),
-        json.dumps({"messages": [{"role": "user", "content": "Is water wet? Answer yes or no."}],
-                    "allowed_tokens": ["yes", "no"]}),
+        json.dumps({"messages": [{"role": "user", "content": "Is water wet? Answer y or n."}],
+                    "allowed_tokens": ["y", "n"]}),
         "{broken",
-        json.dumps({"prompt": "The capital of France is", "allowed_tokens": [" Paris", " London"]}),
+        json.dumps({"prompt": "The capital of France is", "allowed_tokens": ["P", "L"]}),
         json.dumps({"prompt": "x", "allowed_tokens": ["two tokens here"]}),
     ]) + "\n")
     out = tmp_path / "out.jsonl"
@@ -35,10 +39,12 @@ def test_score_file(engine, tmp_path):
     rows = lines(out)
     assert [r["row"] for r in rows] == [0, 1, 2, 3, 4]
     assert len(rows[0]["top"]) == 3
-    assert {t["token"] for t in rows[1]["top"]} == {"yes", "no"}
-    assert sum(t["prob"] for t in rows[1]["top"]) == pytest.approx(1.0)
+    assert [(t["token"], t["logprob"]) for t in rows[1]["top"]] == [("y", -1.0), ("n", -2.0)]
+    assert rows[1]["top"][0]["prob"] == pytest.approx(math.exp(-1.0))
     assert "error" in rows[2] and "error" in rows[4] and "one" in rows[4]["error"]
-    assert rows[3]["text"] == " Paris"
+    assert (rows[3]["text"], rows[3]["token_id"], rows[3]["logprob"]) == ("P", rows[3]["top"][0]["token_id"], -1.0)
+    prompts = [row.prompt for request in fake_cli.scored for row in request.rows]
+    assert prompts[1].messages == [{"role": "user", "content": "Is water wet? Answer y or n."}]  # scored as given
     single = tmp_path / "single.jsonl"
     runner.invoke(app, ["score", str(src), "-o", str(single), "--logprobs", "3", "--batch-size", "1"])
     for a, b in zip(lines(single), rows):
@@ -46,12 +52,15 @@ def test_score_file(engine, tmp_path):
             assert a["text"] == b["text"] and a["logprob"] == pytest.approx(b["logprob"], abs=1e-4)
 
 
-def test_resume_after_kill(engine, tmp_path):
+def test_resume_after_kill(fake_cli, tmp_path):
+    """A run killed midway (``millm score`` in a process of its own, on the scripted engine slowed to 20 ms a
+    row) is resumed in this one: every row once."""
     src = tmp_path / "big.jsonl"
     src.write_text("".join(json.dumps({"prompt": f"Number {i} is"}) + "\n" for i in range(200)))
     out = tmp_path / "out.jsonl"
-    proc = subprocess.Popen([sys.executable, "-m", "cli", "score", str(src), "-o", str(out), "--batch-size", "4",
-                             "--logprobs", "2"], stderr=subprocess.DEVNULL, env=dict(os.environ))
+    proc = subprocess.Popen([sys.executable, "-m", "tests.support.cli", "score", str(src), "-o", str(out),
+                             "--batch-size", "4", "--logprobs", "2"], stderr=subprocess.DEVNULL,
+                            env={**os.environ, "MILLM_FAKE_PACE": "0.02"})
     deadline = time.monotonic() + 120
     while not out.exists() or len(out.read_text().splitlines()) < 12:
         assert proc.poll() is None and time.monotonic() < deadline
@@ -72,7 +81,7 @@ def test_resume_after_kill(engine, tmp_path):
         assert by_row[r["row"]]["text"] == r["text"]
 
 
-def test_score_errors(engine, tmp_path):
+def test_score_errors(fake_cli, tmp_path):
     result = runner.invoke(app, ["score", str(tmp_path / "missing.jsonl"), "-o", str(tmp_path / "o.jsonl")])
     assert result.exit_code == 1 and "missing.jsonl" in result.stderr
     result = runner.invoke(app, ["score", str(tmp_path / "x"), "-o", str(tmp_path / "o"), "--logprobs", "30"])
@@ -91,7 +100,7 @@ def test_score_options_obey_the_servers_rules(tmp_path, temperature):
     assert "temperature" in result.output and not out.exists()
 
 
-def test_score_row_temperature_is_checked_per_row(engine, tmp_path):
+def test_score_row_temperature_is_checked_per_row(fake_cli, tmp_path):
     src = tmp_path / "in.jsonl"
     src.write_text(json.dumps({"prompt": "2+2=", "temperature": 5}) + "\n" + json.dumps({"prompt": "1+1="}) + "\n")
     out = tmp_path / "out.jsonl"

@@ -1,4 +1,5 @@
-"""``millm sae``, ``millm steer``, ``millm profiles`` and ``millm chat`` steering flags, on the real model."""
+"""``millm sae``, ``millm steer``, ``millm profiles`` and ``millm chat`` steering flags, on the steerable scripted
+engine (``fake_cli``): a steered answer is ``steered_script`` (the norm of its steering in the text)."""
 
 import json
 
@@ -18,16 +19,13 @@ def run(*args, ok=True):
     return result
 
 
-@pytest.fixture(scope="module")
-def sae_id(engine, tmp_path_factory):
-    folder = write_saelens(tmp_path_factory.mktemp("cli-sae") / "l12", random_sae(576, 512, seed=11), layer=12)
+@pytest.fixture
+def sae_id(fake_cli, tmp_path):
+    folder = write_saelens(tmp_path / "cli-sae" / "l12", random_sae(576, 512, seed=11), layer=12)
     result = run("sae", "add", folder, "--name", "cli-test")
     sid = result.stdout.split()[0]
     assert sid.startswith("sae_") and "saelens" in result.stdout and "layer_hint=12" in result.stdout
-    yield sid
-    run("steer", "clear")
-    if sid in engine.steering.attachments:
-        run("sae", "detach", sid)
+    return sid
 
 
 def answer(*extra):
@@ -35,10 +33,10 @@ def answer(*extra):
                *extra).stdout
 
 
-def test_sae_list_attach_steer_detach(engine, sae_id):
+def test_sae_list_attach_steer_detach(fake_cli, sae_id):
     plain = answer()
     run("sae", "attach", sae_id)
-    assert engine.steering.attachments[sae_id].layer == 12
+    assert fake_cli.steering.attachments[sae_id].layer == 12
     assert f"{sae_id}" in run("sae", "list").stdout and " 12 " in run("sae", "list").stdout
     shown = json.loads(run("steer", "set", "5=150").stdout)
     assert shown["saes"][sae_id]["values"] == {"5": 150.0}
@@ -48,18 +46,18 @@ def test_sae_list_attach_steer_detach(engine, sae_id):
     assert answer() == plain
     assert json.loads(run("steer", "show").stdout)["saes"][sae_id]["values"] == {}
     run("sae", "detach", sae_id)
-    assert sae_id not in engine.steering.attachments
+    assert sae_id not in fake_cli.steering.attachments
 
 
-def test_chat_flags_steer_for_one_chat_only(engine, sae_id):
+def test_chat_flags_steer_for_one_chat_only(fake_cli, sae_id):
     plain = answer()
     steered = answer("--sae", sae_id, "--steer", "5=150")
     assert steered != plain
-    assert sae_id not in engine.steering.attachments  # attached for that chat only
+    assert sae_id not in fake_cli.steering.attachments  # attached for that chat only
     assert answer() == plain
 
 
-def test_profiles_commands(engine, sae_id, tmp_path):
+def test_profiles_commands(fake_cli, sae_id, tmp_path):
     run("profiles", "create", "cli-weather", "5=150", "--sae", sae_id, "--description", "test")
     assert "cli-weather" in run("profiles", "list").stdout
     doc = json.loads(run("profiles", "show", "cli-weather").stdout)
@@ -74,7 +72,7 @@ def test_profiles_commands(engine, sae_id, tmp_path):
     run("sae", "attach", sae_id)
     try:
         run("profiles", "activate", "cli-weather")
-        assert engine.steering.active_profile == "cli-weather" and answer() == via_profile
+        assert fake_cli.steering.active_profile == "cli-weather" and answer() == via_profile
     finally:
         run("steer", "clear")
         run("sae", "detach", sae_id)

@@ -1,4 +1,5 @@
-"""``millm steer sweep`` on the bundled model with its bundled SAE smollm2-135m-res-L10 (short sweeps)."""
+"""``millm steer sweep`` on the bundled model with its bundled SAE smollm2-135m-res-L10 (short sweeps); what is
+refused before sweeping, on the steerable scripted engine (``fake_cli``)."""
 
 import json
 import shutil
@@ -97,16 +98,18 @@ def test_save_writes_the_recommended_strength_into_a_copy(engine, untouched, tmp
     assert [r["path"] for r in steering_service().store.saes()].count(str(copy.resolve())) == 1  # registered once
 
 
-def test_unknown_label_refused(engine, untouched):
+def test_unknown_label_refused(fake_cli):
     result = run("zzzzqq", "--strengths", "0,20", "--prompts", 1, "--tokens", 4, ok=False)
     assert result.exit_code == 1 and "matches no feature label" in result.output
+    assert not fake_cli.steering.attachments and not fake_cli.requests  # nothing attached, nothing generated
 
 
-def test_save_on_the_bundled_sae_is_refused_before_sweeping(engine, untouched):
+def test_save_on_the_bundled_sae_is_refused_before_sweeping(fake_cli):
     before = (BUNDLED_DIR / SAE / "features.jsonl").read_bytes()
     result = run("music", "--save", "--strengths", "0,20", "--prompts", 1, "--tokens", 4, ok=False)
     assert result.exit_code == 1 and "ships inside the package" in result.output
     assert (BUNDLED_DIR / SAE / "features.jsonl").read_bytes() == before
+    assert not fake_cli.steering.attachments and not fake_cli.requests
 
 
 def test_screen_estimates_the_labelled_features_sweeps_the_promising_and_saves_what_steers(engine, untouched,

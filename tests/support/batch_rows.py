@@ -1,9 +1,11 @@
-"""A batch input mixing the three endpoints, scoring, steered rows and bad lines; shared by the batch tests."""
+"""A batch input mixing the three endpoints, scoring, steered rows and bad lines; shared by the batch tests
+(tests/cli/test_batch.py on the scripted engine, tests/cli/test_batch_ray.py on the real model)."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -62,13 +64,13 @@ def read_out(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-@pytest.fixture(scope="module")
-def weather_profile(engine) -> Iterator[str]:
-    """The bundled L10 SAE attached with a saved profile steering it strongly; detached afterwards."""
+@contextmanager
+def weather_steering(target: Any) -> Iterator[str]:
+    """The bundled L10 SAE attached to ``target`` with a saved profile steering it strongly, through the CLI's
+    steering service; the profile deleted and the SAE detached afterwards."""
     from cli.common import steering_service
 
     svc = steering_service()
-    target = engine.steering_target()
     svc.attach(target, SAE, 10)
     svc.save_profile({"name": PROFILE, "model": MODEL, "entries": [
         {"sae": SAE, "feature": 1604, "strength": 60.0}, {"sae": SAE, "feature": 1118, "strength": 60.0}]},
@@ -78,3 +80,10 @@ def weather_profile(engine) -> Iterator[str]:
     finally:
         svc.delete_profile(PROFILE)
         svc.detach(target, SAE)
+
+
+@pytest.fixture(scope="module")
+def weather_profile(engine) -> Iterator[str]:
+    """``weather_steering`` on the session's real model, for a module."""
+    with weather_steering(engine.steering_target()) as name:
+        yield name
