@@ -1,4 +1,8 @@
-"""Shared fixtures: one isolated MILLM_HOME and one loaded bundled model per test session."""
+"""Shared fixtures: one isolated MILLM_HOME and one loaded bundled model per test session.
+
+Nothing here imports torch: the engines are loaded inside the fixtures, so ``pytest -m "not model"
+--collect-only`` never loads it (tests/test_collection.py checks it).
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -17,9 +22,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from millm.config import Settings, get_settings  # noqa: E402  (after MILLM_HOME is set)
-from millm.engine import load_engine  # noqa: E402
-from millm.engine.transformers_engine import TransformersEngine  # noqa: E402
 from millm.registry import BUNDLED_ID, resolve  # noqa: E402
+
+if TYPE_CHECKING:
+    from millm.engine.llama_engine import LlamaCppEngine
+    from millm.engine.transformers_engine import TransformersEngine
 
 
 @pytest.fixture(scope="session")
@@ -32,6 +39,8 @@ def settings() -> Settings:
 def engine(settings: Settings) -> Iterator[TransformersEngine]:
     """The bundled SmolLM2-135M-Instruct on the transformers engine (dequantised once per session)."""
     import cli.common
+    from millm.engine import load_engine
+    from millm.engine.transformers_engine import TransformersEngine
 
     eng = load_engine(resolve(BUNDLED_ID, settings), settings)
     assert isinstance(eng, TransformersEngine)
@@ -60,6 +69,8 @@ def client(server: str):
 @pytest.fixture(scope="session")
 def gguf_engine(settings: Settings):
     """The bundled GGUF file on llama.cpp."""
+    from millm.engine import load_engine
+
     eng = load_engine(resolve("SmolLM2-135M-Instruct:Q4_1", settings), settings)
     yield eng
     eng.close()
@@ -74,7 +85,23 @@ def gguf_server(gguf_engine, settings: Settings) -> Iterator[str]:
         yield base
 
 
-MODEL_FIXTURES = {"engine", "server", "client", "gguf_engine", "gguf_server", "base"}
+@pytest.fixture(scope="module")
+def gguf_steerable(gguf_engine, settings: Settings) -> Iterator[LlamaCppEngine]:
+    """The bundled GGUF file on an engine of its own with MILLM_GGUF_STEERING on (set on the session's settings
+    while the module runs, so a server made from them honours it too): steered through control vectors,
+    nothing attached."""
+    from millm.engine.llama_engine import LlamaCppEngine
+
+    settings.gguf_steering = True
+    eng = LlamaCppEngine.load(gguf_engine.entry, settings)
+    try:
+        yield eng
+    finally:
+        settings.gguf_steering = False
+        eng.close()
+
+
+MODEL_FIXTURES = {"engine", "server", "client", "gguf_engine", "gguf_server", "gguf_steerable", "base"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -10,7 +10,6 @@ from millm.config import Settings
 from millm.errors import FieldNotHonoured, InvalidParameter
 from millm.requests.builder import build_chat, build_completion
 from millm.requests.fields import USE, policy
-from millm.server.app import create_app
 from millm.steering.intensity import Symbol
 from tests.support.fakes import FakeEngine
 
@@ -48,6 +47,8 @@ def test_refused_where_the_table_refuses_it(build):
 
 
 def test_an_engine_without_hooks_refuses_the_dial(tmp_path):
+    from millm.server.app import create_app
+
     app = create_app(Settings(home=tmp_path), FakeEngine())
 
     async def scenario():

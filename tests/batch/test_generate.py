@@ -3,14 +3,18 @@ decode exactly as each would alone. (``millm batch`` itself: tests/cli/test_batc
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from millm.batch.generate import Job, run_generations, run_padded
 from millm.engine.decode.admission import BatchSettings
 from millm.requests.builder import build_chat
 
+if TYPE_CHECKING:
+    from millm.batch.generate import Job
+
 
 def chat_job(engine, text: str, **fields: Any) -> Job:
+    from millm.batch.generate import Job
+
     body = {"model": engine.model_id, "messages": [{"role": "user", "content": text}], "temperature": 0,
             "max_tokens": 4, **fields}
     built = build_chat(body, lambda _: "transformers")
@@ -20,6 +24,8 @@ def chat_job(engine, text: str, **fields: Any) -> Job:
 def test_shared_padded_runs_equal_runs_alone(engine):
     """Greedy rows with equal parameters decode as one padded plan (the path of engines without a
     scheduler), and each row's events are those of its own run."""
+    from millm.batch.generate import run_generations, run_padded
+
     texts = ["Hi.", "What is the capital of France?", "Name a fruit."]
     shared, alone = [chat_job(engine, t) for t in texts], [chat_job(engine, t) for t in texts]
     run_padded(engine, shared)
@@ -32,6 +38,8 @@ def test_scheduled_rows_with_different_parameters_equal_runs_alone(engine, setti
     """Rows with different budgets, stops and penalties share the scheduler's batch, each giving the events of
     its own run; the scheduler's fallbacks (a seed, n > 1) are the only rows it serves alone: a schema is a
     row's own matcher, batched (MILLM_BATCHING_CONSTRAINTS=refuse would serve it alone)."""
+    from millm.batch.generate import run_generations
+
     def jobs() -> list[Job]:
         return [chat_job(engine, "Hi."), chat_job(engine, "What is the capital of France?", max_tokens=7),
                 chat_job(engine, "Count to five.", stop=[","]),

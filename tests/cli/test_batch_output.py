@@ -13,7 +13,6 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
-from millm.batch.run import open_job
 from millm.config import Settings
 from millm.errors import InvalidParameter
 from millm.registry import register_path, registered
@@ -37,6 +36,8 @@ def src(tmp_path: Path) -> Path:
 @pytest.mark.parametrize("text", ["notes I keep\nsecond line\n", "just one line, no newline", "{}\n",
                                   line("a") + "\n"])  # an input line is not an output line either
 def test_an_output_that_is_not_batch_output_is_refused_and_kept(src, tmp_path, text):
+    from millm.batch.run import open_job
+
     out = tmp_path / "notes.txt"
     out.write_text(text)
     with pytest.raises(InvalidParameter) as info:
@@ -48,6 +49,8 @@ def test_an_output_that_is_not_batch_output_is_refused_and_kept(src, tmp_path, t
 
 
 def test_a_torn_last_output_line_is_still_cut_and_answered_again(src, tmp_path):
+    from millm.batch.run import open_job
+
     out = tmp_path / "out.jsonl"
     whole = json.dumps({"id": "batch_req_1", "custom_id": "a", "response": {}, "error": None}) + "\n"
     out.write_text(whole + '{"id": "batch_req_2", "custom_')
@@ -66,6 +69,8 @@ def test_a_folder_as_output_is_a_clear_error(src, tmp_path):
 
 @pytest.mark.parametrize("separator", ["\u2028", "\u2029", "\u0085", "\x0b", "\x0c", "\x1c", "\r"])
 def test_input_lines_split_at_newlines_only(tmp_path, separator):
+    from millm.batch.run import open_job
+
     src = tmp_path / "in.jsonl"
     src.write_text(line("a", f"one{separator}two") + "\n" + line("b") + "\n", newline="")
     job = open_job(src, tmp_path / "out.jsonl")

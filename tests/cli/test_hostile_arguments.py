@@ -19,7 +19,6 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from millm import local
-from millm.engine import loader
 from millm.errors import ModelLoadFailed
 from millm.registry import BUNDLED_ID
 from tests.support.fakes import FakeEngine
@@ -79,7 +78,7 @@ def scripted(monkeypatch, tmp_path):
     def no_weights(*_: Any, **__: Any) -> Any:
         raise ModelLoadFailed("this test loads no weights")
 
-    monkeypatch.setattr(loader, "load", no_weights)
+    monkeypatch.setattr("millm.engine.loader.load", no_weights)  # torch: imported when the test runs
     monkeypatch.chdir(tmp_path)
     return CliRunner()
 

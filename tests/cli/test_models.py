@@ -28,7 +28,6 @@ from millm import hub
 from millm.config import Settings, get_settings
 from millm.errors import InvalidParameter, ModelNotFound
 from millm.registry import BUNDLED_ID, ModelEntry, bundled_gguf, resolve
-from millm.server.app import create_app
 from tests.support.fakes import FakeEngine
 from tests.support.live import live_server
 
@@ -443,6 +442,7 @@ def test_add_under_a_taken_id_and_rm_of_the_bundled_model_are_refused(home, tmp_
 def millm_server(home: Path) -> Iterator[str]:
     """A live app serving the scripted engine "fake"; "good" and "org/good" load, "broken" fails to."""
     from millm.errors import ModelLoadFailed
+    from millm.server.app import create_app
 
     entries = {m: ModelEntry(id=m, engine="transformers", source="path", path=Path(__file__))
                for m in ("fake", "good", "org/good", "broken")}

@@ -9,7 +9,6 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
-from millm.sae.bundled import BUNDLED_DIR
 
 SAE = "smollm2-135m-res-L10"
 LAYER = 10
@@ -45,6 +44,8 @@ def largest_first(position: dict) -> bool:
 
 @pytest.fixture(scope="module")
 def labels():
+    from millm.sae.bundled import BUNDLED_DIR
+
     lines = (BUNDLED_DIR / SAE / "features.jsonl").read_text().splitlines()
     return {item["index"]: item["label"] for item in map(json.loads, lines)}
 
@@ -78,6 +79,7 @@ def test_features_restrict_by_index_or_label(untouched):
 
 
 def test_an_attached_sae_is_read_where_it_is_and_stays(fake_cli):
+    from millm.sae.bundled import BUNDLED_DIR
     from millm.sae.formats import load_sae
 
     att = fake_cli.steering.attach(SAE, load_sae(BUNDLED_DIR / SAE).sae, LAYER)

@@ -8,8 +8,6 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
-from millm.sae.bundled import BUNDLED_DIR
-from millm.sae.formats import load_sae
 
 SAE = "smollm2-135m-res-L10"
 LAYER = 10
@@ -67,6 +65,9 @@ def test_sweep_table_by_index(engine, untouched):
 
 
 def test_live_values_of_an_attached_sae_come_back(engine, untouched):
+    from millm.sae.bundled import BUNDLED_DIR
+    from millm.sae.formats import load_sae
+
     steering = engine.steering
     steering.attach(SAE, load_sae(BUNDLED_DIR / SAE).sae, LAYER)
     try:
@@ -80,6 +81,8 @@ def test_live_values_of_an_attached_sae_come_back(engine, untouched):
 
 
 def test_save_writes_the_recommended_strength_into_a_copy(engine, untouched, tmp_path):
+    from millm.sae.bundled import BUNDLED_DIR
+
     copy = tmp_path / "sae"
     shutil.copytree(BUNDLED_DIR / SAE, copy)
     # words nearly every answer has: the recommendation is then the one steered strength, well inside the bound
@@ -105,6 +108,8 @@ def test_unknown_label_refused(fake_cli):
 
 
 def test_save_on_the_bundled_sae_is_refused_before_sweeping(fake_cli):
+    from millm.sae.bundled import BUNDLED_DIR
+
     before = (BUNDLED_DIR / SAE / "features.jsonl").read_bytes()
     result = run("music", "--save", "--strengths", "0,20", "--prompts", 1, "--tokens", 4, ok=False)
     assert result.exit_code == 1 and "ships inside the package" in result.output
@@ -115,6 +120,7 @@ def test_save_on_the_bundled_sae_is_refused_before_sweeping(fake_cli):
 def test_screen_estimates_the_labelled_features_sweeps_the_promising_and_saves_what_steers(engine, untouched,
                                                                                         tmp_path):
     from millm.research.screen import FLOOR, SWEEP_STRENGTHS
+    from millm.sae.bundled import BUNDLED_DIR
 
     copy = tmp_path / "sae"
     shutil.copytree(BUNDLED_DIR / SAE, copy)

@@ -9,27 +9,27 @@ import asyncio
 import threading
 from collections.abc import Iterator
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import pytest
-import torch
 
 from millm.engine.base import StepControl
 from millm.engine.decode.admission import BatchSettings, fallback_reason
-from millm.engine.decode.kv import attention_mask, span_for
-from millm.engine.decode.sampling import apply_penalties, sample_rows, top_p_mask, unsampleable
-from millm.engine.decode.scheduler import Scheduler
 from millm.engine.events import Delta, Usage
-from millm.engine.worker import EngineWorker
 from millm.errors import InsufficientMemory, InvalidFeatureIndex, NonFiniteLogits
-from millm.steering.controller import Override
 from tests.support.saes import random_sae
 from tests.support.scheduler import alone, drain, plan, submit
+
+if TYPE_CHECKING:
+    from millm.engine.decode.scheduler import Scheduler
 
 SAE_ID = "sae_batch_test"
 
 
 @pytest.fixture
 def scheduler(engine) -> Iterator[Scheduler]:
+    from millm.engine.decode.scheduler import Scheduler
+
     yield Scheduler(engine, BatchSettings(max_rows=4, max_tokens=4 * 256, prefill_chunk=64))
 
 
@@ -59,6 +59,8 @@ def test_greedy_batch_equals_each_alone(engine, scheduler):
 
 
 def test_rows_join_while_others_decode_and_long_prompts_prefill_in_chunks(engine):
+    from millm.engine.decode.scheduler import Scheduler
+
     scheduler = Scheduler(engine, BatchSettings(max_rows=2, max_tokens=2 * 512, prefill_chunk=16))
     first = plan(engine, "Tell me about the sea.", chat=True, max_tokens=20)
     long_text = "A list of fruits: " + ", ".join(["apple", "banana", "cherry", "grape", "melon"] * 12) + ", and"
@@ -77,6 +79,8 @@ def test_rows_join_while_others_decode_and_long_prompts_prefill_in_chunks(engine
 
 
 def test_waiting_requests_join_when_a_slot_frees(engine):
+    from millm.engine.decode.scheduler import Scheduler
+
     scheduler = Scheduler(engine, BatchSettings(max_rows=2, max_tokens=2 * 128, prefill_chunk=64))
     plans = [plan(engine, f"Question {i}: what is {i} plus {i}?", chat=True, max_tokens=4 + 3 * i) for i in range(4)]
     consumers = [submit(scheduler, p) for p in plans]
@@ -87,6 +91,8 @@ def test_waiting_requests_join_when_a_slot_frees(engine):
 
 
 def test_two_profiles_and_live_values_in_one_batch(engine, scheduler, sae):
+    from millm.steering.controller import Override
+
     one = Override("one", {sae: {1: 40.0}})
     two = Override("two", {sae: {5: -30.0}})
     prompt = "My favourite hobby is"
@@ -100,6 +106,8 @@ def test_two_profiles_and_live_values_in_one_batch(engine, scheduler, sae):
 
 
 def test_operator_change_reaches_live_rows_only(engine, scheduler, sae):
+    from millm.steering.controller import Override
+
     prompt = "My favourite hobby is"
     own = plan(engine, prompt, override=Override("own", {sae: {1: 40.0}}), max_tokens=8)
     live = plan(engine, prompt, max_tokens=8)
@@ -157,6 +165,8 @@ def test_a_steering_error_fails_only_its_row(engine, scheduler):
 
 
 def test_a_request_whose_steering_cannot_be_bound_fails_alone(engine, scheduler, sae):
+    from millm.steering.controller import Override
+
     keep = plan(engine, "Say hello.", chat=True, max_tokens=10)
     a = submit(scheduler, keep)
     scheduler.step()
@@ -171,6 +181,8 @@ def test_a_request_whose_steering_cannot_be_bound_fails_alone(engine, scheduler,
 
 
 def test_an_sae_replaced_under_a_row_ends_that_row_and_the_change_stands(engine, scheduler, sae):
+    from millm.steering.controller import Override
+
     own = plan(engine, "My favourite hobby is", override=Override("own", {sae: {20: 40.0}}), max_tokens=12)
     live = plan(engine, "My favourite hobby is", max_tokens=12)
     a, b = submit(scheduler, own), submit(scheduler, live)
@@ -184,6 +196,8 @@ def test_an_sae_replaced_under_a_row_ends_that_row_and_the_change_stands(engine,
 
 
 def test_an_operator_change_that_cannot_apply_changes_nothing(engine, scheduler, sae):
+    import torch
+
     steering = engine.steering
     steering.set_values(sae, {1: 40.0}, merge=False)
     try:
@@ -224,6 +238,8 @@ def test_non_finite_logits_end_only_their_row(engine, scheduler, monkeypatch):
 
 
 def test_a_cancelled_waiting_request_ends_without_waiting_for_a_slot(engine):
+    from millm.engine.decode.scheduler import Scheduler
+
     scheduler = Scheduler(engine, BatchSettings(max_rows=1, max_tokens=256, prefill_chunk=64))
     busy = submit(scheduler, plan(engine, "Count:", max_tokens=40))
     gone = submit(scheduler, plan(engine, "Hi"))
@@ -249,6 +265,8 @@ def test_a_failed_prefill_runs_no_forward_for_its_other_rows(engine, scheduler, 
 
 
 def test_the_scheduler_is_made_on_the_engine_thread_and_out_of_memory_is_typed(engine, monkeypatch):
+    from millm.engine.worker import EngineWorker
+
     made_on = []
 
     def out_of_memory(settings: BatchSettings | None) -> Scheduler:
@@ -313,6 +331,10 @@ def test_fallback_reasons(engine):
 
 
 def test_row_sampling_matches_the_single_request_rules():
+    import torch
+
+    from millm.engine.decode.sampling import apply_penalties, sample_rows, top_p_mask
+
     logits = torch.tensor([[1.0, 3.0, 2.0], [0.5, 0.1, 0.9]])
     counts = torch.tensor([[0, 2, 0], [1, 0, 0]], dtype=torch.int32)
     out = apply_penalties(logits, counts, torch.tensor([1.5, 0.0]), torch.tensor([0.5, 0.0]))
@@ -326,6 +348,10 @@ def test_row_sampling_matches_the_single_request_rules():
 
 
 def test_only_sampled_rows_are_drawn_and_unsampleable_rows_are_found():
+    import torch
+
+    from millm.engine.decode.sampling import sample_rows, unsampleable
+
     logits = torch.tensor([[float("inf"), 0.0, 1.0], [0.5, 0.1, 0.9]])
     assert sample_rows(logits, torch.tensor([0.0, 1.0]), torch.tensor([1.0, 1e-6])).tolist() == [0, 2]
     inf = float("inf")
@@ -334,6 +360,10 @@ def test_only_sampled_rows_are_drawn_and_unsampleable_rows_are_found():
 
 
 def test_kv_mask_and_span():
+    import torch
+
+    from millm.engine.decode.kv import attention_mask, span_for
+
     assert span_for(1, 256) == 32 and span_for(33, 256) == 64 and span_for(300, 256) == 256
     mask = attention_mask(torch.tensor([[2], [0]]), 4)
     assert mask.shape == (2, 1, 1, 4)

@@ -3,7 +3,6 @@
 import time
 
 import pytest
-import torch
 
 from millm.engine.params import ChatPrompt, GenerationRequest, TextPrompt
 from millm.engine.templates import render_chat
@@ -61,6 +60,8 @@ def test_stop_string_spanning_tokens_is_cut_and_never_streamed(engine):
 
 
 def test_streamed_utf8_equals_full_decode(engine):
+    import torch
+
     prompt = [{"role": "user", "content": "Repeat exactly: 你好，世界 😀🎉 café"},
               {"role": "assistant", "content": "你好，世界 😀🎉"}]
     evts = events(engine, prompt, temperature=0, max_tokens=12)
@@ -147,6 +148,8 @@ def test_empty_text_prompt_refused(engine):
 
 
 def test_embeddings_deterministic_and_shaped(engine):
+    import torch
+
     a, tokens = engine.embed(["The cat sat.", "A longer sentence about dogs and parks."])
     b, _ = engine.embed(["The cat sat."])
     assert len(a) == 2 and len(a[0]) == engine.model.config.hidden_size
@@ -196,6 +199,8 @@ def test_closing_the_stream_cancels_and_releases(engine):
 
 
 def test_cached_load_is_fast_and_identical(engine, settings):
+    import torch
+
     from millm.engine import load_engine
     from millm.registry import BUNDLED_ID, resolve
 

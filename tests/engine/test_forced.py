@@ -4,10 +4,8 @@ are the scoring path's own distribution; steered, each read is steered by its ow
 from __future__ import annotations
 
 import pytest
-import torch
 
 from millm.engine.params import Forced, TextPrompt
-from millm.steering.core import Override
 from tests.support.saes import random_sae
 
 SAE_ID = "sae_forced"
@@ -23,6 +21,8 @@ def attached(engine):
 
 
 def test_an_unsteered_read_is_the_scoring_paths_distribution(attached):
+    import torch
+
     engine = attached
     ids = engine.tokenize(TextPrompt("The weather today is cold and wet, with rain"))
     start, watch = 4, tuple(engine.tokenize(TextPrompt(" rain", add_special_tokens=False)))
@@ -33,6 +33,10 @@ def test_an_unsteered_read_is_the_scoring_paths_distribution(attached):
 
 
 def test_each_read_is_steered_by_its_own_override_alone(attached):
+    import torch
+
+    from millm.steering.core import Override
+
     engine = attached
     engine.steering.set_values(SAE_ID, {5: 80.0}, merge=False)  # live values: they steer no read
     try:

@@ -9,7 +9,6 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
-from millm.engine.llama_engine import LlamaCppEngine
 from millm.errors import AmbiguousModelName
 from millm.registry import bundled_gguf, resolve
 
@@ -162,6 +161,8 @@ def test_quantization_ids_and_ambiguity(settings, server):
 
 
 def test_llama_logs_go_to_the_logger_not_the_terminal(capfd, caplog, settings):
+    from millm.engine.llama_engine import LlamaCppEngine
+
     caplog.set_level(logging.DEBUG, logger="millm.llama_cpp")
     engine = LlamaCppEngine.load(resolve(GGUF, settings), settings)
     engine.close()

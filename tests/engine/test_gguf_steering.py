@@ -10,21 +10,23 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
-import torch
 
 from millm.engine.base import StepControl
 from millm.engine.events import Delta
-from millm.engine.llama_engine import LlamaCppEngine
 from millm.engine.params import ChatPrompt, GenerationRequest, SamplingParams, TextPrompt
 from millm.engine.scoring import ScoreRequest
 from millm.errors import FieldNotHonoured, InvalidParameter
-from millm.steering.controller import Override
-from millm.steering.cvec import ROW, ControlVectorSteering
 from millm.steering.readout import ReadoutAsk
 from tests.support.saes import random_sae
+
+if TYPE_CHECKING:
+    from millm.engine.llama_engine import LlamaCppEngine
+    from millm.steering.controller import Override
+    from millm.steering.cvec import ControlVectorSteering
 
 SAE_ID, LAYER, FEATURE, STRENGTH = "sae_gguf_test", 10, 3, 60.0
 CHAT = ChatPrompt([{"role": "user", "content": "Tell me about your day."}])
@@ -32,22 +34,18 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=24)
 
 
 @pytest.fixture(scope="module")
-def steered(gguf_engine, settings) -> Iterator[LlamaCppEngine]:
-    """The bundled GGUF file on llama.cpp with MILLM_GGUF_STEERING on, a random SAE attached at layer 10."""
-    settings.gguf_steering = True
-    eng = LlamaCppEngine.load(gguf_engine.entry, settings)
-    try:
-        target = eng.steering_target()
-        assert target is not None
-        target.steering.attach(SAE_ID, random_sae(576, 64, seed=1), LAYER)
-        yield eng
-    finally:
-        settings.gguf_steering = False
-        eng.close()
+def steered(gguf_steerable) -> Iterator[LlamaCppEngine]:
+    """``gguf_steerable`` (tests/conftest.py) with a random SAE attached at layer 10."""
+    target = gguf_steerable.steering_target()
+    assert target is not None
+    target.steering.attach(SAE_ID, random_sae(576, 64, seed=1), LAYER)
+    yield gguf_steerable
 
 
 @pytest.fixture
 def steering(steered) -> Iterator[ControlVectorSteering]:
+    from millm.steering.cvec import ControlVectorSteering
+
     target = steered.steering_target()
     assert target is not None and isinstance(target.steering, ControlVectorSteering)
     yield target.steering
@@ -82,6 +80,8 @@ def test_steering_changes_greedy_output_and_clearing_restores_it(steered, steeri
 
 
 def test_a_request_profile_steers_it_alone_and_is_released_after_it(steered, steering):
+    from millm.steering.controller import Override
+
     before = unsteered_cold(steered)
     profile = Override("p", {SAE_ID: {FEATURE: STRENGTH}})
     lives: list[bool] = []
@@ -93,6 +93,8 @@ def test_a_request_profile_steers_it_alone_and_is_released_after_it(steered, ste
 
 
 def test_released_after_an_error_and_after_a_disconnect(steered, steering):
+    from millm.steering.controller import Override
+
     before = unsteered_cold(steered)
     profile = Override("p", {SAE_ID: {FEATURE: STRENGTH}})
 
@@ -120,6 +122,8 @@ def test_released_after_an_error_and_after_a_disconnect(steered, steering):
 
 
 def test_operator_change_during_a_profile_request_wins(steered, steering):
+    from millm.steering.controller import Override
+
     profile = Override("p", {SAE_ID: {FEATURE: STRENGTH}})
     steered.llm.reset()
     alone = text(steered, override=profile)
@@ -155,6 +159,8 @@ def test_operator_change_reaches_a_live_request_at_the_next_token(steered, steer
 
 
 def test_embeddings_are_never_steered(steered, steering):
+    from millm.steering.controller import Override
+
     inputs = ["The weather today is sunny.", "hello"]
     before, _ = steered.embed(inputs)
     steering.set_values(SAE_ID, {FEATURE: 200.0}, merge=False)
@@ -206,6 +212,8 @@ def test_readouts_and_monitoring_stay_refused(steered, steering):
 
 
 def test_off_by_default_nothing_steers(gguf_engine):
+    from millm.steering.controller import Override
+
     assert gguf_engine.steering_target() is None
     with pytest.raises(FieldNotHonoured) as exc:
         gguf_engine.prepare(GenerationRequest([CHAT], GREEDY, override=Override("p", {})))
@@ -234,6 +242,10 @@ def _cvec_logits(llm, steering: ControlVectorSteering | None, ids: list[int]) ->
 
 def _hf_logits(engine, ids: list[int], values: dict[int, float] | None = None) -> np.ndarray:
     """The transformers engine's last logits for ``ids``, as a scheduler row steered by ``values`` on "pin"."""
+    import torch
+
+    from millm.steering.controller import Override
+
     with torch.no_grad(), engine.steering.each_row([Override("pin", {"pin": values or {}})]):
         return engine.model(torch.tensor([ids], device=engine.model.device)).logits[0, -1].float().cpu().numpy()
 
@@ -248,6 +260,8 @@ def test_a_control_vector_at_layer_l_is_resid_post_of_hf_layer_l(gguf_engine, en
     layer L does (cosine of the two logit changes), and clearly more like L than like L-1 or L+1: llama.cpp's
     control vector for layer il is added to decoder layer il's output, its buffer starting at layer 1."""
     from llama_cpp import Llama
+
+    from millm.steering.cvec import ROW, ControlVectorSteering
 
     sae = random_sae(576, 8, seed=2)
     llm = Llama(str(gguf_engine.entry.path), n_ctx=128, n_threads=None, verbose=False)

@@ -8,23 +8,23 @@ request run alone on the serial engine.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
-import torch
 
 from millm.engine.decode.admission import BatchSettings
-from millm.engine.decode.kv import KVShape, SlotCache
-from millm.engine.decode.prefill import Merged, choose, inputs
-from millm.engine.decode.scheduler import Scheduler
-from millm.steering.controller import Override
-from millm.steering.monitor import MonitorConfig
 from tests.support.saes import random_sae
 from tests.support.scheduler import alone, drain, plan, submit
+
+if TYPE_CHECKING:
+    from millm.engine.decode.scheduler import Scheduler
 
 SAE_ID = "sae_merged_prefill_test"
 
 
 def test_short_prompts_share_one_forward_within_the_budget():
+    from millm.engine.decode.prefill import Merged, choose
+
     merged = choose([(slot, 35) for slot in range(16)], 256)
     assert merged == Merged(0, 7, 35, {slot: 35 for slot in range(7)})  # 7 x 35 <= 256 < 8 x 35
     assert choose([(0, 10), (1, 30), (2, 20)], 256) == Merged(0, 3, 30, {0: 10, 1: 30, 2: 20})
@@ -32,6 +32,8 @@ def test_short_prompts_share_one_forward_within_the_budget():
 
 
 def test_a_long_prompt_is_chunked_and_fillers_count_against_the_budget():
+    from millm.engine.decode.prefill import Merged, choose
+
     assert choose([(0, 1000), (1, 35)], 256) == Merged(0, 1, 256, {0: 256})  # a long first prompt goes alone
     # a long prompt after short ones joins with a chunk of their width and continues next step
     assert choose([(0, 35), (1, 1000), (2, 20)], 256) == Merged(0, 3, 35, {0: 35, 1: 35, 2: 20})
@@ -40,6 +42,8 @@ def test_a_long_prompt_is_chunked_and_fillers_count_against_the_budget():
 
 
 def test_inputs_left_pad_each_chunk_and_fillers_write_aside():
+    from millm.engine.decode.prefill import Merged, inputs
+
     merged = Merged(first=2, count=3, width=4, takes={2: 2, 4: 4})
     ids, writes, reads = inputs(merged, {2: (5, [11, 12]), 4: (0, [21, 22, 23, 24])}, pad_id=0, aside=99)
     assert ids.tolist() == [[0, 0, 11, 12], [0, 0, 0, 0], [21, 22, 23, 24]]
@@ -48,6 +52,11 @@ def test_inputs_left_pad_each_chunk_and_fillers_write_aside():
 
 
 def test_a_merged_forward_writes_each_row_only_in_its_own_slot_and_positions():
+    import torch
+
+    from millm.engine.decode.kv import KVShape, SlotCache
+    from millm.engine.decode.prefill import Merged, inputs
+
     cache = SlotCache(KVShape(layers=1, kv_heads=1, head_dim=1), slots=3, slot_len=8, dtype=torch.float32,
                       device=torch.device("cpu"))
     merged = Merged(first=0, count=3, width=3, takes={0: 1, 2: 3})
@@ -89,6 +98,9 @@ def counting_forwards(scheduler: Scheduler) -> list[tuple[int, int, int]]:
 
 
 def test_rows_of_different_lengths_and_steering_prefilled_together_decode_as_alone(engine, sae):
+    from millm.engine.decode.scheduler import Scheduler
+    from millm.steering.controller import Override
+
     scheduler = Scheduler(engine, BatchSettings(max_rows=4, max_tokens=4 * 256, prefill_chunk=256))
     one, two = Override("one", {sae: {1: 40.0}}), Override("two", {sae: {5: -30.0}})
     plans = [plan(engine, "My favourite hobby is", override=one, max_tokens=8),
@@ -109,6 +121,9 @@ def test_rows_of_different_lengths_and_steering_prefilled_together_decode_as_alo
 
 
 def test_a_merged_prefill_beside_a_decoding_row_leaves_it_untouched(engine, sae):
+    from millm.engine.decode.scheduler import Scheduler
+    from millm.steering.controller import Override
+
     scheduler = Scheduler(engine, BatchSettings(max_rows=4, max_tokens=4 * 128, prefill_chunk=128))
     first = [plan(engine, "Count with me: 1, 2, 3,", max_tokens=30),
              plan(engine, "Hi", max_tokens=2),
@@ -130,6 +145,9 @@ def test_a_merged_prefill_beside_a_decoding_row_leaves_it_untouched(engine, sae)
 
 
 def test_monitored_rows_read_only_their_own_real_positions(engine, sae):
+    from millm.engine.decode.scheduler import Scheduler
+    from millm.steering.monitor import MonitorConfig
+
     scheduler = Scheduler(engine, BatchSettings(max_rows=2, max_tokens=2 * 128, prefill_chunk=128))
     plans = [plan(engine, "Rivers flow to the", max_tokens=4),
              plan(engine, "A long list of the things rivers carry to the sea: sand,", max_tokens=4)]
@@ -153,6 +171,8 @@ def test_monitored_rows_read_only_their_own_real_positions(engine, sae):
 
 
 def test_a_failed_merged_prefill_ends_every_row_in_it(engine, monkeypatch):
+    from millm.engine.decode.scheduler import Scheduler
+
     scheduler = Scheduler(engine, BatchSettings(max_rows=4, max_tokens=4 * 128, prefill_chunk=128))
     a, b = submit(scheduler, plan(engine, "Red, green,")), submit(scheduler, plan(engine, "Monday, Tuesday,"))
 

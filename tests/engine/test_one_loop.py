@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import pytest
-import torch
 
 from millm.engine.decode.admission import BatchSettings
-from millm.engine.decode.scheduler import Job, Scheduler
 from millm.engine.events import Activations, Delta, Finish, Usage
 from millm.engine.params import ChatPrompt, GenerationRequest, SamplingParams, TextPrompt
 from millm.steering.readout import check_readout
@@ -23,10 +22,15 @@ from millm.structured.schema import JsonConstraint
 from tests.support.saes import random_sae
 from tests.support.scheduler import Consumer, alone, drain, plan, submit
 
+if TYPE_CHECKING:
+    from millm.engine.decode.scheduler import Scheduler
+
 SAE_ID = "sae_one_loop"
 
 
 def submit_alone(scheduler: Scheduler, p) -> Consumer:
+    from millm.engine.decode.scheduler import Job
+
     consumer = Consumer()
     scheduler.submit(Job([p], consumer.control, consumer.events.append, consumer.end, alone=True))
     return consumer
@@ -34,6 +38,8 @@ def submit_alone(scheduler: Scheduler, p) -> Consumer:
 
 def reference_greedy(engine, ids: list[int], tokens: int) -> list[int]:
     """Greedy ids from plain full forwards (no cache, no scheduler): the independent reference."""
+    import torch
+
     out = list(ids)
     with torch.inference_mode():
         for _ in range(tokens):
@@ -86,6 +92,8 @@ def test_seeded_choices_are_reproducible_and_differ_from_each_other(engine):
 
 def test_a_seeded_request_does_not_depend_on_other_traffic(engine):
     """scope="request": the same seeded request gives the same text alone and while the batch is busy."""
+    from millm.engine.decode.scheduler import Scheduler
+
     seeded = plan(engine, "Tell me about the sea.", chat=True, max_tokens=12, temperature=1.0, seed=3)
     expected = alone(engine, seeded)
     scheduler = Scheduler(engine, BatchSettings(max_rows=4, max_tokens=4 * 256, prefill_chunk=64))
@@ -111,6 +119,8 @@ def test_several_conversations_are_rows_of_one_job(engine):
 
 
 def test_constrained_rows_decode_beside_free_rows(engine):
+    from millm.engine.decode.scheduler import Scheduler
+
     schema = {"type": "object", "properties": {"colour": {"enum": ["red", "green", "blue"]}},
               "required": ["colour"], "additionalProperties": False}
     constrained = replace(plan(engine, "Pick a colour as JSON.", chat=True, max_tokens=40),
@@ -171,6 +181,7 @@ def test_a_tiny_temperature_generates_as_greedy(engine):
 
 def tiny_engine(engine, **config):
     """A small random Qwen2 on the bundled tokenizer: the decode loop on another attention layout."""
+    import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from millm.engine.transformers_engine import TransformersEngine

@@ -12,7 +12,6 @@ import pytest
 
 from millm.config import Settings
 from millm.engine import dtypes, preflight
-from millm.engine.manager import default_preflight
 from millm.errors import InsufficientMemory, InvalidModelFiles
 from millm.registry import ModelEntry, bundled_gguf, gguf_entry
 
@@ -53,6 +52,8 @@ def test_auto_dtype_is_one_rule_for_the_loader_and_the_check():
 def test_auto_on_cuda_prices_weights_at_two_bytes(tmp_path, monkeypatch):
     """A bf16 checkpoint that fits a card at 2 bytes a parameter (the loader's auto on CUDA) is not refused
     as if it were loaded at 4 (the 55.9 GiB checkpoint refused on a 100 GiB card, scaled down)."""
+    from millm.engine.manager import default_preflight
+
     entry = checkpoint(tmp_path / "big", params=GIB)  # 2 GiB in bf16, 4 GiB in fp32
     on_cards(monkeypatch, {"cuda:0": 3 * GIB})
     default_preflight(entry, None, Settings(home=tmp_path))  # dtype auto: fits
@@ -76,6 +77,8 @@ def test_memory_an_unload_frees_counts_on_its_own_card_only(tmp_path):
 
 
 def test_an_unmeasured_current_model_on_several_cards_counts_toward_a_split_only(tmp_path, monkeypatch):
+    from millm.engine.manager import default_preflight
+
     current = checkpoint(tmp_path / "cur", params=GIB // 2)  # 1 GiB in bf16
     on_cards(monkeypatch, {"cuda:0": 2 * GIB, "cuda:1": GIB // 4})
     settings = Settings(home=tmp_path)
@@ -137,6 +140,8 @@ def test_a_truncated_gguf_is_refused_as_invalid_files(tmp_path):
 
 
 def test_a_swap_reads_only_the_targets_gguf_header(tmp_path, monkeypatch):
+    from millm.engine.manager import default_preflight
+
     gguf = bundled_gguf()
     assert gguf is not None
     current, target = gguf_entry(gguf, "bundled"), gguf_entry(gguf, "bundled")

@@ -1,10 +1,18 @@
-import pytest
-import torch
+from __future__ import annotations
 
-from millm.engine.decode.sampling import apply_penalties, sample_rows, scaled, top_p_mask, update_counts
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:
+    import torch
 
 
 def test_penalties_are_openai_additive():
+    import torch
+
+    from millm.engine.decode.sampling import apply_penalties
+
     logits = torch.tensor([[1.0, 2.0, 3.0, 4.0]])
     counts = torch.tensor([[0, 1, 3, 0]], dtype=torch.int32)
     out = apply_penalties(logits, counts, frequency=0.5, presence=0.25)
@@ -12,16 +20,28 @@ def test_penalties_are_openai_additive():
 
 
 def test_negative_penalties_encourage_repeats():
+    import torch
+
+    from millm.engine.decode.sampling import apply_penalties
+
     out = apply_penalties(torch.zeros(1, 3), torch.tensor([[0, 2, 0]]), frequency=-1.0, presence=-1.0)
     assert out.tolist() == [[0.0, 3.0, 0.0]]
 
 
 def test_zero_penalties_return_logits_untouched():
+    import torch
+
+    from millm.engine.decode.sampling import apply_penalties
+
     logits = torch.randn(2, 5)
     assert apply_penalties(logits, torch.ones(2, 5, dtype=torch.int32), 0.0, 0.0) is logits
 
 
 def test_update_counts_per_row():
+    import torch
+
+    from millm.engine.decode.sampling import update_counts
+
     counts = torch.zeros(2, 4, dtype=torch.int32)
     update_counts(counts, torch.tensor([1, 3]))
     update_counts(counts, torch.tensor([1, 0]))
@@ -31,17 +51,27 @@ def test_update_counts_per_row():
 def sample(logits: torch.Tensor, temperature: float, top_p: float,
            generator: torch.Generator | None = None) -> torch.Tensor:
     """Every row with the same temperature and top_p."""
+    import torch
+
+    from millm.engine.decode.sampling import sample_rows
+
     rows = logits.shape[0]
     temperatures = torch.full((rows,), temperature, dtype=torch.float64)
     return sample_rows(logits, temperatures, torch.full((rows,), top_p), generator)
 
 
 def test_greedy_is_argmax():
+    import torch
+
     logits = torch.tensor([[0.1, 5.0, 0.2], [3.0, 1.0, 2.0]])
     assert sample(logits, 0.0, 1.0).tolist() == [1, 0]
 
 
 def test_top_p_keeps_smallest_set_reaching_mass():
+    import torch
+
+    from millm.engine.decode.sampling import top_p_mask
+
     probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
     masked = top_p_mask(probs.log(), 0.75)
     assert torch.isfinite(masked).tolist() == [[True, True, False, False]]
@@ -50,12 +80,18 @@ def test_top_p_keeps_smallest_set_reaching_mass():
 
 
 def test_top_p_respects_original_order():
+    import torch
+
+    from millm.engine.decode.sampling import top_p_mask
+
     logits = torch.tensor([[0.0, 10.0, 9.0, -5.0]])
     masked = top_p_mask(logits, 0.9)
     assert torch.isfinite(masked).tolist() == [[False, True, True, False]]
 
 
 def test_seeded_sampling_reproducible():
+    import torch
+
     logits = torch.randn(3, 50)
     a = [sample(logits, 1.0, 1.0, torch.Generator().manual_seed(7)).tolist() for _ in range(2)]
     assert a[0] == a[1]
@@ -64,6 +100,8 @@ def test_seeded_sampling_reproducible():
 
 
 def test_sampling_never_picks_masked_tokens():
+    import torch
+
     logits = torch.tensor([[0.0, 0.0, -float("inf")]]).repeat(200, 1)
     picks = sample(logits, 2.0, 1.0, torch.Generator().manual_seed(0))
     assert set(picks.tolist()) == {0, 1}
@@ -71,6 +109,10 @@ def test_sampling_never_picks_masked_tokens():
 
 @pytest.mark.parametrize("temperature", [1e-40, 5e-324, 0.0005])
 def test_tiny_temperatures_sample_safely_as_near_greedy(temperature):
+    import torch
+
+    from millm.engine.decode.sampling import scaled
+
     logits = torch.tensor([[0.0, 30.0, 29.5, -float("inf")], [80.0, -5.0, 79.0, 1.0]])
     values = scaled(logits, temperature)
     assert not torch.isnan(values).any() and not torch.isposinf(values).any()  # never +inf or NaN
@@ -80,11 +122,17 @@ def test_tiny_temperatures_sample_safely_as_near_greedy(temperature):
 
 
 def test_scaled_is_a_shifted_division():
+    import torch
+
+    from millm.engine.decode.sampling import scaled
+
     logits = torch.tensor([[1.0, 3.0, 2.0]])
     assert torch.allclose(torch.softmax(scaled(logits, 0.5), -1).float(), torch.softmax(logits / 0.5, -1))
 
 
 def test_repetition_penalty_divides_positive_and_multiplies_negative_logits_of_seen_tokens():
+    import torch
+
     from millm.engine.decode.sampling import apply_repetition_penalty
 
     logits = torch.tensor([[2.0, -2.0, 2.0, -2.0], [1.0, 1.0, -1.0, -1.0]])

@@ -4,7 +4,6 @@ import math
 
 import httpx
 import pytest
-import torch
 
 from millm.engine.params import ChatPrompt
 from millm.engine.scoring import ScoringParams, check_allowed, check_in_vocab, check_temperature, score_row
@@ -18,6 +17,8 @@ def params(allowed=None, temperature=1.0, top_n=5, report=True):
 
 
 def test_allowed_set_is_normalised_and_fully_returned():
+    import torch
+
     logits = torch.tensor([2.0, 1.0, 0.5, -1.0, 3.0])
     result = score_row(logits, params([1, 3, 2], top_n=3))
     assert [s.token_id for s in result.top] == [1, 2, 3] and result.chosen.token_id == 1
@@ -28,6 +29,8 @@ def test_allowed_set_is_normalised_and_fully_returned():
 
 
 def test_temperature_divides_and_zero_means_unscaled():
+    import torch
+
     logits = torch.tensor([2.0, 0.0])
     hot = score_row(logits, params(temperature=2.0, top_n=2))
     assert math.exp(hot.chosen.logprob) == pytest.approx(torch.softmax(logits / 2, -1)[0].item())
@@ -39,6 +42,8 @@ def test_temperature_divides_and_zero_means_unscaled():
 
 
 def test_non_finite_logits():
+    import torch
+
     nan = torch.tensor([1.0, float("nan"), 0.0])
     with pytest.raises(NonFiniteLogits):
         score_row(nan, params())  # unrestricted: NaN anywhere reaches the answer
@@ -69,11 +74,15 @@ PROMPT = "Question: is the sky blue? Answer yes or no.\nAnswer:"
 
 
 def raw_logits(engine, ids):
+    import torch
+
     with torch.inference_mode():
         return engine.model(torch.tensor([ids])).logits[0, -1].double()
 
 
 def test_completion_scoring_matches_softmax_of_raw_logits(server, engine):
+    import torch
+
     yes, no = (engine.tokenizer(t, add_special_tokens=False)["input_ids"][0] for t in (" yes", " no"))
     r = post(server, "completions", prompt=PROMPT, logprobs=2, allowed_token_ids=[yes, no])
     assert r.status_code == 200, r.text
@@ -92,6 +101,8 @@ def test_completion_scoring_matches_softmax_of_raw_logits(server, engine):
 
 
 def test_unrestricted_top_logprobs_and_token_id_keys(server, engine):
+    import torch
+
     r = post(server, "completions", prompt=PROMPT, logprobs=5, return_tokens_as_token_ids=True).json()
     top = r["choices"][0]["logprobs"]["top_logprobs"][0]
     assert len(top) == 5 and all(k.startswith("token_id:") for k in top)
@@ -195,6 +206,8 @@ def test_scoring_refusals(server, route, body, status, code, param):
 
 
 def test_non_finite_logits_from_the_model(server, engine):
+    import torch
+
     ids = engine.tokenizer(PROMPT)["input_ids"]
     victim = next(i for i in range(1000, 2000) if i not in ids)
     other = next(i for i in range(2000, 3000) if i not in ids)

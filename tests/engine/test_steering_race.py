@@ -8,38 +8,32 @@ what prepare saw.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import pytest
 
 from millm.engine.events import Delta, Steered
-from millm.engine.llama_engine import LlamaCppEngine
 from millm.requests.builder import build_chat
-from millm.requests.generation import prepare
 from millm.requests.limits import Limits
-from millm.steering.service import SteeringService
 from millm.store import Store
 from tests.support.saes import random_sae
+
+if TYPE_CHECKING:
+    pass
 
 LAYER, FEATURE, STRENGTH = 10, 3, 60.0
 SAE_ID = "sae_race"
 LIMITS = replace(Limits.of(), gguf_steering=True)  # GGUF chat honours steering_intensity (MILLM_GGUF_STEERING)
 
 
-@pytest.fixture(scope="module")
-def steerable_gguf(gguf_engine, settings) -> Iterator[LlamaCppEngine]:
-    """The bundled GGUF file on llama.cpp with MILLM_GGUF_STEERING: steered through control vectors."""
-    eng = LlamaCppEngine.load(gguf_engine.entry, settings.model_copy(update={"gguf_steering": True}))
-    yield eng
-    eng.close()
-
-
 @pytest.fixture(params=["transformers", "llama.cpp"])
 def steered_engine(request, tmp_path):
     """Each engine with a random SAE attached at layer 10 and no live values; a steering service over a
     store of this test's own."""
-    engine = request.getfixturevalue("engine" if request.param == "transformers" else "steerable_gguf")
+    from millm.steering.service import SteeringService
+
+    engine = request.getfixturevalue("engine" if request.param == "transformers" else "gguf_steerable")
     target = engine.steering_target()
     target.steering.attach(SAE_ID, random_sae(576, 64, seed=1), LAYER)
     try:
@@ -49,6 +43,8 @@ def steered_engine(request, tmp_path):
 
 
 def ask(engine, service, **fields):
+    from millm.requests.generation import prepare
+
     body = {"model": engine.model_id, "messages": [{"role": "user", "content": "Tell me about your day."}],
             "max_tokens": 16, "temperature": 0, **fields}
     return prepare(engine, build_chat(body, lambda _: engine.engine_name, limits=LIMITS), LIMITS, service)

@@ -7,36 +7,44 @@ tokens are not steered (the prompt's steered keys still shape them). Each engine
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 
 from millm.engine.events import Delta
-from millm.engine.llama_engine import LlamaCppEngine
 from millm.engine.params import ChatPrompt, GenerationRequest, SamplingParams
 from millm.errors import FieldNotHonoured
-from millm.steering.controller import Override
 from tests.support.saes import random_sae
 
+if TYPE_CHECKING:
+    from millm.engine.llama_engine import LlamaCppEngine
+    from millm.steering.core import Override
+
 SAE_ID, LAYER = "sae_scope_test", 10
-STEER = Override("scoped", {SAE_ID: {3: 60.0}})
 CHAT = ChatPrompt([{"role": "user", "content": "Tell me about your day."}])
 
 
-def text(eng, scope: str = "all", override: Override | None = STEER, tokens: int = 12) -> str:
-    request = GenerationRequest([CHAT], SamplingParams(temperature=0.0, max_tokens=tokens), override=override,
-                                scope=scope)  # type: ignore[arg-type]
+def steer() -> Override:
+    from millm.steering.core import Override
+
+    return Override("scoped", {SAE_ID: {3: 60.0}})
+
+
+def text(eng, scope: str = "all", steered: bool = True, tokens: int = 12) -> str:
+    request = GenerationRequest([CHAT], SamplingParams(temperature=0.0, max_tokens=tokens),
+                                override=steer() if steered else None, scope=scope)  # type: ignore[arg-type]
     return "".join(e.text for e in eng.generate(request) if isinstance(e, Delta))
 
 
 def check_scopes(eng) -> None:
-    plain, steered = text(eng, override=None), text(eng)
+    plain, steered = text(eng, steered=False), text(eng)
     assert steered != plain  # the steering is strong enough to tell apart
-    first_plain, first_steered = text(eng, override=None, tokens=1), text(eng, tokens=1)
+    first_plain, first_steered = text(eng, steered=False, tokens=1), text(eng, tokens=1)
     assert first_plain != first_steered
     generated, prompt = text(eng, "generated"), text(eng, "prompt")
     assert text(eng, "generated", tokens=1) == first_plain and generated != plain
     assert text(eng, "prompt", tokens=1) == first_steered and prompt != steered
-    assert text(eng, override=None) == plain  # nothing is left behind
+    assert text(eng, steered=False) == plain  # nothing is left behind
 
 
 @pytest.fixture
@@ -49,17 +57,12 @@ def transformers_steered(engine) -> Iterator:
 
 
 @pytest.fixture(scope="module")
-def gguf_steered(gguf_engine, settings) -> Iterator[LlamaCppEngine]:
-    settings.gguf_steering = True
-    eng = LlamaCppEngine.load(gguf_engine.entry, settings)
-    try:
-        target = eng.steering_target()
-        assert target is not None
-        target.steering.attach(SAE_ID, random_sae(576, 32, seed=4), LAYER)
-        yield eng
-    finally:
-        settings.gguf_steering = False
-        eng.close()
+def gguf_steered(gguf_steerable) -> Iterator[LlamaCppEngine]:
+    """``gguf_steerable`` (tests/conftest.py) with a random SAE attached at layer 10."""
+    target = gguf_steerable.steering_target()
+    assert target is not None
+    target.steering.attach(SAE_ID, random_sae(576, 32, seed=4), LAYER)
+    yield gguf_steerable
 
 
 def test_transformers_steers_only_the_positions_the_scope_names(transformers_steered):
@@ -70,7 +73,7 @@ def test_a_scoped_row_beside_others_is_gated_alone(transformers_steered):
     """Rows of one job with different scopes share each forward; each keeps its own gate."""
     alone = {scope: text(transformers_steered, scope) for scope in ("all", "generated", "prompt")}
     plans = [transformers_steered.prepare(GenerationRequest([CHAT], SamplingParams(temperature=0.0, max_tokens=12),
-                                                            override=STEER, scope=scope))  # type: ignore[arg-type]
+                                                            override=steer(), scope=scope))  # type: ignore[arg-type]
              for scope in alone]
     texts: dict[int, str] = {}  # choice indices follow on, plan by plan: one choice each
     for event in transformers_steered.run_all(plans):

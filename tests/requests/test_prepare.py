@@ -11,7 +11,6 @@ import pytest
 
 from millm.errors import ContextLengthExceeded, FieldNotHonoured, InvalidFeatureIndex, InvalidParameter, ProfileNotFound
 from millm.requests.builder import build_chat, build_completion
-from millm.requests.generation import prepare
 from millm.requests.limits import Limits
 from tests.support.fakes import FakeEngine
 from tests.support.saes import random_sae
@@ -50,6 +49,8 @@ def service(tmp_path: Path, steerable: FakeEngine):
 
 # what the engine is handed
 def test_each_generation_becomes_one_plan_with_the_fields_the_request_set():
+    from millm.requests.generation import prepare
+
     engine = FakeEngine()
     built = chat(max_tokens=7, temperature=0.5, top_p=0.9, stop=["x"], n=2, seed=3)
     prepared = prepare(engine, built, LIMITS)
@@ -61,6 +62,8 @@ def test_each_generation_becomes_one_plan_with_the_fields_the_request_set():
 
 
 def test_completions_prompts_are_one_plan_each_in_order():
+    from millm.requests.generation import prepare
+
     engine = FakeEngine()
     built = build_completion({"model": "fake", "prompt": ["one", "two", "three"], "max_tokens": 2}, TRANSFORMERS)
     plans = prepare(engine, built, LIMITS).plans
@@ -69,6 +72,8 @@ def test_completions_prompts_are_one_plan_each_in_order():
 
 
 def test_an_unsteerable_engine_runs_unsteered_and_says_none():
+    from millm.requests.generation import prepare
+
     prepared = prepare(FakeEngine(), chat(), LIMITS)
     assert prepared.label == "none" and prepared.check is None and prepared.scope == "all"
     assert prepared.steer.override is None and prepared.plans[0].override is None
@@ -79,6 +84,8 @@ def test_an_unsteerable_engine_runs_unsteered_and_says_none():
 @pytest.mark.parametrize(("field", "value"), [("profile", "loud"), ("steering_intensity", 0.5),
                                               ("steering_scope", "generated")])
 def test_steering_fields_on_an_engine_that_cannot_steer_are_refused_naming_the_field(field, value):
+    from millm.requests.generation import prepare
+
     engine = FakeEngine()
     with pytest.raises(FieldNotHonoured) as refused:
         prepare(engine, chat(**{field: value}), LIMITS)
@@ -87,6 +94,8 @@ def test_steering_fields_on_an_engine_that_cannot_steer_are_refused_naming_the_f
 
 
 def test_prompt_tokens_over_the_limit_are_refused_naming_what_carries_them():
+    from millm.requests.generation import prepare
+
     tight = Limits(max_rows=16, max_prompts=8, max_embedding_inputs=8, max_prompt_tokens=5)
     assert prepare(FakeEngine(), chat(), tight).plans  # "hi": 2 tokens
     with pytest.raises(InvalidParameter) as chat_refused:
@@ -99,6 +108,8 @@ def test_prompt_tokens_over_the_limit_are_refused_naming_what_carries_them():
 
 
 def test_a_request_the_engine_refuses_is_refused_before_it_runs():
+    from millm.requests.generation import prepare
+
     engine = FakeEngine(context_window=8)
     with pytest.raises(ContextLengthExceeded):
         prepare(engine, chat(max_tokens=100), LIMITS)
@@ -106,6 +117,8 @@ def test_a_request_the_engine_refuses_is_refused_before_it_runs():
 
 # steering
 def test_without_a_profile_or_dial_the_live_values_run_and_the_label_follows_them(steerable, service):
+    from millm.requests.generation import prepare
+
     prepared = prepare(steerable, chat(), LIMITS, service)
     assert prepared.steer.override is None and prepared.label == "none" and prepared.check is None
     steerable.steering.set_values(SAE_ID, {3: 10.0}, merge=False)
@@ -114,6 +127,8 @@ def test_without_a_profile_or_dial_the_live_values_run_and_the_label_follows_the
 
 
 def test_a_profile_resolves_to_an_override_on_every_plan_pinned_to_its_sae(steerable, service):
+    from millm.requests.generation import prepare
+
     prepared = prepare(steerable, chat(profile="loud"), LIMITS, service)
     override = prepared.steer.override
     assert override is not None and override.name == "loud" and override.values == {SAE_ID: {3: 20.0}}
@@ -127,6 +142,8 @@ def test_a_profile_resolves_to_an_override_on_every_plan_pinned_to_its_sae(steer
 
 
 def test_a_dial_scales_the_profile(steerable, service):
+    from millm.requests.generation import prepare
+
     prepared = prepare(steerable, chat(profile="loud", steering_intensity=0.5), LIMITS, service)
     assert prepared.steer.override is not None and prepared.steer.override.values == {SAE_ID: {3: 10.0}}
     assert prepared.steer.echo == "0.5"
@@ -135,6 +152,8 @@ def test_a_dial_scales_the_profile(steerable, service):
 
 
 def test_the_request_scope_wins_over_the_profiles_and_every_plan_carries_it(steerable, service):
+    from millm.requests.generation import prepare
+
     assert prepare(steerable, chat(profile="scoped"), LIMITS, service).scope == "generated"
     assert prepare(steerable, chat(profile="loud"), LIMITS, service).scope == "all"
     prepared = prepare(steerable, chat(profile="scoped", steering_scope="prompt"), LIMITS, service)
@@ -142,6 +161,8 @@ def test_the_request_scope_wins_over_the_profiles_and_every_plan_carries_it(stee
 
 
 def test_an_unknown_profile_is_refused(steerable, service):
+    from millm.requests.generation import prepare
+
     with pytest.raises(ProfileNotFound):
         prepare(steerable, chat(profile="nope"), LIMITS, service)
     assert not steerable.requests
@@ -150,6 +171,7 @@ def test_an_unknown_profile_is_refused(steerable, service):
 def test_steering_decided_by_the_front_end_is_used_as_it_is(steerable):
     """``millm chat`` decides its steering itself (``steer``): no service is asked, and its override reaches the
     plans as given."""
+    from millm.requests.generation import prepare
     from millm.steering.bases import RequestSteering
     from millm.steering.core import Override
 
@@ -161,6 +183,8 @@ def test_steering_decided_by_the_front_end_is_used_as_it_is(steerable):
 
 def test_the_steered_answer_is_what_the_plan_carries(steerable, service):
     """What prepare decides is what runs: the scripted engine answers steered exactly when the plan's row is."""
+    from millm.requests.generation import prepare
+
     def answer(built: Any) -> str:
         from millm.engine.events import Delta
 

@@ -6,16 +6,17 @@ from __future__ import annotations
 
 import httpx
 
-from millm.research.answers import SAMPLING
-from millm.research.measure import NEUTRAL_PROMPTS, Measure, mean
-from millm.research.sweep import sweep_feature
-from millm.steering.service import SteeringService
 from millm.store import Store
 
 SAE, MUSIC, STRENGTH, SEED, TOKENS = "smollm2-135m-res-L10", 2375, 40.0, 7, 16
 
 
 def test_a_sweeps_answer_is_the_chat_completion_of_the_same_request(server, engine, settings):
+    from millm.research.answers import SAMPLING
+    from millm.research.measure import NEUTRAL_PROMPTS
+    from millm.research.sweep import sweep_feature
+    from millm.steering.service import SteeringService
+
     base = server
     assert httpx.post(base + f"/api/saes/{SAE}/attach", json={}, timeout=60).status_code == 200
     try:
@@ -40,6 +41,8 @@ def test_a_sweeps_answer_is_the_chat_completion_of_the_same_request(server, engi
 
 
 def test_fluency_is_the_scoring_paths_echo(engine):
+    from millm.research.measure import NEUTRAL_PROMPTS, Measure, mean
+
     measure = Measure(engine, NEUTRAL_PROMPTS[:2], SEED, 8)
     [(total, count)] = measure.logprobs([measure.plain[0]])
     assert count > 0 and total < 0

@@ -1,5 +1,7 @@
 """Pure parts of ``millm.research``: concept matching, the recommendation rule, the PNG writer, --save."""
 
+from __future__ import annotations
+
 import json
 import struct
 import zlib
@@ -7,14 +9,13 @@ import zlib
 import pytest
 
 from millm.errors import InvalidParameter
-from millm.research.measure import FLUENCY_BOUND, Case, Point
-from millm.research.plots import bar_chart, bar_lines, png_bytes, write_png
 from millm.research.saving import Recommendation, save_recommendations
-from millm.research.sweep import parse_strengths, recommend, refine, swept_points
 from millm.research.words import concept_rate, label_words, mentions, word_forms
 
 
 def point(strength, rate, fluency):
+    from millm.research.measure import FLUENCY_BOUND, Point
+
     return Point(strength, rate, -2.0 + fluency, fluency, fluency >= -FLUENCY_BOUND)
 
 
@@ -48,6 +49,8 @@ def test_concept_rate_is_the_share_of_answers_that_mention_a_word():
 
 
 def test_recommend_lowest_strength_reaching_the_target_inside_the_bound():
+    from millm.research.sweep import recommend
+
     table = [point(0, 0.0, 0.0), point(20, 0.3, -0.2), point(40, 0.6, -0.8), point(60, 0.9, -1.2),
              point(80, 1.0, -1.9)]
     assert recommend(table) == 40
@@ -55,28 +58,38 @@ def test_recommend_lowest_strength_reaching_the_target_inside_the_bound():
 
 
 def test_recommend_skips_strengths_past_the_fluency_bound():
+    from millm.research.sweep import recommend
+
     table = [point(0, 0.0, 0.0), point(20, 0.7, -1.6), point(40, 0.8, -1.4)]
     assert recommend(table) == 40
     assert recommend(table, bound=1.3) is None  # 40 falls outside a tighter bound too, and 20 already was
 
 
 def test_recommend_falls_back_to_the_highest_rate_inside_the_bound():
+    from millm.research.sweep import recommend
+
     table = [point(0, 0.1, 0.0), point(20, 0.2, -0.3), point(40, 0.5, -1.0), point(60, 0.5, -1.1),
              point(80, 0.95, -2.5)]
     assert recommend(table) == 40  # the lower of two equal rates
 
 
 def test_recommend_none_when_nothing_mentions_the_concept_inside_the_bound():
+    from millm.research.sweep import recommend
+
     assert recommend([point(0, 0.7, 0.0), point(20, 0.0, -0.5), point(40, 0.9, -2.0)]) is None
     assert recommend([point(0, 0.8, 0.0)]) is None  # strength 0 steers nothing: never recommended
     assert recommend([]) is None
 
 
 def test_recommend_orders_negative_strengths_by_size():
+    from millm.research.sweep import recommend
+
     assert recommend([point(-60, 0.7, -0.5), point(-20, 0.65, -0.4)]) == -20
 
 
 def test_refine_halves_the_gap_at_the_fluency_crossing_when_nothing_inside_reaches_the_target():
+    from millm.research.sweep import refine
+
     table = [point(0, 0.0, 0.0), point(20, 0.2, -0.3), point(40, 0.45, -1.0), point(60, 0.75, -1.9),
              point(80, 0.9, -2.6)]
     assert refine(table) == 50
@@ -85,6 +98,8 @@ def test_refine_halves_the_gap_at_the_fluency_crossing_when_nothing_inside_reach
 
 
 def test_refine_asks_nothing_when_the_target_is_reached_or_there_is_no_crossing():
+    from millm.research.sweep import refine
+
     assert refine([point(40, 0.6, -1.0), point(60, 0.9, -1.9)]) is None  # 40 already reaches the target
     assert refine([point(20, 0.1, -0.2), point(40, 0.3, -0.5)]) is None  # nothing past the bound
     assert refine([point(20, 0.7, -1.6), point(40, 0.8, -1.9)]) is None  # nothing inside the bound
@@ -95,6 +110,8 @@ def test_refine_asks_nothing_when_the_target_is_reached_or_there_is_no_crossing(
 
 def test_refine_finds_the_crossing_on_each_side_of_zero():
     # the negative side stays fluent at -80; the positive side crosses the bound between 40 and 60
+    from millm.research.sweep import refine
+
     table = [point(-80, 0.1, -0.9), point(-40, 0.0, -0.4), point(40, 0.3, -1.0), point(60, 0.9, -1.8),
              point(80, 0.9, -2.5)]
     assert refine(table) == 50
@@ -105,9 +122,10 @@ class ScriptedMeasure:
     """Rate and fluency as straight lines in the strength: a "steers" case mentions its concept 1% and loses
     0.035 nats per unit; any other mentions nothing and loses 0.01 per unit."""
 
-    bound = FLUENCY_BOUND
-
     def __init__(self):
+        from millm.research.measure import FLUENCY_BOUND
+
+        self.bound = FLUENCY_BOUND
         self.asked = []
 
     def points(self, cases):
@@ -117,6 +135,9 @@ class ScriptedMeasure:
 
 
 def test_swept_points_adds_strengths_at_the_crossing_in_rounds_sampled_together():
+    from millm.research.measure import Case
+    from millm.research.sweep import recommend, swept_points
+
     measure = ScriptedMeasure()
     out = swept_points(measure, [lambda s: Case(s, {}, ("steers",)), lambda s: Case(s, {}, ("flat",))], (20, 40, 60))
     # 40 (inside, 40%) and 60 (past -1.5): 50 is measured, past the bound too (-1.75), so then 45
@@ -127,6 +148,8 @@ def test_swept_points_adds_strengths_at_the_crossing_in_rounds_sampled_together(
 
 
 def test_parse_strengths():
+    from millm.research.sweep import parse_strengths
+
     assert parse_strengths("0,20, 40") == [0.0, 20.0, 40.0]
     for bad in ("", "a,b", "0,0", "0,300"):
         with pytest.raises(InvalidParameter):
@@ -146,6 +169,8 @@ def chunks(data):
 
 
 def test_png_writer_writes_a_valid_png(tmp_path):
+    from millm.research.plots import png_bytes
+
     pixels = [[(255, 0, 0), (0, 255, 0), (0, 0, 255)], [(0, 0, 0), (255, 255, 255), (1, 2, 3)]]
     data = png_bytes(pixels)
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
@@ -159,6 +184,8 @@ def test_png_writer_writes_a_valid_png(tmp_path):
 
 
 def test_sweep_plot_png_has_a_bar_per_strength(tmp_path):
+    from millm.research.plots import bar_chart, write_png
+
     table = [point(0, 0.0, 0.0), point(40, 0.5, -0.5), point(80, 1.0, -2.0)]
     path = write_png(tmp_path / "plot.png", table)
     data = path.read_bytes()
@@ -173,6 +200,8 @@ def test_sweep_plot_png_has_a_bar_per_strength(tmp_path):
 
 
 def test_bar_lines_one_per_strength():
+    from millm.research.plots import bar_lines
+
     lines = bar_lines([point(0, 0.0, 0.0), point(40, 0.5, -0.5), point(80, 1.0, -2.0)], width=10)
     assert len(lines) == 3 and lines[1].startswith("40 │█████     │  50%")
     assert "inside" in lines[1] and "past -1.5" in lines[2]

@@ -6,9 +6,6 @@ import json
 
 import pytest
 
-from millm.sae.bundled import BUNDLED_DIR, bundled_saes, register_bundled
-from millm.sae.formats import load_sae
-from millm.sae.labels import LabelIndex
 from millm.store import Store
 from tests.support.helpers import events, texts
 
@@ -16,6 +13,8 @@ IDS = ("smollm2-135m-res-L10", "smollm2-135m-res-L20")
 
 
 def test_two_layers_ship_in_the_package_compactly() -> None:
+    from millm.sae.bundled import BUNDLED_DIR, bundled_saes
+
     found = {b.id: b for b in bundled_saes()}
     assert tuple(found) == IDS
     assert [found[i].layer for i in IDS] == [10, 20]
@@ -26,6 +25,10 @@ def test_two_layers_ship_in_the_package_compactly() -> None:
 
 
 def test_bundled_saes_load_as_topk_with_labels_for_live_features() -> None:
+    from millm.sae.bundled import bundled_saes
+    from millm.sae.formats import load_sae
+    from millm.sae.labels import LabelIndex
+
     for b in bundled_saes():
         loaded = load_sae(b.path)
         assert (loaded.format, loaded.sae.architecture, loaded.sae.k, loaded.layer_hint) == ("saelens", "topk", 32,
@@ -38,6 +41,8 @@ def test_bundled_saes_load_as_topk_with_labels_for_live_features() -> None:
 
 
 def test_registration_uses_stable_ids_once(tmp_path) -> None:
+    from millm.sae.bundled import register_bundled
+
     store = Store(tmp_path / "millm.db")
     assert register_bundled(store) == list(IDS)
     assert register_bundled(store) == []
@@ -50,6 +55,10 @@ def test_registration_uses_stable_ids_once(tmp_path) -> None:
 
 @pytest.mark.slow
 def test_a_strong_labelled_feature_changes_greedy_output_and_clearing_restores_it(engine) -> None:
+    from millm.sae.bundled import bundled_saes
+    from millm.sae.formats import load_sae
+    from millm.sae.labels import LabelIndex
+
     bundled = bundled_saes()[0]
     index = LabelIndex.load(bundled.path, bundled.id)
     feature = index.resolve("music")

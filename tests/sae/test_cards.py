@@ -9,7 +9,6 @@ import pytest
 
 from millm.errors import InvalidFeatureIndex
 from millm.sae.cards import FeatureCard, example_parts, measured_features, parse_index, read_card
-from millm.sae.labels import LabelIndex, rank
 from tests.support.cards import ROWS, TABLE
 
 
@@ -103,6 +102,8 @@ def test_rows_are_reread_when_the_file_changes(tmp_path: Path) -> None:
 # ranking: whole-word matches, then features measured to steer, then other substring matches
 
 def test_rank_puts_whole_words_first_then_measured_then_other_substrings() -> None:
+    from millm.sae.labels import rank
+
     assert [m.index for m in rank(TABLE, "rain")] == [3, 5, 2, 1, 4, 6, 7]
     # measured 6 and 2: 2 leads the whole-word matches, 6 leads the substring ones
     assert [m.index for m in rank(TABLE, "rain", measured={6: 0.5, 2: 0.5})] == [2, 3, 5, 6, 1, 4, 7]
@@ -110,22 +111,30 @@ def test_rank_puts_whole_words_first_then_measured_then_other_substrings() -> No
 
 
 def test_rank_puts_the_higher_measured_concept_rate_first() -> None:
+    from millm.sae.labels import rank
+
     assert [m.index for m in rank(TABLE, "rain", measured={5: 0.9, 2: 0.4, 3: 0.0})][:4] == [5, 2, 3, 1]
     assert [m.index for m in rank(TABLE, "rain", measured={5: 0.4, 2: 0.9})][:3] == [2, 5, 3]
 
 
 def test_rank_puts_a_term_starting_with_the_word_before_one_that_only_contains_it() -> None:
+    from millm.sae.labels import rank
+
     table = {1: "transporting, drag", 2: "root, div, sporting", 3: "sport"}
     assert [m.index for m in rank(table, "sport")] == [3, 2, 1]
 
 
 def test_rank_matches_case_insensitively_and_only_substrings() -> None:
+    from millm.sae.labels import rank
+
     assert [m.index for m in rank(TABLE, "Storm")] == [2]
     assert [m.index for m in rank(TABLE, "heavy rain")] == [2]
     assert rank(TABLE, "volcano") == [] and rank(TABLE, "  ") == []
 
 
 def test_label_index_searches_with_the_ranking_and_loads_measured_features(tmp_path: Path) -> None:
+    from millm.sae.labels import LabelIndex
+
     folder = write_sae(tmp_path / "sae", rows=[{"index": 6, "label": "terrain, maps", "recommended_strength": 40}],
                        labels=TABLE)
     index = LabelIndex.load(folder, "test-sae")

@@ -19,28 +19,33 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
-import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from millm.errors import InvalidSAE
-from millm.sae.formats import load_sae
-from millm.sae.model import SAE
-from millm.steering.controller import Steering
 from tests.steering.tiny import as_scheduled
 from tests.support.saes import write_llama_scope, write_saelens_files, write_sparsify
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import LlamaForCausalLM
+
+    from millm.sae.model import SAE
+    from millm.steering.controller import Steering
 
 D_IN, D_SAE, K = 64, 256, 8
 FEATURE, STRENGTH = 37, 3.0
 V6 = {"sae_lens_version": "6.54.0", "hook_name": "blocks.0.hook_resid_post", "model_name": "tiny"}
 
-Encode = Callable[[torch.Tensor], torch.Tensor]
-Decode = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+Encode = Callable[["torch.Tensor"], "torch.Tensor"]
+Decode = Callable[["torch.Tensor", "torch.Tensor"], "torch.Tensor"]
 
 
 def weights(seed: int = 0) -> dict[str, torch.Tensor]:
     """Known weights: decoder rows of lengths 0.3-2.3, biases well away from zero."""
+    import torch
+
     g = torch.Generator().manual_seed(seed)
     W_dec = torch.randn(D_SAE, D_IN, generator=g)
     W_dec = W_dec / W_dec.norm(dim=-1, keepdim=True) * (0.3 + 2 * torch.rand(D_SAE, 1, generator=g))
@@ -50,12 +55,16 @@ def weights(seed: int = 0) -> dict[str, torch.Tensor]:
 
 def inputs(seed: int = 1, offset: float = 0.0, spread: float = 1.0) -> torch.Tensor:
     """Residuals ``[3, 7, d_in]`` whose norms differ from position to position."""
+    import torch
+
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(3, 7, D_IN, generator=g) * spread
     return x * (0.5 + 2.5 * torch.rand(3, 7, 1, generator=g)) + offset
 
 
 def close(got: torch.Tensor, want: torch.Tensor) -> None:
+    import torch
+
     torch.testing.assert_close(got, want, atol=1e-4, rtol=0.0)
 
 
@@ -91,6 +100,8 @@ class SAELensRef:
         return out / self.factor if self.factor else out
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
+        import torch
+
         sae_in = self.norm_in(x) - (self.w["b_dec"] if self.apply_b_dec else 0)
         pre = sae_in @ self.w["W_enc"] + self.w["b_enc"]
         if self.arch == "topk":
@@ -112,6 +123,8 @@ class SAELensRef:
 
 def sparsify_ref(w: dict[str, torch.Tensor], activation: str, k: int) -> tuple[Encode, Decode]:
     """SparseCoder.encode (x - b_dec, fused_encoder: ReLU then topk or groupmax) and decode."""
+    import torch
+
     def encode(x: torch.Tensor) -> torch.Tensor:
         pre = torch.relu((x - w["b_dec"]) @ w["W_enc"] + w["b_enc"])
         if activation == "topk":
@@ -145,29 +158,40 @@ def lm_saes_ref(w: dict[str, torch.Tensor], norm_in: float, threshold: float,
 
 @pytest.fixture(scope="module")
 def model() -> LlamaForCausalLM:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=100, hidden_size=D_IN, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)
     return LlamaForCausalLM(config).eval()
 
 
-IDS = torch.tensor([[5, 17, 42, 8, 99, 3, 61, 12], [7, 7, 30, 2, 88, 45, 19, 70]])
+def prompt_ids() -> torch.Tensor:
+    import torch
+
+    return torch.tensor([[5, 17, 42, 8, 99, 3, 61, 12], [7, 7, 30, 2, 88, 45, 19, 70]])
 
 
 def layer0(model: LlamaForCausalLM, steering: Steering) -> torch.Tensor:
     """Layer 0's output as the next layer sees it (recorded after any steering hook), in a forward run as the
     scheduler runs one."""
+    import torch
+
     seen: list[torch.Tensor] = []
     handle = model.model.layers[0].register_forward_hook(
         lambda m, a, o: seen.append((o[0] if isinstance(o, tuple) else o).clone()))
-    with torch.inference_mode(), as_scheduled(steering, IDS.shape[0]):
-        model(IDS)
+    ids = prompt_ids()
+    with torch.inference_mode(), as_scheduled(steering, ids.shape[0]):
+        model(ids)
     handle.remove()
     return seen[0]
 
 
 def steering_added(model: LlamaForCausalLM, sae: SAE) -> tuple[torch.Tensor, torch.Tensor]:
     """(the unsteered residual at layer 0, what steering FEATURE at STRENGTH adds to it at each position)."""
+    from millm.steering.controller import Steering
+
     steering = Steering(model)
     att = steering.attach("sae", sae, layer=0)
     base = layer0(model, steering)
@@ -188,6 +212,8 @@ def reference_delta(encode: Encode, decode: Decode, x: torch.Tensor) -> torch.Te
 
 
 def check(loaded: SAE, encode: Encode, decode: Decode, model: LlamaForCausalLM, x: torch.Tensor) -> None:
+    import torch
+
     want = encode(x)
     got = loaded.encode(x)
     assert torch.equal(got > 0, want > 0), "active sets differ"
@@ -209,6 +235,10 @@ def saelens_tensors(w: dict[str, torch.Tensor], threshold: torch.Tensor | None =
 
 @pytest.mark.parametrize("apply_b_dec", [True, False])
 def test_saelens_topk_rescaled_by_decoder_norm(tmp_path: Path, model, apply_b_dec: bool) -> None:
+    import torch
+
+    from millm.sae.formats import load_sae
+
     w = weights()
     cfg = saelens_cfg(architecture="topk", k=K, rescale_acts_by_decoder_norm=True, apply_b_dec_to_input=apply_b_dec,
                       normalize_activations="none", metadata=V6)
@@ -222,6 +252,8 @@ def test_saelens_topk_rescaled_by_decoder_norm(tmp_path: Path, model, apply_b_de
 # 2. pre-6.0 configs: architecture "standard" with activation_fn_str "topk"
 
 def test_saelens_pre6_standard_with_topk_activation(tmp_path: Path, model) -> None:
+    from millm.sae.formats import load_sae
+
     w = weights(2)
     cfg = saelens_cfg(architecture="standard", activation_fn_str="topk", activation_fn_kwargs={"k": K},
                       apply_b_dec_to_input=True, hook_name="blocks.0.hook_resid_post", sae_lens_version="5.3.0")
@@ -233,6 +265,8 @@ def test_saelens_pre6_standard_with_topk_activation(tmp_path: Path, model) -> No
 
 
 def test_saelens_pre6_topk_without_k_is_refused(tmp_path: Path) -> None:
+    from millm.sae.formats import load_sae
+
     cfg = saelens_cfg(architecture="standard", activation_fn_str="topk")
     with pytest.raises(InvalidSAE, match=r"cfg.json: key 'activation_fn_kwargs.k'"):
         load_sae(write_saelens_files(tmp_path / "s", weights(), cfg))
@@ -242,6 +276,9 @@ def test_saelens_pre6_topk_without_k_is_refused(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("activation", ["groupmax", "topk"])
 def test_sparsify(tmp_path: Path, model, activation: str) -> None:
+    from millm.sae.formats import load_sae
+    from millm.sae.model import SAE
+
     w = weights(3)
     sae = SAE(W_enc=w["W_enc"], b_enc=w["b_enc"], W_dec=w["W_dec"], b_dec=w["b_dec"], architecture="topk", k=K)
     loaded = load_sae(write_sparsify(tmp_path / "layers.0", sae, activation=activation, normalize_decoder=False))
@@ -255,6 +292,9 @@ def test_sparsify(tmp_path: Path, model, activation: str) -> None:
 
 @pytest.mark.parametrize(("key", "message"), [("transcode", "transcoder"), ("skip_connection", "skip transcoder")])
 def test_sparsify_transcoders_refused(tmp_path: Path, key: str, message: str) -> None:
+    from millm.sae.formats import load_sae
+    from millm.sae.model import SAE
+
     w = weights()
     sae = SAE(W_enc=w["W_enc"], b_enc=w["b_enc"], W_dec=w["W_dec"], b_dec=w["b_dec"], architecture="topk", k=K)
     with pytest.raises(InvalidSAE, match=rf"cfg.json: key '{key}' is true: a {message}"):
@@ -262,6 +302,9 @@ def test_sparsify_transcoders_refused(tmp_path: Path, key: str, message: str) ->
 
 
 def test_sparsify_groupmax_needs_k_dividing_width(tmp_path: Path) -> None:
+    from millm.sae.formats import load_sae
+    from millm.sae.model import SAE
+
     w = weights()
     sae = SAE(W_enc=w["W_enc"], b_enc=w["b_enc"], W_dec=w["W_dec"], b_dec=w["b_dec"], architecture="topk", k=7)
     with pytest.raises(InvalidSAE, match=r"key 'k' \(7\) must divide"):
@@ -272,6 +315,8 @@ def test_sparsify_groupmax_needs_k_dividing_width(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("where", ["cfg", "metadata"])
 def test_saelens_expected_average_factor_is_folded(tmp_path: Path, model, where: str) -> None:
+    from millm.sae.formats import load_sae
+
     w = weights(4)
     meta = {**V6, "norm_scaling_factor": 2.5} if where == "metadata" else V6
     extra = {"norm_scaling_factor": 2.5} if where == "cfg" else {}
@@ -283,6 +328,8 @@ def test_saelens_expected_average_factor_is_folded(tmp_path: Path, model, where:
 
 
 def test_saelens_expected_average_without_factor_loads_unscaled(tmp_path: Path, model) -> None:
+    from millm.sae.formats import load_sae
+
     w = weights(4)
     cfg = saelens_cfg(architecture="standard", normalize_activations="expected_average_only_in", metadata=V6)
     ref = SAELensRef(w)  # as SAELens' load_from_disk: no factor, nothing applied
@@ -294,6 +341,10 @@ def test_saelens_expected_average_without_factor_loads_unscaled(tmp_path: Path, 
 @pytest.mark.parametrize("norm", ["constant_norm_rescale", "layer_norm"])
 @pytest.mark.parametrize("arch", ["standard", "jumprelu"])
 def test_saelens_per_position_normalisation(tmp_path: Path, model, norm: str, arch: str) -> None:
+    import torch
+
+    from millm.sae.formats import load_sae
+
     w = weights(5)
     threshold = torch.rand(D_SAE, generator=torch.Generator().manual_seed(9)) * 0.8 if arch == "jumprelu" else None
     cfg = saelens_cfg(architecture=arch, apply_b_dec_to_input=True, normalize_activations=norm, metadata=V6)
@@ -308,6 +359,10 @@ def test_saelens_per_position_normalisation(tmp_path: Path, model, norm: str, ar
 
 
 def test_saelens_layer_norm_epsilon_is_added_to_std(tmp_path: Path) -> None:
+    import torch
+
+    from millm.sae.formats import load_sae
+
     w = weights(6)
     cfg = saelens_cfg(architecture="standard", normalize_activations="layer_norm", metadata=V6)
     loaded = load_sae(write_saelens_files(tmp_path / "s", w, cfg)).sae
@@ -321,6 +376,10 @@ def test_saelens_layer_norm_epsilon_is_added_to_std(tmp_path: Path) -> None:
 # 7. old-config defaults
 
 def test_saelens_pre6_jumprelu_subtracts_b_dec_by_default(tmp_path: Path, model) -> None:
+    import torch
+
+    from millm.sae.formats import load_sae
+
     w, threshold = weights(7), torch.full((D_SAE,), 0.2)
     cfg = saelens_cfg(architecture="jumprelu", activation_fn_str="relu", hook_name="blocks.0.hook_resid_post")
     loaded = load_sae(write_saelens_files(tmp_path / "s", saelens_tensors(w, threshold), cfg)).sae
@@ -330,11 +389,15 @@ def test_saelens_pre6_jumprelu_subtracts_b_dec_by_default(tmp_path: Path, model)
 
 
 def test_saelens_v6_missing_apply_b_dec_means_true(tmp_path: Path) -> None:
+    from millm.sae.formats import load_sae
+
     cfg = saelens_cfg(architecture="standard", metadata=V6)
     assert load_sae(write_saelens_files(tmp_path / "s", weights(), cfg)).sae.apply_b_dec_to_input
 
 
 def test_saelens_pre6_boolean_normalize_activations(tmp_path: Path, model) -> None:
+    from millm.sae.formats import load_sae
+
     w = weights(8)
     cfg = saelens_cfg(architecture="standard", normalize_activations=True, norm_scaling_factor=1.7)
     ref = SAELensRef(w, factor=1.7)  # true means expected_average_only_in
@@ -345,6 +408,8 @@ def test_saelens_pre6_boolean_normalize_activations(tmp_path: Path, model) -> No
 
 
 def test_saelens_v6_boolean_normalize_activations_refused(tmp_path: Path) -> None:
+    from millm.sae.formats import load_sae
+
     cfg = saelens_cfg(architecture="standard", normalize_activations=True, metadata=V6)
     with pytest.raises(InvalidSAE, match=r"cfg.json: key 'normalize_activations' is True"):
         load_sae(write_saelens_files(tmp_path / "s", weights(), cfg))
@@ -357,6 +422,11 @@ def test_llama_scope_threshold_is_in_raw_residual_units(tmp_path: Path, model, a
     """lm-saes applies jump_relu_threshold after folding the dataset-wise factor and the decoder norms into the
     weights, so the threshold gates pre_activation * ||W_dec[i]|| / factor (SAELens' converter multiplies it
     by the factor for its normalised-space pre-activations; the old miLLM compared it unscaled with those)."""
+    import torch
+
+    from millm.sae.formats import load_sae
+    from millm.sae.model import SAE
+
     w = weights(10)
     norm_in, threshold = 0.5, 0.15  # factor sqrt(64) / 0.5 = 16
     sae = SAE(W_enc=w["W_enc"], b_enc=w["b_enc"], W_dec=w["W_dec"], b_dec=w["b_dec"], apply_b_dec_to_input=apply_b_dec)
@@ -373,6 +443,9 @@ def test_llama_scope_threshold_is_in_raw_residual_units(tmp_path: Path, model, a
 
 
 def test_llama_scope_refuses_transcoders_and_unknown_normalisation(tmp_path: Path) -> None:
+    from millm.sae.formats import load_sae
+    from millm.sae.model import SAE
+
     w = weights()
     sae = SAE(W_enc=w["W_enc"], b_enc=w["b_enc"], W_dec=w["W_dec"], b_dec=w["b_dec"])
     with pytest.raises(InvalidSAE, match=r"hyperparams.json: key 'hook_point_out'.*transcoder"):
@@ -385,6 +458,11 @@ def test_llama_scope_refuses_transcoders_and_unknown_normalisation(tmp_path: Pat
 def test_llama_scope_log_threshold_tensor_is_in_training_space(tmp_path: Path) -> None:
     """A newer lm-saes checkpoint's ``log_jumprelu_threshold`` gates pre_activation * ||W_dec[i]|| in the
     training (dataset-wise) space: same active set and reconstruction as lm-saes' dataset-wise encode/decode."""
+    import torch
+
+    from millm.sae.formats import load_sae
+    from millm.sae.model import SAE
+
     w, norm_in = weights(11), 0.5
     factor = D_IN ** 0.5 / norm_in
     threshold = 0.5 + torch.rand(D_SAE, generator=torch.Generator().manual_seed(12)) * 3

@@ -3,17 +3,16 @@
 import json
 
 import pytest
-import torch
 
 from millm.errors import InvalidSAE
-from millm.sae.formats import load_sae
-from millm.sae.model import SAE
 from tests.support.saes import random_sae, write_gemma_scope, write_llama_scope, write_saelens, write_sparsify
 
 D_IN, D_SAE = 16, 64
 
 
 def reference(x, W_enc, b_enc, b_dec, arch, threshold=None, k=None, subtract_b_dec=True):
+    import torch
+
     pre = (x - b_dec if subtract_b_dec else x) @ W_enc + b_enc
     if arch == "relu":
         return torch.relu(pre)
@@ -26,12 +25,18 @@ def reference(x, W_enc, b_enc, b_dec, arch, threshold=None, k=None, subtract_b_d
 
 @pytest.fixture
 def x():
+    import torch
+
     return torch.randn(5, D_IN, generator=torch.Generator().manual_seed(1)) * 2
 
 
 @pytest.mark.parametrize("v6", [False, True])
 @pytest.mark.parametrize("arch", ["relu", "jumprelu", "topk"])
 def test_saelens(tmp_path, x, arch, v6):
+    import torch
+
+    from millm.sae.formats import load_sae
+
     sae = random_sae(D_IN, D_SAE, architecture=arch, k=4 if arch == "topk" else None)
     loaded = load_sae(write_saelens(tmp_path / "s", sae, layer=3, v6=v6))
     assert loaded.format == "saelens" and loaded.layer_hint == 3 and loaded.model_hint == "SmolLM2-135M-Instruct"
@@ -41,6 +46,10 @@ def test_saelens(tmp_path, x, arch, v6):
 
 
 def test_saelens_without_b_dec_subtraction_and_norm_rescale(tmp_path, x):
+    import torch
+
+    from millm.sae.formats import load_sae
+
     sae = random_sae(D_IN, D_SAE, apply_b_dec_to_input=False)
     loaded = load_sae(write_saelens(tmp_path / "s", sae, layer=1, normalize_activations="constant_norm_rescale"))
     scaled = x * D_IN ** 0.5 / x.norm(dim=-1, keepdim=True)
@@ -49,6 +58,10 @@ def test_saelens_without_b_dec_subtraction_and_norm_rescale(tmp_path, x):
 
 
 def test_saelens_batchtopk_is_jumprelu_with_global_threshold(tmp_path, x):
+    import torch
+
+    from millm.sae.formats import load_sae
+
     sae = random_sae(D_IN, D_SAE)
     write_saelens(tmp_path / "s", sae, layer=2, v6=True, architecture="batchtopk", threshold=0.3)
     loaded = load_sae(tmp_path / "s")
@@ -58,6 +71,10 @@ def test_saelens_batchtopk_is_jumprelu_with_global_threshold(tmp_path, x):
 
 
 def test_gemma_scope(tmp_path, x):
+    import torch
+
+    from millm.sae.formats import load_sae
+
     sae = random_sae(D_IN, D_SAE, architecture="jumprelu")
     loaded = load_sae(write_gemma_scope(tmp_path / "layer_7" / "width_16k" / "average_l0_50", sae))
     assert loaded.format == "gemma-scope" and loaded.layer_hint == 7
@@ -66,6 +83,10 @@ def test_gemma_scope(tmp_path, x):
 
 
 def test_llama_scope_transposed_with_dataset_norm(tmp_path, x):
+    import torch
+
+    from millm.sae.formats import load_sae
+
     sae = random_sae(D_IN, D_SAE, apply_b_dec_to_input=False)  # unit decoder rows
     loaded = load_sae(write_llama_scope(tmp_path / "L3R", sae, threshold=0.05, norm_in=10.0))
     assert loaded.format == "llama-scope" and loaded.layer_hint == 3
@@ -77,6 +98,10 @@ def test_llama_scope_transposed_with_dataset_norm(tmp_path, x):
 
 
 def test_sparsify_topk(tmp_path, x):
+    import torch
+
+    from millm.sae.formats import load_sae
+
     sae = random_sae(D_IN, D_SAE, architecture="topk", k=3)
     loaded = load_sae(write_sparsify(tmp_path / "layers.5", sae))
     assert loaded.format == "sparsify" and loaded.layer_hint == 5
@@ -86,6 +111,8 @@ def test_sparsify_topk(tmp_path, x):
 
 
 def test_encode_selected_features_matches_full(x):
+    import torch
+
     for arch in ("relu", "jumprelu", "topk"):
         sae = random_sae(D_IN, D_SAE, architecture=arch, k=5 if arch == "topk" else None)
         feats = torch.tensor([3, 10, 40])
@@ -93,6 +120,8 @@ def test_encode_selected_features_matches_full(x):
 
 
 def test_malformed_files_name_file_and_key(tmp_path):
+    from millm.sae.formats import load_sae
+
     sae = random_sae(D_IN, D_SAE)
     folder = write_saelens(tmp_path / "s", sae, layer=1)
     cfg = json.loads((folder / "cfg.json").read_text())
@@ -113,5 +142,9 @@ def test_malformed_files_name_file_and_key(tmp_path):
 
 
 def test_unknown_architecture_refused():
+    import torch
+
+    from millm.sae.model import SAE
+
     with pytest.raises(ValueError):
         SAE(torch.zeros(2, 2), torch.zeros(2), torch.zeros(2, 2), torch.zeros(2), architecture="gated")

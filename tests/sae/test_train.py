@@ -5,25 +5,22 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
-import torch
 
 from millm.errors import InvalidParameter
-from millm.sae.formats import load_sae
-from millm.sae.labels import LabelIndex, TopActivations, build_records, label_terms
-from millm.sae.training.train import (
-    ShuffledBatches,
-    TopKTrainer,
-    TrainConfig,
-    auxk_error_fit,
-    fraction_unexplained,
-    train,
-)
+
+if TYPE_CHECKING:
+    import torch
+
+    from millm.sae.training.train import TopKTrainer
 
 
 def planted(n: int = 6000, d: int = 32, atoms: int = 96, active: int = 3, seed: int = 0) -> torch.Tensor:
     """Activations that are sparse sums of unit atoms plus an offset (what an SAE should recover)."""
+    import torch
+
     g = torch.Generator().manual_seed(seed)
     dictionary = torch.randn(atoms, d, generator=g)
     dictionary /= dictionary.norm(dim=-1, keepdim=True)
@@ -33,11 +30,17 @@ def planted(n: int = 6000, d: int = 32, atoms: int = 96, active: int = 3, seed: 
 
 
 def trainer_for(x: torch.Tensor, **kw) -> TopKTrainer:
+    from millm.sae.training.train import TopKTrainer, TrainConfig
+
     config = TrainConfig(**{"d_in": x.shape[1], "d_sae": 128, "k": 6, "steps": 150, "batch_size": 256, **kw})
     return TopKTrainer(config, x.mean(0), x.shape[1] ** 0.5 / float(x.norm(dim=-1).mean()))
 
 
 def test_loss_falls_and_decoder_rows_stay_unit_norm() -> None:
+    import torch
+
+    from millm.sae.training.train import ShuffledBatches, train
+
     x = planted()
     trainer = trainer_for(x)
     losses: list[float] = []
@@ -49,6 +52,10 @@ def test_loss_falls_and_decoder_rows_stay_unit_norm() -> None:
 
 def test_export_reads_raw_activations_like_the_trainer() -> None:
     """Folding the input scale out keeps the chosen latents and gives the reconstruction in raw units."""
+    import torch
+
+    from millm.sae.training.train import ShuffledBatches, train
+
     x = planted()
     trainer = trainer_for(x, steps=30)
     train(trainer, ShuffledBatches(x, 256, seed=0))
@@ -66,6 +73,10 @@ def test_export_reads_raw_activations_like_the_trainer() -> None:
 
 
 def test_auxk_loss_is_zero_without_dead_latents_and_trains_only_dead_ones() -> None:
+    import torch
+
+    from millm.sae.training.train import auxk_error_fit
+
     g = torch.Generator().manual_seed(1)
     pre, error = torch.randn(16, 10, generator=g), torch.randn(16, 4, generator=g)
     W_dec = torch.randn(10, 4, generator=g).requires_grad_()
@@ -80,6 +91,8 @@ def test_auxk_loss_is_zero_without_dead_latents_and_trains_only_dead_ones() -> N
 
 
 def test_dead_latents_are_counted_by_the_window() -> None:
+    import torch
+
     x = planted()
     trainer = trainer_for(x, dead_tokens=512, steps=4)
     never = torch.ones(128, dtype=torch.bool)
@@ -91,6 +104,8 @@ def test_dead_latents_are_counted_by_the_window() -> None:
 
 
 def test_learning_rate_warms_up_and_decays_to_zero() -> None:
+    from millm.sae.training.train import TrainConfig
+
     config = TrainConfig(d_in=4, d_sae=8, k=2, steps=100, lr=1e-3)
     rates = [config.lr_at(s) for s in range(100)]
     assert rates[0] == pytest.approx(1e-3 / 5)
@@ -100,6 +115,10 @@ def test_learning_rate_warms_up_and_decays_to_zero() -> None:
 
 
 def test_resume_from_checkpoint_gives_the_uninterrupted_run(tmp_path: Path) -> None:
+    import torch
+
+    from millm.sae.training.train import ShuffledBatches, TopKTrainer, train
+
     x = planted()
     straight = trainer_for(x, steps=20)
     train(straight, ShuffledBatches(x, 256, seed=3))
@@ -115,6 +134,10 @@ def test_resume_from_checkpoint_gives_the_uninterrupted_run(tmp_path: Path) -> N
 
 
 def test_shuffled_batches_cover_each_epoch_once() -> None:
+    import torch
+
+    from millm.sae.training.train import ShuffledBatches
+
     buffer = torch.arange(40, dtype=torch.float32).unsqueeze(1)
     batches = ShuffledBatches(buffer, 8, seed=0)
     epoch = torch.cat([batches.batch(i) for i in range(5)]).flatten()
@@ -124,6 +147,8 @@ def test_shuffled_batches_cover_each_epoch_once() -> None:
 
 
 def test_fvu_is_zero_for_perfect_and_one_for_the_mean() -> None:
+    from millm.sae.training.train import fraction_unexplained
+
     x = planted(n=100)
     assert float(fraction_unexplained(x, x)) == 0.0
     assert float(fraction_unexplained(x, x.mean(0).expand_as(x))) == pytest.approx(1.0)
@@ -132,6 +157,10 @@ def test_fvu_is_zero_for_perfect_and_one_for_the_mean() -> None:
 # labels
 
 def test_records_label_live_features_by_idf_weighted_top_tokens() -> None:
+    import torch
+
+    from millm.sae.labels import TopActivations, build_records
+
     texts = [" the", " rain", " storm", " cat", ","]
     tokens = torch.tensor([0, 1, 0, 2, 0, 3, 0, 4, 1, 0])  # "the" is everywhere, so it names nothing
     values = torch.tensor([[3.0, 2.0, 0.0], [2.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
@@ -147,6 +176,8 @@ def test_records_label_live_features_by_idf_weighted_top_tokens() -> None:
 
 
 def test_label_terms_prefer_words() -> None:
+    from millm.sae.labels import label_terms
+
     assert label_terms({",": 9.0, "rain": 2.0, "wet": 1.0, "\\n": 5.0}) == ["rain", "wet", ","]
 
 
@@ -155,6 +186,8 @@ LABELS = {3: "rain, storm, weather", 7: "weather, forecast", 9: "sun, sunny", 12
 
 
 def test_search_orders_closest_fits_first() -> None:
+    from millm.sae.labels import LabelIndex
+
     index = LabelIndex(LABELS, "test-sae")
     assert [m.index for m in index.search("weather")] == [7, 3]
     assert [m.index for m in index.search("sun")] == [9]
@@ -162,6 +195,8 @@ def test_search_orders_closest_fits_first() -> None:
 
 
 def test_resolve_takes_the_single_best_match() -> None:
+    from millm.sae.labels import LabelIndex
+
     index = LabelIndex(LABELS, "test-sae")
     assert index.resolve("weather") == 7  # first term beats "any term"
     assert index.resolve("storm") == 3
@@ -172,6 +207,8 @@ def test_resolve_takes_the_single_best_match() -> None:
 
 
 def test_resolve_lists_candidates_when_ambiguous() -> None:
+    from millm.sae.labels import LabelIndex
+
     index = LabelIndex({1: "rain, wet", 2: "rain, umbrella", 3: "snow"}, "test-sae")
     with pytest.raises(InvalidParameter) as exc:
         index.resolve("rain")
@@ -187,6 +224,8 @@ def test_resolve_lists_candidates_when_ambiguous() -> None:
 
 
 def test_label_index_reads_labels_json(tmp_path: Path) -> None:
+    from millm.sae.labels import LabelIndex
+
     (tmp_path / "labels.json").write_text(json.dumps({str(k): v for k, v in LABELS.items()}))
     assert LabelIndex.load(tmp_path).labels == LABELS
     assert LabelIndex.load(tmp_path / "missing").labels == {}
@@ -240,6 +279,7 @@ def _tiny_run(app, millm, out: Path, base: list[str], args: list[str]) -> None:
     from typer.testing import CliRunner
 
     from cli.common import steering_service
+    from millm.sae.formats import load_sae
 
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
@@ -328,6 +368,8 @@ def test_a_bad_name_is_refused_before_any_training(tmp_path: Path, monkeypatch: 
 
 
 def test_rows_list_matches_or_the_first_features() -> None:
+    from millm.sae.labels import LabelIndex
+
     index = LabelIndex(LABELS, "test-sae")
     assert index.rows("weather") == [{"index": 7, "label": "weather, forecast"},
                                      {"index": 3, "label": "rain, storm, weather"}]

@@ -9,7 +9,6 @@ from typing import Any
 import httpx
 import pytest
 
-from millm.server.app import create_app
 from tests.support.live import live_server
 from tests.support.saes import random_sae, write_saelens
 
@@ -21,6 +20,8 @@ PROMPT = "The weather today is"
 
 @pytest.fixture(scope="module")
 def base(engine, settings):
+    from millm.server.app import create_app
+
     with live_server(create_app(settings, engine)) as url:
         yield url
 

@@ -12,7 +12,6 @@ import pytest
 
 from millm.engine.events import Delta
 from millm.engine.params import ChatPrompt, GenerationRequest, SamplingParams
-from millm.server.app import create_app
 from tests.support.live import live_server
 from tests.support.saes import random_sae
 
@@ -50,6 +49,8 @@ def inference(base: str) -> dict:
 
 @pytest.fixture(scope="module")
 def batching(engine, settings) -> Iterator[str]:
+    from millm.server.app import create_app
+
     on = settings.model_copy(update={"batching": True, "batch_max_rows": 4, "batch_max_tokens": 4 * 512})
     with live_server(create_app(on, engine)) as base:
         yield base
@@ -113,10 +114,11 @@ def test_seeded_text_does_not_depend_on_batch_traffic(batching):
 
 
 def test_response_format_is_batched_and_refused_only_under_the_setting(engine, settings, batching):
+    from millm.server.app import create_app
+
     honoured = httpx.post(batching + "/v1/chat/completions", timeout=120,
                           json=body("JSON please", response_format={"type": "json_object"}, max_tokens=8))
     assert honoured.status_code == 200 and honoured.headers["X-miLLM-Constrained"] == "json_object"
-    from millm.server.app import create_app
     from tests.support.live import live_server
 
     refusing = settings.model_copy(update={"batching": True, "batching_constraints": "refuse"})
@@ -179,6 +181,8 @@ def test_scoring_and_embeddings_between_steps_leave_batched_rows_steered(engine,
 
 
 def test_queue_full_before_the_stream_starts(engine, settings):
+    from millm.server.app import create_app
+
     tight = settings.model_copy(update={"batching": True, "batch_max_rows": 1, "max_queue": 2})
     with live_server(create_app(tight, engine)) as base:
         def one(_: int) -> tuple[int, str]:

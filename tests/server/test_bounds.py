@@ -18,7 +18,6 @@ from millm.engine.plan import Plan
 from millm.errors import InvalidParameter
 from millm.requests.builder import build_chat, build_completion, build_embedding
 from millm.requests.limits import Limits, check_prompt_tokens, check_rows, prompt_tokens
-from millm.server.app import create_app
 from tests.support.fakes import FakeEngine
 
 HI = [{"role": "user", "content": "hi"}]
@@ -112,6 +111,8 @@ def run(app: Any, scenario: Any) -> Any:
 
 
 def test_server_refuses_past_its_settings_before_any_decode_step(tmp_path):
+    from millm.server.app import create_app
+
     engine = FakeEngine()
     app = create_app(Settings(home=tmp_path, max_rows=4, max_prompts=3, max_prompt_tokens=10), engine)
 
@@ -146,6 +147,8 @@ class SlowPreparing(FakeEngine):
 
 
 def test_health_answers_while_a_large_prompt_is_prepared(tmp_path):
+    from millm.server.app import create_app
+
     engine = SlowPreparing()
     app = create_app(Settings(home=tmp_path), engine)
     order: list[str] = []

@@ -19,7 +19,6 @@ from millm.config import Settings
 from millm.engine.base import Engine
 from millm.errors import ModelNotFound
 from millm.registry import ModelEntry
-from millm.server.app import create_app
 from tests.support.app import chat, frames, make, run
 from tests.support.fakes import SCRIPT, FakeEngine
 
@@ -155,6 +154,8 @@ def test_scoring_headers_and_seed_echo(tmp_path):
 
 
 def test_model_swap_answers_busy_while_loading_then_serves_the_new_model(tmp_path):
+    from millm.server.app import create_app
+
     release = threading.Event()
     loading = threading.Event()
     entries = {"fake-b": ModelEntry(id="fake-b", engine="transformers", source="path", path=Path(__file__))}

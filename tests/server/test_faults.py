@@ -21,9 +21,7 @@ import httpx
 import pytest
 
 from millm.engine.decode.detok import IncrementalDetokenizer
-from millm.server.app import create_app
 from millm.store import Store
-from millm.structured.constraint import RowGuides
 from tests.support.live import free_port, live_server
 from tests.support.saes import random_sae, write_saelens
 
@@ -40,6 +38,8 @@ def chat(stream: bool = True, **extra) -> dict:
 @pytest.fixture(scope="module")
 def served(engine, settings, tmp_path_factory):
     """A live server with its own store, an SAE attached and operator values set; yields (url, sae id, home)."""
+    from millm.server.app import create_app
+
     root = tmp_path_factory.mktemp("faults")
     folder = write_saelens(root / "sae", random_sae(576, 64, seed=21), layer=LAYER)
     home = root / "home"
@@ -115,6 +115,8 @@ def test_exception_inside_the_detokeniser(served, monkeypatch):
 
 
 def test_exception_inside_a_constraint(served, monkeypatch):
+    from millm.structured.constraint import RowGuides
+
     url, sid, home = served
     monkeypatch.setattr(RowGuides, "advance", fails_on_call(3, RowGuides.advance))
     schema = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}

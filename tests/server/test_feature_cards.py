@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 
 from millm.config import Settings
-from millm.server.app import create_app
 from tests.support.cards import ROWS, TABLE
 from tests.support.fakes import FakeEngine
 from tests.support.saes import random_sae, write_saelens
@@ -20,6 +19,8 @@ from tests.support.saes import random_sae, write_saelens
 def scenario_results(tmp_path: Path, calls: list[str], extra: list[Any] = ()) -> tuple[str, list[tuple[int, Any]]]:
     """Register a 64-feature SAE with labels and features.jsonl (``extra`` rows after the usual ones), then GET
     each of ``calls`` (``{id}`` is replaced by its id); returns the id and (status, body) per call."""
+    from millm.server.app import create_app
+
     folder = write_saelens(tmp_path / "sae", random_sae(16, 64, seed=2), layer=1)
     (folder / "labels.json").write_text(json.dumps({str(k): v for k, v in TABLE.items()}))
     rows = ROWS + [{"index": 6, "label": "terrain, maps", "recommended_strength": 40.0}, *extra]

@@ -15,8 +15,6 @@ import pytest
 from millm.config import Settings
 from millm.engine import load_engine
 from millm.registry import BUNDLED_ID, resolve
-from millm.server.app import create_app
-from millm.server.openapi import build
 from tests.support.fuzzing import fuzz, problem_of
 from tests.support.live import live_server
 
@@ -26,6 +24,8 @@ EXAMPLES = 4  # per operation and mode: about a minute on two cores
 @pytest.fixture(scope="module")
 def fuzzed(tmp_path_factory: pytest.TempPathFactory, settings: Settings) -> Iterator[str]:
     """A server of its own (own home, own engine): the fuzz registers, attaches, loads and deletes freely."""
+    from millm.server.app import create_app
+
     home = tmp_path_factory.mktemp("fuzz-home")
     own = Settings(home=home, cache=settings.cache_dir)
     engine = load_engine(resolve(BUNDLED_ID, own), own)
@@ -45,6 +45,9 @@ def test_fuzzing_finds_no_untyped_5xx_and_only_openai_error_bodies(fuzzed):
 
 def test_openapi_describes_every_request_body(tmp_path: Path):
     """Each route that reads a JSON body (/v1 and /api) has its requestBody in /openapi.json."""
+    from millm.server.app import create_app
+    from millm.server.openapi import build
+
     app = create_app(Settings(home=tmp_path))
     doc = build(app)
     readers = {endpoint for endpoint, view in app.view_functions.items()

@@ -10,8 +10,6 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from millm.engine.llama_engine import LlamaCppEngine
-from millm.server.app import create_app
 from tests.support.live import live_server
 from tests.support.saes import random_sae, write_saelens
 from tests.support.waiting import wait_idle, wait_running
@@ -22,16 +20,12 @@ PROMPT = [{"role": "user", "content": "Tell me about your day."}]
 
 
 @pytest.fixture(scope="module")
-def base(gguf_engine, settings, tmp_path_factory):
-    """A server whose GGUF model is steered through llama.cpp's control vectors, a random SAE attached at 10."""
-    settings.gguf_steering = True
-    eng = LlamaCppEngine.load(gguf_engine.entry, settings)
-    try:
-        with live_server(create_app(settings, eng)) as url:
-            yield url
-    finally:
-        settings.gguf_steering = False
-        eng.close()
+def base(gguf_steerable, settings):
+    """A server whose GGUF model is steered through llama.cpp's control vectors (``gguf_steerable``)."""
+    from millm.server.app import create_app
+
+    with live_server(create_app(settings, gguf_steerable)) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

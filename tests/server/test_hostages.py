@@ -19,7 +19,6 @@ from millm.config import Settings
 from millm.engine import preflight
 from millm.errors import InvalidModelFiles
 from millm.registry import ModelEntry
-from millm.server.app import create_app
 from tests.support.fakes import FakeEngine
 
 
@@ -66,6 +65,8 @@ def chat(model: str) -> dict[str, Any]:
 
 
 def test_a_load_whose_files_never_answer_times_out_while_other_routes_answer(tmp_path):
+    from millm.server.app import create_app
+
     hung = threading.Event()
     entries = {"fake": checkpoint(tmp_path / "fake"), "stuck": checkpoint(tmp_path / "stuck")}
     app = create_app(Settings(home=tmp_path / "home", preflight_timeout=0.5), FakeEngine(),
@@ -93,6 +94,8 @@ def test_a_load_whose_files_never_answer_times_out_while_other_routes_answer(tmp
 
 
 def test_registration_waits_for_another_process_off_the_event_loop(tmp_path, monkeypatch):
+    from millm.server.app import create_app
+
     monkeypatch.setattr(registry, "REGISTRY_LOCK_WAIT", 1.0)
     settings = Settings(home=tmp_path / "home")
     app = create_app(settings, FakeEngine())
@@ -117,6 +120,8 @@ def test_registration_waits_for_another_process_off_the_event_loop(tmp_path, mon
 
 
 def test_a_prompt_too_long_in_characters_is_refused_before_it_is_tokenised(tmp_path):
+    from millm.server.app import create_app
+
     engine = FakeEngine(context_window=64)
     tokenised: list[object] = []
     real = engine.tokenize

@@ -6,7 +6,6 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from millm.server.app import create_app
 from tests.support.live import live_server
 from tests.support.waiting import wait_idle, wait_running
 
@@ -179,6 +178,8 @@ def test_openapi_document(server):
 
 
 def test_queue_full_under_burst(engine, settings):
+    from millm.server.app import create_app
+
     app = create_app(settings.model_copy(update={"max_queue": 2}), engine)
     with live_server(app) as base:
         def one(_):
@@ -196,6 +197,8 @@ def test_queue_full_under_burst(engine, settings):
 
 
 def test_api_key(engine, settings):
+    from millm.server.app import create_app
+
     app = create_app(settings.model_copy(update={"api_key": "sekrit"}), engine)
     with live_server(app) as base:
         denied = httpx.get(base + "/v1/models", timeout=10)
@@ -206,6 +209,8 @@ def test_api_key(engine, settings):
 
 
 def test_model_not_loaded(settings):
+    from millm.server.app import create_app
+
     with live_server(create_app(settings)) as base:
         r = chat(base)
         ready = httpx.get(base + "/api/health/ready", timeout=10)
@@ -225,6 +230,8 @@ def test_unused_fields_logged_once_without_values(server, caplog):
 
 
 def test_admin_key_guards_management_changes(engine, settings):
+    from millm.server.app import create_app
+
     app = create_app(settings.model_copy(update={"admin_key": "boss"}), engine)
     with live_server(app) as base:
         read = httpx.get(base + "/api/steering", timeout=10)

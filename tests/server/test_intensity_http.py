@@ -11,9 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-import torch
 
-from millm.server.app import create_app
 from tests.support.live import live_server
 from tests.support.saes import random_sae, write_saelens
 from tests.support.waiting import wait_running
@@ -28,6 +26,8 @@ INTENSITY, RUNG = "X-miLLM-Steering-Intensity", "X-miLLM-Circuit-Rung"
 
 @pytest.fixture(scope="module")
 def base(engine, settings):
+    from millm.server.app import create_app
+
     with live_server(create_app(settings, engine)) as url:
         yield url
 
@@ -352,6 +352,8 @@ def until_content(lines):
 
 
 def test_an_sae_detached_mid_stream_ends_it_with_an_error_event(base, saes, docs, engine):
+    import torch
+
     body = {"model": MODEL, "messages": LONG, "max_tokens": 400, "temperature": 0, "stream": True,
             "profile": docs["cluster"], "steering_intensity": 1.5}
     httpx.put(base + "/api/steering", json={"sae": saes[20], "values": {"8": 5.0}}, timeout=30)
@@ -388,6 +390,8 @@ def test_an_sae_replaced_mid_request_is_the_same_error_unstreamed(base, saes, do
 
 
 def test_operator_wins_while_a_dialled_request_runs(base, saes, docs, engine):
+    import torch
+
     httpx.put(base + "/api/steering", json={"sae": saes[10], "values": {"1": STRONG, "2": STRONG}}, timeout=30)
     body = {"model": MODEL, "messages": LONG, "max_tokens": 60, "temperature": 0, "stream": True,
             "steering_intensity": 0.5}
@@ -472,6 +476,8 @@ def test_documents_are_profiles_and_names_are_shared(base, saes, docs):
 
 
 def test_routes_are_in_openapi_and_guarded_by_the_admin_key(base, engine, settings, docs):
+    from millm.server.app import create_app
+
     paths = httpx.get(base + "/openapi.json", timeout=10).json()["paths"]
     for path in ("/api/clusters", "/api/clusters/import", "/api/clusters/{name}", "/api/clusters/{name}/intensity",
                  "/api/circuits", "/api/circuits/import", "/api/circuits/active", "/api/circuits/{name}",

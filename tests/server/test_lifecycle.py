@@ -14,7 +14,6 @@ from millm.config import Settings
 from millm.engine import preflight
 from millm.errors import InsufficientMemory, UnsupportedQuantization
 from millm.registry import ModelEntry
-from millm.server.app import create_app
 from tests.support.fakes import SCRIPT, FakeEngine
 from tests.support.lab import Lab, answer, chat
 
@@ -67,6 +66,8 @@ def test_after_an_operator_unload_requests_say_no_model_is_loaded(tmp_path):
 
 
 def test_a_path_is_not_a_model_name_over_http(tmp_path):
+    from millm.server.app import create_app
+
     settings = Settings(home=tmp_path)
     engine = FakeEngine()
     app = create_app(settings, engine)
@@ -188,6 +189,8 @@ def test_the_lock_serves_one_model(tmp_path):
 
 
 def test_api_models_register_states_and_delete(tmp_path):
+    from millm.server.app import create_app
+
     settings = Settings(home=tmp_path)
     app = create_app(settings, FakeEngine())
     checkpoint = tmp_path / "my-model"
@@ -276,6 +279,8 @@ def test_registering_paths_refuses_taken_ids_and_forgets_missing_files(tmp_path)
 @pytest.mark.parametrize("engine_name,backend", [("llama.cpp", "serial"), ("transformers", "cbm")])
 def test_the_health_route_names_the_backend_that_serves_the_loaded_model(tmp_path, engine_name, backend):
     """With batching on, a llama.cpp model is still served one request at a time: the route says serial."""
+    from millm.server.app import create_app
+
     engine = FakeEngine(engine_name=engine_name)
     if engine_name == "transformers":
         engine.capabilities = dataclasses.replace(engine.capabilities, batchable=True)

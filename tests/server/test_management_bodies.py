@@ -12,8 +12,6 @@ from pathlib import Path
 from typing import Any
 
 from millm.config import Settings
-from millm.server.api_bodies import BODIES
-from millm.server.app import create_app
 from tests.support.fakes import FakeEngine
 from tests.support.saes import random_sae, write_saelens
 
@@ -21,6 +19,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def run(tmp_path: Path, scenario: Callable[[Any], Awaitable[Any]]) -> Any:
+    from millm.server.app import create_app
+
     app = create_app(Settings(home=tmp_path), FakeEngine())  # type: ignore[arg-type]
 
     async def main() -> Any:
@@ -116,6 +116,9 @@ def test_documents_refuse_unknown_fields_but_keep_what_their_schema_leaves_open(
 
 def test_every_endpoint_with_a_body_refuses_an_unknown_field(tmp_path):
     """One rule over every /api route whose body has a schema: each answers 400 naming the stray field."""
+    from millm.server.api_bodies import BODIES
+    from millm.server.app import create_app
+
     app = create_app(Settings(home=tmp_path), FakeEngine())  # type: ignore[arg-type]
     routes = [(method, re.sub(r"<(?:[^:<>]+:)?([^<>]+)>", "p", rule.rule), rule.endpoint)
               for rule in app.url_map.iter_rules() if rule.endpoint in BODIES

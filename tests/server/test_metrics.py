@@ -11,14 +11,14 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from millm.config import Settings
-from millm.server.app import create_app
-from millm.server.metrics import usage_of
 from tests.support.fakes import FakeEngine
 from tests.support.live import live_server
 from tests.support.saes import random_sae, write_saelens
 
 
 def make(tmp_path: Path, **kw: Any) -> Any:
+    from millm.server.app import create_app
+
     return create_app(Settings(home=tmp_path, **kw), FakeEngine())  # type: ignore[arg-type]
 
 
@@ -104,12 +104,16 @@ def test_queue_depth_reads_the_worker(tmp_path):
 
 
 def test_usage_is_found_at_the_end_of_a_body():
+    from millm.server.metrics import usage_of
+
     assert usage_of(b'{"data": [{"embedding": [1, 2]}], "usage": {"prompt_tokens": 7, "total_tokens": 7}}') == (7, 0)
     assert usage_of(b'{"usage": {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}, "x": 1}') == (3, 4)
     assert usage_of(b'{"data": []}') is None and usage_of(b'{"usage": [}') is None
 
 
 def test_steered_requests_and_steering_state_on_the_model(engine, settings, tmp_path):
+    from millm.server.app import create_app
+
     folder = write_saelens(tmp_path / "sae", random_sae(576, 64, seed=5), layer=10)
     app = create_app(settings.model_copy(update={"home": tmp_path / "home"}), engine)
     with live_server(app) as base:

@@ -13,7 +13,6 @@ import pytest
 from millm.config import Settings
 from millm.engine.base import Engine
 from millm.registry import ModelEntry, check_model_id, model_id_problem
-from millm.server.app import create_app
 from tests.support.fakes import FakeEngine
 
 GGUF_ID = "tinyrepo:Q4_0"
@@ -23,6 +22,8 @@ class Server:
     """An app serving a scripted engine, with a GGUF file ``tinyrepo.Q4_0.gguf`` in MILLM_HOME/models."""
 
     def __init__(self, tmp_path: Path) -> None:
+        from millm.server.app import create_app
+
         self.settings = Settings(home=tmp_path)
         self.settings.models_dir.mkdir(parents=True)
         (self.settings.models_dir / "tinyrepo.Q4_0.gguf").write_bytes(b"GGUF")
@@ -157,6 +158,8 @@ def test_unknown_http_methods_share_one_metrics_series(tmp_path):
 
 def test_a_registered_model_with_malformed_files_is_refused_before_the_unload(tmp_path):
     """The real pre-load check: a 422 naming the file, and the loaded model keeps serving."""
+    from millm.server.app import create_app
+
     settings = Settings(home=tmp_path)
     broken = (("badconfig", "{oops", None), ("badheader", "{}", b"\x10\0\0\0\0\0\0\0{not a header}"))
     for name, config, header in broken:

@@ -5,7 +5,6 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from millm.server.app import create_app
 from tests.support.live import live_server
 from tests.support.waiting import wait_for, wait_running
 
@@ -40,6 +39,8 @@ def test_models_on_disk_are_listed(tiny_checkpoint, server):
 
 
 def test_swap_waits_for_in_flight_and_refuses_during_it(tiny_checkpoint, engine, settings):
+    from millm.server.app import create_app
+
     with live_server(create_app(settings, engine)) as base, ThreadPoolExecutor(2) as pool:
         running = pool.submit(post, base, MODEL, 40)
         wait_running(base, running)
@@ -63,6 +64,8 @@ def test_swap_waits_for_in_flight_and_refuses_during_it(tiny_checkpoint, engine,
 
 
 def test_refusals_come_before_any_load(tiny_checkpoint, engine, settings):
+    from millm.server.app import create_app
+
     with live_server(create_app(settings, engine)) as base:
         r = httpx.post(base + "/v1/chat/completions", timeout=30,
                        json={"model": TINY, "messages": [{"role": "user", "content": "hi"}], "functions": [{}]})

@@ -9,7 +9,6 @@ from urllib.parse import quote
 import httpx
 import pytest
 
-from millm.server.app import create_app
 from millm.store import Store
 from tests.support.live import live_server
 from tests.support.saes import random_sae, write_saelens
@@ -25,6 +24,8 @@ def home(tmp_path):
 
 @pytest.fixture
 def base(engine, settings, home, tmp_path):
+    from millm.server.app import create_app
+
     folder = write_saelens(tmp_path / "sae", random_sae(576, 64, seed=11), layer=LAYER)
     with live_server(create_app(settings.model_copy(update={"home": home}), engine)) as url:
         sid = httpx.post(url + "/api/saes", json={"path": str(folder)}, timeout=30).json()["id"]

@@ -12,7 +12,6 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from millm.server.app import create_app
 from tests.support.live import live_server
 from tests.support.saes import random_sae, write_saelens
 from tests.support.waiting import wait_for, wait_running
@@ -24,6 +23,8 @@ LONG = [{"role": "user", "content": "Count from 1 to 300, separated by commas."}
 
 @pytest.fixture(scope="module")
 def base(engine, settings):
+    from millm.server.app import create_app
+
     with live_server(create_app(settings, engine)) as url:
         yield url
 

@@ -6,8 +6,6 @@ import httpx
 import pytest
 
 from millm.engine.params import ChatPrompt
-from millm.sae.bundled import BUNDLED_DIR
-from millm.server.app import create_app
 from tests.support.live import live_server
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -19,6 +17,8 @@ ASK = {"positions": "all", "top_k": 4, "token_text": True, "labels": True}
 
 @pytest.fixture(scope="module")
 def base(engine, settings):
+    from millm.server.app import create_app
+
     with live_server(create_app(settings, engine)) as url:
         attached = httpx.post(url + f"/api/saes/{SAE}/attach", json={}, timeout=60)
         assert attached.status_code == 200, attached.text
@@ -30,6 +30,8 @@ def base(engine, settings):
 
 @pytest.fixture(scope="module")
 def labels():
+    from millm.sae.bundled import BUNDLED_DIR
+
     lines = (BUNDLED_DIR / SAE / "features.jsonl").read_text().splitlines()
     return {item["index"]: item["label"] for item in map(json.loads, lines)}
 

@@ -7,7 +7,6 @@ import json
 
 import httpx
 import pytest
-import torch
 
 MODEL = "SmolLM2-135M-Instruct"
 TEXT = "The capital of France is Paris"
@@ -36,6 +35,8 @@ def test_token_id_prompts_equal_their_text_prompts(server, engine):
 
 def test_echo_logprobs_equal_a_direct_forward_pass(server, engine):
     """lm-eval's loglikelihood request: the continuation's log-probability is the sum over its tokens."""
+    import torch
+
     context, continuation = ids_of(engine, "The capital of France is"), ids_of(engine, " Paris")
     r = post(server, "completions", prompt=[context + continuation], max_tokens=1, logprobs=1, echo=True,
              temperature=0, seed=1234)

@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 
 from millm.config import Settings
-from millm.server.app import create_app
 from millm.server.auth import BIND_HOST
 from tests.support.fakes import FakeEngine
 from tests.support.live import live_server
@@ -25,6 +24,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def make(tmp_path: Path, bind: str | None = None, **kw: Any) -> Any:
+    from millm.server.app import create_app
+
     app = create_app(Settings(home=tmp_path, **kw), FakeEngine())  # type: ignore[arg-type]
     if bind is not None:
         app.config[BIND_HOST] = bind

@@ -1,16 +1,20 @@
 """Steering on the bundled model through the live server: SAEs, values, profiles, read-outs, monitoring."""
 
+from __future__ import annotations
+
 import json
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 import httpx
 import pytest
-import torch
 
-from millm.server.app import create_app
 from tests.support.live import live_server
 from tests.support.saes import random_sae, write_saelens
 from tests.support.waiting import wait_for, wait_idle, wait_running
+
+if TYPE_CHECKING:
+    import torch
 
 MODEL = "SmolLM2-135M-Instruct"
 LAYER = 10
@@ -21,6 +25,8 @@ PROMPT = [{"role": "user", "content": "Write one sentence about the weather."}]
 
 @pytest.fixture(scope="module")
 def base(engine, settings):
+    from millm.server.app import create_app
+
     with live_server(create_app(settings, engine)) as url:
         yield url
 
@@ -172,6 +178,8 @@ def delta(engine, sae_id):
 def test_profile_restored_after_error_and_disconnect(base, sae_id, engine, monkeypatch):
     """A request's profile steers its own row; after an error or a disconnect the row is released, the
     live values were never displaced, and steering reads live again."""
+    import torch
+
     name = create_profile(base, "gentle", [{"sae": sae_id, "feature": FEATURE, "strength": 10.0}])
     steer(base, sae_id, {"3": 2.0})
     expected = delta(engine, sae_id)
@@ -210,10 +218,14 @@ def test_profile_restored_after_error_and_disconnect(base, sae_id, engine, monke
 
 def any_row(att, row: torch.Tensor) -> bool:
     """Whether some steering row of the attachment holds ``row``."""
+    import torch
+
     return att.rows is not None and any(torch.allclose(r, row) for r in att.rows)
 
 
 def test_operator_wins(base, sae_id, engine):
+    import torch
+
     name = create_profile(base, "weather-up", [{"sae": sae_id, "feature": FEATURE, "strength": STRENGTH}])
     with ThreadPoolExecutor(1) as pool:
         job = pool.submit(chat, base, profile=name, max_tokens=40)

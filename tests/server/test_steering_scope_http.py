@@ -8,7 +8,6 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from millm.server.app import create_app
 from millm.steering.names import steering_label, steering_scope_of
 from tests.support.live import live_server
 from tests.support.saes import random_sae, write_saelens
@@ -19,6 +18,8 @@ PROMPT = [{"role": "user", "content": "Tell me about your day."}]
 
 @pytest.fixture(scope="module")
 def base(engine, settings):
+    from millm.server.app import create_app
+
     with live_server(create_app(settings, engine)) as url:
         yield url
 

@@ -6,21 +6,19 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
-import torch
 
 from millm.config import Settings
-from millm.server.app import create_app
-from millm.server.vector_jobs import JOBS_KEPT, Jobs, LearnJobRunning, Plan
-from millm.steering.service import SteeringService
 from millm.store import Store
-from millm.vectors import catalog, files
-from millm.vectors.files import VectorSet
 from tests.support.fakes import FakeEngine
 from tests.support.waiting import wait_for
+
+if TYPE_CHECKING:
+    from millm.steering.service import SteeringService
+    from millm.vectors.files import VectorSet
 
 MODEL = "SmolLM2-135M-Instruct"
 D_MODEL, LAYER = 576, 10
@@ -33,6 +31,10 @@ def call(server: str, method: str, path: str, **kwargs: Any) -> httpx.Response:
 
 
 def unit_set(name: str, vectors: int = 1, layer: int = LAYER, seed: int = 0) -> VectorSet:
+    import torch
+
+    from millm.vectors.files import VectorSet
+
     v = torch.randn(vectors, D_MODEL, generator=torch.Generator().manual_seed(seed))
     names = (name, *(f"{name}-{i}" for i in range(1, vectors)))
     return VectorSet(names, v / v.norm(dim=-1, keepdim=True), layer, MODEL, "diffmean", "mean",
@@ -40,6 +42,8 @@ def unit_set(name: str, vectors: int = 1, layer: int = LAYER, seed: int = 0) -> 
 
 
 def service(settings: Settings) -> SteeringService:
+    from millm.steering.service import SteeringService
+
     return SteeringService(Store(settings.home / "millm.db"))
 
 
@@ -76,6 +80,8 @@ def wait_job(server: str, job_id: str) -> dict[str, Any]:
 
 
 def test_a_stored_set_is_listed_shown_attached_steered_detached_and_deleted(server, settings):
+    from millm.vectors import catalog
+
     name = "apivec"
     catalog.store(service(settings), settings.home, unit_set(name, vectors=2))
     try:
@@ -186,7 +192,7 @@ def test_learning_from_concepts_writes_examples_with_the_model(server):
         done = wait_job(server, r.json()["id"])
         assert done["status"] == "succeeded", done
         row = listed(server)[name]
-        assert (row["method"], row["position"], row["layer"]) == ("pca", "last", LAYER)  # default: a third in
+        assert (row["method"], row["position"], row["layer"]) == ("pca", "last", 14)  # default_layer(30)
         assert row["source"] == {"concepts": ["rain"], "seed": 3, "tokens": 8, "negatives": "topics"}
     finally:
         cleanup(server, name)
@@ -239,6 +245,7 @@ BAD_BODIES = [
 
 def test_a_refused_learning_body_stores_nothing_and_starts_no_job(server, settings, monkeypatch):
     import millm.server.vector_jobs as vector_jobs
+    from millm.vectors import catalog
 
     monkeypatch.setattr(vector_jobs, "generated", lambda *a, **k: pytest.fail("examples were written"))
     monkeypatch.setattr(vector_jobs, "learn", lambda *a, **k: pytest.fail("a vector was learned"))
@@ -268,7 +275,9 @@ def test_a_refused_learning_body_stores_nothing_and_starts_no_job(server, settin
 
 
 def test_export_is_a_control_vector_and_import_takes_it_or_a_folder_back(server, settings, tmp_path):
-    from millm.vectors import gguf
+    import torch
+
+    from millm.vectors import catalog, files, gguf
 
     name, names = "apiexport", ["apiexport", "apiback", "apifolder", "apimulti-L5", "apimulti-L10", "apione"]
     original = unit_set(name, seed=4)
@@ -328,6 +337,8 @@ def test_export_is_a_control_vector_and_import_takes_it_or_a_folder_back(server,
 
 
 def run_app(tmp_path: Path, engine: Any, scenario: Any) -> Any:
+    from millm.server.app import create_app
+
     app = create_app(Settings(home=tmp_path), engine)
 
     async def main() -> Any:
@@ -351,6 +362,8 @@ def test_learning_needs_a_loaded_model_that_reads_its_residual_stream(tmp_path):
 
 
 def test_the_routes_are_published_and_guarded(tmp_path):
+    from millm.server.app import create_app
+
     app = create_app(Settings(home=tmp_path, admin_key="boss"), FakeEngine())  # type: ignore[arg-type]
 
     async def scenario():
@@ -375,6 +388,8 @@ def test_the_routes_are_published_and_guarded(tmp_path):
 
 
 def test_one_job_learns_at_a_time_and_the_table_keeps_the_newest():
+    from millm.server.vector_jobs import JOBS_KEPT, Jobs, LearnJobRunning, Plan
+
     table = Jobs()
     plan = Plan("v", 1, "diffmean", "mean", concepts=("x",))
     first = table.start(plan)

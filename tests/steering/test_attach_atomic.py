@@ -3,26 +3,32 @@ while the buffers are rewritten, leaves the previous attachment, its hook and it
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pytest
-import torch
 
 from millm.errors import InvalidFeatureIndex
-from millm.steering.controller import Steering
 from millm.steering.intensity import IntensitySettings
-from millm.steering.monitor import Monitor
-from millm.steering.service import SteeringService
-from millm.steering.target import SteeringTarget
 from millm.store import Store
-from tests.steering.tiny import IDS, D
+from tests.steering.tiny import D, prompt_ids
 from tests.support.saes import random_sae, write_saelens
+
+if TYPE_CHECKING:
+    import torch
 
 
 def logits(model) -> torch.Tensor:
+    import torch
+
     with torch.inference_mode():
-        return model(IDS).logits
+        return model(prompt_ids()).logits
 
 
 def test_a_smaller_sae_under_the_same_id_is_refused_before_anything_changes(model):
+    import torch
+
+    from millm.steering.controller import Steering
+
     steering = Steering(model)
     big = steering.attach("sae_a", random_sae(D, 128, seed=1), layer=2)
     steering.set_values("sae_a", {100: 8.0, 3: 2.0}, merge=False)
@@ -36,6 +42,10 @@ def test_a_smaller_sae_under_the_same_id_is_refused_before_anything_changes(mode
 
 
 def test_a_failure_after_the_hook_swap_puts_the_old_attachment_back(model, monkeypatch):
+    import torch
+
+    from millm.steering.controller import Steering
+
     steering = Steering(model)
     old = steering.attach("sae_a", random_sae(D, 64, seed=1), layer=1)
     steering.set_values("sae_a", {3: 4.0}, merge=False)
@@ -60,6 +70,11 @@ def test_a_failure_after_the_hook_swap_puts_the_old_attachment_back(model, monke
 def test_the_service_reattaches_from_disk_all_or_nothing(model, tmp_path):
     """The SAE file registered under an id is replaced by a smaller one: attaching it again is refused and
     the live attachment, values and persisted state stay as they were."""
+    from millm.steering.controller import Steering
+    from millm.steering.monitor import Monitor
+    from millm.steering.service import SteeringService
+    from millm.steering.target import SteeringTarget
+
     service = SteeringService(Store(tmp_path / "millm.db"), IntensitySettings(2.0, 0.5, 0.0))
     folder = write_saelens(tmp_path / "sae", random_sae(D, 128, seed=1), layer=2)
     record = service.register_sae(folder)

@@ -7,15 +7,9 @@ from pathlib import Path
 import pytest
 
 from millm.errors import InvalidFeatureIndex, InvalidParameter
-from millm.sae.bundled import bundled_saes
-from millm.sae.formats import load_sae
-from millm.steering.bases import Bases
-from millm.steering.controller import Steering
 from millm.steering.documents import Registered, ServingMode, parse_circuit, parse_cluster, serving_mode
 from millm.steering.imports import import_document
 from millm.steering.intensity import IntensitySettings, Symbol
-from millm.steering.monitor import Monitor
-from millm.steering.target import SteeringTarget
 from millm.store import Store
 
 PROFILES = Path(__file__).parents[2] / "profiles"
@@ -51,6 +45,13 @@ def test_they_refuse_sae_they_do_not_fit():
 
 
 def test_they_import_and_steer_with_the_bundled_saes_attached(engine, tmp_path):
+    from millm.sae.bundled import bundled_saes
+    from millm.sae.formats import load_sae
+    from millm.steering.bases import Bases
+    from millm.steering.controller import Steering
+    from millm.steering.monitor import Monitor
+    from millm.steering.target import SteeringTarget
+
     bundled = {b.layer: b for b in bundled_saes()}
     assert {10, 20} <= set(bundled)
     steering = Steering(engine.model)

@@ -2,19 +2,23 @@
 own delta, and nothing else changes."""
 
 import pytest
-import torch
 
-from millm.steering.controller import Override, Steering
-from tests.steering.tiny import IDS, D
+from tests.steering.tiny import D, prompt_ids
 from tests.support.saes import random_sae
 
 
 def logits(model, ids):
+    import torch
+
     with torch.inference_mode():
         return model(ids).logits
 
 
 def test_each_row_steers_each_row_by_its_own_values_only(model):
+    import torch
+
+    from millm.steering.controller import Override, Steering
+
     steering = Steering(model)
     steering.attach("sae", random_sae(D, 64), layer=1)
     steering.set_values("sae", {2: 3.0}, merge=False)  # the live values: steer no row of the block
@@ -24,10 +28,10 @@ def test_each_row_steers_each_row_by_its_own_values_only(model):
     alone = {}
     for values in ({5: 6.0}, {7: -2.0, 11: 1.5}, {}):
         with steering.each_row([Override("alone", {"sae": values})]):
-            alone[tuple(values)] = logits(model, IDS)[0]
+            alone[tuple(values)] = logits(model, prompt_ids())[0]
     overrides = [Override("a", {"sae": {5: 6.0}}), Override("b", {"sae": {7: -2.0, 11: 1.5}}), Override("c", {})]
     with steering.each_row(overrides):
-        together = logits(model, IDS.repeat(3, 1))
+        together = logits(model, prompt_ids().repeat(3, 1))
     assert torch.allclose(together[0], alone[(5,)], atol=1e-5)
     assert torch.allclose(together[1], alone[(7, 11)], atol=1e-5)
     assert torch.allclose(together[2], alone[()], atol=1e-5)  # no values: unsteered, the live ones not added
@@ -37,6 +41,8 @@ def test_each_row_steers_each_row_by_its_own_values_only(model):
 
 
 def test_each_row_with_an_index_the_sae_lacks_releases_every_row(model):
+    from millm.steering.controller import Override, Steering
+
     steering = Steering(model)
     steering.attach("sae", random_sae(D, 64), layer=1)
     with pytest.raises(IndexError):

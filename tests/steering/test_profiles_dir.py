@@ -6,8 +6,6 @@ from pathlib import Path
 import pytest
 
 from millm.errors import InvalidFeatureIndex, InvalidParameter
-from millm.steering.controller import Steering
-from millm.steering.profiles import parse_profile, resolve_entries
 from tests.support.saes import random_sae
 
 EXAMPLES = [p for p in sorted((Path(__file__).parents[2] / "profiles").glob("*.json"))
@@ -20,6 +18,9 @@ def test_there_are_examples():
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
 def test_example_resolves_against_an_attached_sae(path, engine):
+    from millm.steering.controller import Steering
+    from millm.steering.profiles import parse_profile, resolve_entries
+
     doc = parse_profile(json.loads(path.read_text()))
     steering = Steering(engine.model)
     layers = {e.sae for e in doc.entries}

@@ -3,7 +3,6 @@
 from types import SimpleNamespace
 
 import pytest
-import torch
 
 from millm.engine.decode.detok import token_texts
 from millm.engine.events import Activations, Delta, Finish, Usage
@@ -74,6 +73,8 @@ def test_token_texts_join_to_the_text_and_never_split_a_character():
 
 
 def recorder(**flags):
+    import torch
+
     spec = ReadoutSpec("sae_a", 3, None, 2, "all", "post_steering", **flags)
     rec = ReadoutRecorder(spec, STEERING, lambda ids: token_texts(ByteTokenizer(), ids))  # type: ignore[arg-type]
     rec.values.append(torch.tensor([[2.0, 1.0], [3.0, 0.0], [0.5, 0.25]]))

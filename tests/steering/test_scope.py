@@ -2,26 +2,43 @@
 or generated), per row, and the gates follow the row through binding, growing buffers, re-attaching and release;
 the scope's parsing and its place in X-miLLM-Steering."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 import pytest
-import torch
 
 from millm.errors import InvalidParameter
-from millm.steering.controller import Override, RowView, Steering
 from millm.steering.names import steering_header, steering_label, steering_scope_of
 from millm.steering.scope import GENERATED_PHASE, PROMPT_PHASE, SCOPES, applies, gates, parse_scope
-from tests.steering.tiny import IDS, D
+from tests.steering.tiny import D, prompt_ids
 from tests.support.saes import random_sae
 
-STEER = Override("test", {"sae": {5: 8.0}})
+if TYPE_CHECKING:
+    import torch
+
+    from millm.steering.controller import Override, Steering
+
+
+def steer() -> Override:
+    from millm.steering.controller import Override
+
+    return Override("test", {"sae": {5: 8.0}})
 
 
 def forward(model, steering: Steering, rows: int, phase: int | None) -> torch.Tensor:
+    import torch
+
+    from millm.steering.controller import RowView
+
     with torch.inference_mode(), steering.rows(RowView(0, rows, phase=phase)):
-        return model(IDS.repeat(rows, 1)).logits
+        return model(prompt_ids().repeat(rows, 1)).logits
 
 
 @pytest.fixture
 def steered(model):
+    from millm.steering.controller import Steering
+
     steering = Steering(model)
     steering.attach("sae", random_sae(D, 64), layer=1)
     steering.reserve_rows(3)
@@ -31,10 +48,12 @@ def steered(model):
 
 
 def test_each_row_is_steered_only_in_the_phases_its_scope_names(model, steered):
+    import torch
+
     with torch.inference_mode():
-        plain = model(IDS).logits[0]
+        plain = model(prompt_ids()).logits[0]
     for slot, scope in enumerate(SCOPES):
-        steered.bind_row(slot, STEER, scope)
+        steered.bind_row(slot, steer(), scope)
     for phase in (PROMPT_PHASE, GENERATED_PHASE):
         out = forward(model, steered, 3, phase)
         full = forward(model, steered, 3, None)[0]  # a research forward: every delta as it is
@@ -45,7 +64,7 @@ def test_each_row_is_steered_only_in_the_phases_its_scope_names(model, steered):
 
 
 def test_gates_follow_rows_through_growth_reattach_and_release(model, steered):
-    steered.bind_row(1, STEER, "generated")
+    steered.bind_row(1, steer(), "generated")
     steered.reserve_rows(8)  # the buffers grow: the bound row keeps its gates
     att = steered.attachments["sae"]
     assert att.gates is not None and att.gates[:, 1].tolist() == list(gates("generated"))

@@ -8,12 +8,10 @@ import copy
 import pytest
 
 from millm.errors import ProfileConflict
-from millm.steering.bases import circuit_serving
 from millm.steering.documents import ServingMode
 from millm.steering.imports import import_document, stored_cluster
 from millm.steering.intensity import IntensitySettings
 from millm.steering.names import name_problem
-from millm.steering.service import SteeringService
 from millm.store import Store
 from tests.support.documents import CIRCUIT, CLUSTER, REG
 
@@ -36,6 +34,8 @@ def stored_as_before(store: Store, kind: str, doc: dict, name: str) -> dict:
 
 
 def test_a_cluster_stored_under_an_old_name_can_be_used(store, tmp_path):
+    from millm.steering.service import SteeringService
+
     assert name_problem(OLD) is not None
     stored_as_before(store, "cluster", CLUSTER, OLD)
     found = stored_cluster(store, OLD)
@@ -46,6 +46,8 @@ def test_a_cluster_stored_under_an_old_name_can_be_used(store, tmp_path):
 
 
 def test_a_circuit_falling_back_to_an_old_named_cluster_serves_through_it(store):
+    from millm.steering.bases import circuit_serving
+
     stored_as_before(store, "cluster", CLUSTER, OLD)
     stored_as_before(store, "circuit", {**CIRCUIT, "fallback_cluster": OLD}, "rain circuit (v1)")
     half = type(REG)(REG.widths, {3: "sae_a"})  # layer 10 has no SAE: the circuit needs its fallback

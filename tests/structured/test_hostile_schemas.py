@@ -10,7 +10,6 @@ import pytest
 
 from millm.errors import ConstrainedOutputInvalid, InvalidParameter, ResponseFormatUnsupported
 from millm.structured.bounded import BoundedCache, bounded
-from millm.structured.constraint import MAX_VALIDATED_DEPTH, nesting, validate
 from millm.structured.schema import MAX_DEFS, MAX_REF_CHAIN, JsonConstraint, check_response_format
 from millm.structured.tools import Tool, ToolConstraint, split, tool_constraint
 
@@ -70,6 +69,8 @@ EXPONENTIAL = "^((a+)+c|a+)$"  # Python's re backtracks through 2^n splits of a 
 
 
 def test_a_pattern_that_backtracks_for_python_is_checked_in_linear_time():
+    from millm.structured.constraint import validate
+
     constraint = JsonConstraint("json_schema", {"type": "string", "pattern": EXPONENTIAL}, "x")
     validate(constraint, json.dumps("a" * 5000))  # re: 2^5000 steps; RE2: one pass
     with pytest.raises(ConstrainedOutputInvalid, match="does not match"):
@@ -77,6 +78,8 @@ def test_a_pattern_that_backtracks_for_python_is_checked_in_linear_time():
 
 
 def test_the_same_pattern_in_a_forced_tool_call_is_checked_in_linear_time():
+    from millm.structured.constraint import validate
+
     parameters = {"type": "object", "properties": {"s": {"type": "string", "pattern": EXPONENTIAL}}}
     constraint = ToolConstraint((Tool("f", None, parameters),), "function", "f")
     call = '<tool_call>\n{"name": "f", "arguments": {"s": "' + "a" * 5000 + '"}}\n</tool_call>'
@@ -86,6 +89,8 @@ def test_the_same_pattern_in_a_forced_tool_call_is_checked_in_linear_time():
 
 
 def test_patterns_search_as_json_schema_says():
+    from millm.structured.constraint import validate
+
     constraint = JsonConstraint("json_schema", {"type": "string", "pattern": "[0-9]{3}"}, "x")
     validate(constraint, json.dumps("call 555 now"))  # unanchored: a match anywhere
     with pytest.raises(ConstrainedOutputInvalid):
@@ -95,10 +100,14 @@ def test_patterns_search_as_json_schema_says():
 @pytest.mark.parametrize("text,depth", [("{}", 1), ('[[{"a": [1]}]]', 4), ('["[[[", "}}}"]', 1), ('"\\\\"', 0),
                                         ('["\\"[["]', 1), ("3", 0)])
 def test_nesting_counts_brackets_outside_strings(text, depth):
+    from millm.structured.constraint import nesting
+
     assert nesting(text) == depth
 
 
 def test_a_document_nested_past_the_validator_is_refused_as_such_not_a_crash():
+    from millm.structured.constraint import MAX_VALIDATED_DEPTH, validate
+
     constraint = JsonConstraint("json_schema", {"$defs": {"t": {"type": "array", "items": {"$ref": "#/$defs/t"}}},
                                                 "$ref": "#/$defs/t"}, "x")
     deep = MAX_VALIDATED_DEPTH + 1

@@ -13,7 +13,6 @@ import pytest
 from millm.config import Settings
 from millm.errors import InvalidParameter, ResponseFormatUnsupported
 from millm.requests.builder import TEMPLATE_ARGUMENTS, build_chat
-from millm.server.app import create_app
 from millm.structured.schema import check_response_format
 from tests.support.fakes import FakeEngine
 
@@ -50,6 +49,8 @@ def test_recursion_through_a_value_is_still_enforced(schema):
 
 
 def test_the_server_refuses_a_cycle_before_generating(tmp_path):
+    from millm.server.app import create_app
+
     engine = FakeEngine()
     app = create_app(Settings(home=tmp_path), engine)  # type: ignore[arg-type]
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from millm.engine.events import Delta, Event, Finish, Usage
 from millm.engine.params import ChatPrompt, GenerationRequest, Prompt, TextPrompt
-from millm.engine.transformers_engine import TransformersEngine
 from millm.requests.validation import sampling_params
+
+if TYPE_CHECKING:
+    from millm.engine.transformers_engine import TransformersEngine
 
 
 def events(engine: TransformersEngine, prompt: str | Prompt | list[dict[str, Any]], **fields: Any) -> list[Event]:

@@ -4,15 +4,21 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
-from safetensors.torch import save_file
 
-from millm.sae.model import SAE
+if TYPE_CHECKING:
+    import torch
+
+    from millm.sae.model import SAE
 
 
 def random_sae(d_in: int, d_sae: int, seed: int = 0, architecture: str = "relu", **kw) -> SAE:
+    import torch
+
+    from millm.sae.model import SAE
+
     g = torch.Generator().manual_seed(seed)
     W_dec = torch.randn(d_sae, d_in, generator=g)
     W_dec = W_dec / W_dec.norm(dim=-1, keepdim=True)
@@ -23,6 +29,8 @@ def random_sae(d_in: int, d_sae: int, seed: int = 0, architecture: str = "relu",
 
 def write_saelens_files(folder: Path, tensors: dict[str, torch.Tensor], cfg: dict) -> Path:
     """SAELens' on-disk layout (``save_model``): cfg.json beside sae_weights.safetensors."""
+    from safetensors.torch import save_file
+
     folder.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(folder / "sae_weights.safetensors"))
     (folder / "cfg.json").write_text(json.dumps(cfg))
@@ -64,6 +72,8 @@ def write_llama_scope(folder: Path, sae: SAE, threshold: float, norm_in: float |
                       weights: dict[str, torch.Tensor] | None = None, **cfg_extra) -> Path:
     """Llama Scope's layout: hyperparams.json with the published keys, checkpoints/final.safetensors with lm-saes'
     nn.Linear names (``encoder.weight`` [d_sae, d_in], ``decoder.weight`` [d_in, d_sae])."""
+    from safetensors.torch import save_file
+
     (folder / "checkpoints").mkdir(parents=True, exist_ok=True)
     tensors = {"encoder.weight": sae.W_enc.T.contiguous(), "encoder.bias": sae.b_enc,
                "decoder.weight": sae.W_dec.T.contiguous(), "decoder.bias": sae.b_dec, **(weights or {})}
@@ -83,6 +93,8 @@ def write_llama_scope(folder: Path, sae: SAE, threshold: float, norm_in: float |
 def write_sparsify(folder: Path, sae: SAE, **cfg_extra) -> Path:
     """sparsify's ``SparseCoder.save_to_disk``: sae.safetensors (``encoder.weight`` [d_sae, d_in], ``W_dec``
     [d_sae, d_in]) and cfg.json (its config plus ``d_in``)."""
+    from safetensors.torch import save_file
+
     folder.mkdir(parents=True, exist_ok=True)
     save_file({"encoder.weight": sae.W_enc.T.contiguous(), "encoder.bias": sae.b_enc, "W_dec": sae.W_dec.contiguous(),
                "b_dec": sae.b_dec}, str(folder / "sae.safetensors"))

@@ -12,7 +12,6 @@ from millm.steering.intensity import ENVELOPE, Symbol
 from millm.steering.values import STRENGTH_LIMIT
 from tests.tui.helpers import PROMPT, answers, ask, drive, greedy_answer, send, settle, type_text, until
 from tui.client import Feature
-from tui.local import LocalClient
 from tui.widgets.activation_strip import ActivationStrip
 from tui.widgets.compare_view import CompareView
 from tui.widgets.intensity_dial import IntensityDial
@@ -24,6 +23,8 @@ from tui.widgets.strength_dial import StrengthDial
 
 
 def test_attach_search_and_dial_a_feature(engine, sae_id):
+    from tui.local import LocalClient
+
     target = engine.steering_target()
 
     async def scenario(app, pilot) -> None:
@@ -71,6 +72,8 @@ def test_attach_search_and_dial_a_feature(engine, sae_id):
 
 
 def test_prompt_streams_its_answer(engine, monkeypatch):
+    from tui.local import LocalClient
+
     expected = greedy_answer(engine, max_tokens=12)
     import time as _time
 
@@ -103,6 +106,8 @@ def test_prompt_streams_its_answer(engine, monkeypatch):
 
 
 def test_reset_forgets_the_history(engine):
+    from tui.local import LocalClient
+
     async def scenario(app, pilot) -> None:
         await ask(app, pilot, "Hello")
         assert len(app.main.conversation.turns) == 2
@@ -113,6 +118,8 @@ def test_reset_forgets_the_history(engine):
 
 
 def test_compare_mode_differs_only_under_steering(engine, attached):
+    from tui.local import LocalClient
+
     target = engine.steering_target()
 
     async def compare(app, pilot) -> tuple[str, str]:
@@ -139,6 +146,8 @@ def test_compare_mode_differs_only_under_steering(engine, attached):
 
 
 def test_intensity_dial_bounds_and_echo(engine, attached, settings):
+    from tui.local import LocalClient
+
     plain = greedy_answer(engine)
     target = engine.steering_target()
     target.steering.set_values(attached, {5: 40.0}, merge=False)
@@ -177,6 +186,7 @@ def test_intensity_dial_bounds_and_echo(engine, attached, settings):
 
 def test_save_activate_and_export_a_profile(engine, attached, tmp_path, monkeypatch):
     from cli.common import steering_service
+    from tui.local import LocalClient
 
     target = engine.steering_target()
     target.steering.set_values(attached, {5: 40.0, 7: -20.0}, merge=False)
@@ -216,6 +226,8 @@ def test_save_activate_and_export_a_profile(engine, attached, tmp_path, monkeypa
 
 
 def test_escape_cancels_the_answer(engine):
+    from tui.local import LocalClient
+
     async def scenario(app, pilot) -> None:
         await send(app, pilot, "Tell me a long story about the sea.")
         await until(pilot, lambda: any(b.text for b in app.main.query(MessageBox) if b.role != "you"))
@@ -231,6 +243,8 @@ def test_escape_cancels_the_answer(engine):
 
 
 def test_a_bad_sampling_value_is_refused_naming_the_field(engine):
+    from tui.local import LocalClient
+
     async def scenario(app, pilot) -> Any:
         await ask(app, pilot, "Hello")
         box = [b for b in app.main.query(MessageBox) if b.role != "you"][-1]
@@ -241,6 +255,8 @@ def test_a_bad_sampling_value_is_refused_naming_the_field(engine):
 
 
 def test_strip_and_sparklines_show_what_the_model_computed(engine, attached):
+    from tui.local import LocalClient
+
     target = engine.steering_target()
     target.steering.set_values(attached, {5: 150.0}, merge=False)
     target.monitor.clear_history()  # the session's engine is shared: earlier tests' requests are not this app's
@@ -277,6 +293,8 @@ def test_strip_and_sparklines_show_what_the_model_computed(engine, attached):
 
 def test_a_dial_change_mid_answer_applies_between_steps(engine, attached):
     """The TUI is an operator: its change lands while the answer streams, and stays."""
+    from tui.local import LocalClient
+
     target = engine.steering_target()
 
     async def scenario(app, pilot) -> None:
@@ -297,6 +315,7 @@ def test_a_dial_change_mid_answer_applies_between_steps(engine, attached):
 def test_the_bundled_sae_found_by_label_steers_the_answer(engine):
     from cli.common import steering_service
     from millm.sae.bundled import bundled_saes
+    from tui.local import LocalClient
 
     bundled = next(b for b in bundled_saes() if b.id == "smollm2-135m-res-L10")
     plain = greedy_answer(engine, "What should I do this weekend?", max_tokens=12)

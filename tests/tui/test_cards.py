@@ -10,7 +10,6 @@ from typing import Any
 import httpx
 
 from millm.config import Settings
-from millm.server.app import create_app
 from tests.support.cards import ROWS, TABLE
 from tests.support.fakes import FakeEngine
 from tests.support.saes import random_sae, write_saelens
@@ -80,6 +79,8 @@ def test_labels_missing_from_the_listing_are_read_by_index():
 
 
 def test_remote_client_reads_cards_and_ranked_search_from_the_server(tmp_path: Path):
+    from millm.server.app import create_app
+
     folder = write_saelens(tmp_path / "sae", random_sae(16, 64, seed=2), layer=1)
     (folder / "labels.json").write_text(json.dumps({str(k): v for k, v in TABLE.items()}))
     (folder / "features.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in ROWS))

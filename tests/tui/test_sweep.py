@@ -5,11 +5,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import io
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 
-from millm.research.measure import Point
-from millm.research.sweep import SweepResult
 from millm.sae.cards import FeatureCard
 from tests.tui.fakes import LABELS, SAE, ScriptedClient
 from tests.tui.helpers import drive, settle, type_text
@@ -17,10 +16,16 @@ from tui.dials import STRENGTH_LARGE_STEP, large_step
 from tui.screens.sweep import SweepScreen, sweep_view
 from tui.widgets.strength_dial import StrengthDial
 
+if TYPE_CHECKING:
+    from millm.research.sweep import SweepResult
+
 THUNDER = 301  # "storm, thunder"
 
 
 def swept(feature: int) -> SweepResult:
+    from millm.research.measure import Point
+    from millm.research.sweep import SweepResult
+
     result = SweepResult(SAE, 10, feature, LABELS[feature], ("storm", "thunder"), 4, 24, 0, 0.0, -1.9)
     result.points = [Point(0.0, 0.0, -1.9, 0.0, True, "A calm day."), Point(40.0, 0.75, -2.7, -0.8, True, "Thunder!"),
                      Point(80.0, 1.0, -4.0, -2.1, False, "storm storm")]
