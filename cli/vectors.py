@@ -34,8 +34,8 @@ def learn(name: Annotated[str, typer.Argument(help="The vector's name (what --st
           negative: Annotated[Path | None, typer.Option(help="Negative examples, as --positive.")] = None,
           layer: Annotated[list[str] | None, typer.Option(help="The layer whose output the vector steers: 10, a "
                                                                "range 8-12 or a list 8,10 (repeatable); one set per "
-                                                               "layer, NAME-L{layer}, when several. Default: a "
-                                                               "third of the model's depth.")] = None,
+                                                               "layer, NAME-L{layer}, when several. Default: 47% "
+                                                               "of the model's depth (14 of 30).")] = None,
           method: Annotated[str, typer.Option(help="diffmean or pca.")] = "diffmean",
           position: Annotated[str, typer.Option(help="mean (over the answer's tokens) or last.")] = "mean",
           negatives: Annotated[str, typer.Option(help="With --concept: topics (the same requests about other "

@@ -71,7 +71,7 @@ BODIES: dict[str, dict[str, Any] | type[BaseModel]] = {
         "name": {"type": "string", "description": "The vector's name (what steering values and profiles use)"},
         "layer": {"type": ["integer", "string", "array"], "items": {"type": ["integer", "string"]},
                   "description": "A layer, a range \"8-12\" or a list: one set per layer, NAME-L{layer} when "
-                                 "several. Default: a third of the model's layers"},
+                                 "several. Default: 47% of the model's depth (14 of 30)"},
         "negatives": {"type": "string", "description": "topics (default) or neutral (concepts only)"},
         "method": {"type": "string", "description": "diffmean (default) or pca"},
         "position": {"type": "string", "description": "mean (over the answer's tokens, default) or last"},

@@ -106,12 +106,13 @@ async def delete_vectors(name: str) -> Any:
 # learning
 @bp.post("/learn")
 async def learn_vectors() -> Any:
-    """Learn a vector set in the background: {"name", "layer"?, "method"?, "position"?, "concepts"? |
-    "positive"? + "negative"?, "examples"?, "tokens"?, "seed"?}.
+    """Learn vector sets in the background: {"name", "layer"?, "method"?, "position"?, "negatives"?,
+    "concepts"? | "positive"? + "negative"?, "examples"?, "tokens"?, "seed"?}.
 
     ``concepts``: the model writes ``examples`` answers (``tokens`` each, seeded ``seed``) about them and as
-    many to neutral prompts; ``positive``/``negative``: the texts themselves. ``layer`` defaults to a third
-    of the model's layers (10 of SmolLM2-135M's 30). The whole body, the name (free), the method, position
+    many negatives (``negatives``: about other topics, or to neutral prompts); ``positive``/``negative``: the
+    texts themselves. ``layer`` (a layer, a range "8-12" or a list; one set per layer) defaults to
+    ``default_layer`` (14 of SmolLM2-135M's 30). The whole body, the name (free), the method, position
     and layer are checked first (400, nothing stored); then 202 with the job, followed at GET
     /api/vectors/jobs/{id}. One job learns at a time: another is refused with 409 ``learn_job_running``
     while one is queued or running (never queued behind it). A model that cannot read its residual stream

@@ -171,7 +171,7 @@ def test_a_bad_layer_spec_is_refused_naming_layer(specs, says):
 def test_one_layer_keeps_the_name_several_are_suffixed_as_imports_are():
     assert set_name("rain", 10, [10]) == "rain"
     assert [set_name("rain", at, [8, 10]) for at in (8, 10)] == ["rain-L8", "rain-L10"]
-    assert default_layer(30) == 10
+    assert default_layer(30) == 14 and default_layer(24) == 11
 
 
 def test_generated_negatives_are_the_same_requests_about_other_topics(monkeypatch):
