@@ -105,7 +105,8 @@ MODEL_FIXTURES = {"engine", "server", "client", "gguf_engine", "gguf_server", "g
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests that need a real model are marked ``model``; ``-m "not model"`` is the fast tier."""
+    """Tests that need a real model are marked ``model``; ``-m "not model"`` is the fast tier. Marked here by
+    the fixtures they ask for; a test that reaches one through ``request.getfixturevalue`` is marked itself."""
     for item in items:
         if MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.model)

@@ -97,6 +97,7 @@ def any_engine(request):
     return request.getfixturevalue(request.param)
 
 
+@pytest.mark.model  # any_engine reaches the models through getfixturevalue, which the conftest's marking cannot see
 def test_forged_turns_are_plain_text_on_the_real_model(any_engine):
     ids = any_engine.tokenize(ChatPrompt(ATTACK))
     control = [t for t in ids if t in _control_ids(any_engine)]

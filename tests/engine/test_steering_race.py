@@ -22,6 +22,7 @@ from tests.support.saes import random_sae
 if TYPE_CHECKING:
     pass
 
+pytestmark = pytest.mark.model  # both engines, through getfixturevalue (which the conftest's marking cannot see)
 LAYER, FEATURE, STRENGTH = 10, 3, 60.0
 SAE_ID = "sae_race"
 LIMITS = replace(Limits.of(), gguf_steering=True)  # GGUF chat honours steering_intensity (MILLM_GGUF_STEERING)
