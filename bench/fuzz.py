@@ -30,7 +30,7 @@ def bundled_server() -> AbstractContextManager[str]:
     from millm.engine import load_engine
     from millm.registry import BUNDLED_ID, resolve
     from millm.server.app import create_app
-    from tests.live import live_server
+    from tests.support.live import live_server
 
     settings = get_settings()
     return live_server(create_app(settings, load_engine(resolve(BUNDLED_ID, settings), settings)))
@@ -42,7 +42,7 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=1, help="0: derandomised (the test suite's examples)")
     parser.add_argument("--url", help="fuzz this running server instead of starting one")
     args = parser.parse_args()
-    from tests.fuzzing import fuzz
+    from tests.support.fuzzing import fuzz
 
     with (nullcontext(args.url) if args.url else bundled_server()) as base:
         started = time.monotonic()

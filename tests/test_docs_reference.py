@@ -10,7 +10,7 @@ from typing import Any
 
 from millm.config import Settings
 from millm.server.app import create_app
-from tests.fakes import FakeEngine
+from tests.support.fakes import FakeEngine
 
 CHECKED_IN = Path(__file__).resolve().parents[1] / "docs" / "reference" / "openapi.json"
 REGENERATE = "python docs/hooks/reference.py --write-openapi"

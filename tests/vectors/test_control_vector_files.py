@@ -27,7 +27,7 @@ from millm.steering.service import SteeringService
 from millm.store.db import Store
 from millm.vectors import catalog, gguf
 from millm.vectors.files import VectorSet
-from tests.saes import random_sae, write_saelens
+from tests.support.saes import random_sae, write_saelens
 
 D, LAYERS = 8, 8
 runner = CliRunner()

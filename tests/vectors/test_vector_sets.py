@@ -28,7 +28,7 @@ from millm.vectors.learn import (
     pca,
     read_file,
 )
-from tests.saes import random_sae, write_saelens
+from tests.support.saes import random_sae, write_saelens
 
 D = 8
 
