@@ -8,15 +8,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-from millm.config import Settings
-from millm.server.app import create_app
-from tests.support.fakes import FakeEngine
-
 CHECKED_IN = Path(__file__).resolve().parents[1] / "docs" / "reference" / "openapi.json"
 REGENERATE = "python docs/hooks/reference.py --write-openapi"
 
 
 def served_document(home: Path) -> Any:
+    from millm.config import Settings
+    from millm.server.app import create_app  # pulls torch: imported when the test runs, not at collection
+    from tests.support.fakes import FakeEngine
+
     app = create_app(Settings(home=home), FakeEngine())
 
     async def main() -> Any:
