@@ -11,29 +11,37 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
-import torch
+
+if TYPE_CHECKING:
+
+    from millm.engine.llama_engine import LlamaCppEngine
+
 from typer.testing import CliRunner
 
 from cli.main import app
 from millm.engine.events import Delta
-from millm.engine.llama_engine import LlamaCppEngine
 from millm.engine.params import GenerationRequest, SamplingParams, TextPrompt
 from millm.errors import FieldNotHonoured, InvalidParameter
-from millm.steering.profiles import parse_profile
-from millm.steering.service import SteeringService
 from millm.store.db import Store
-from millm.vectors import catalog, gguf
-from millm.vectors.files import VectorSet
 from tests.support.saes import random_sae, write_saelens
+
+if TYPE_CHECKING:
+    import torch
+
+    from millm.vectors.files import VectorSet
+
 
 D, LAYERS = 8, 8
 runner = CliRunner()
 
 
 def unit(d: int = D, seed: int = 0) -> torch.Tensor:
+    import torch
+
     v = torch.randn(d, generator=torch.Generator().manual_seed(seed))
     return v / v.norm()
 
@@ -55,11 +63,16 @@ def raw_file(path: Path, tensors: dict[str, np.ndarray], arch: str = "controlvec
 
 
 def one_set(name: str, layer: int, seed: int = 0, d: int = D) -> VectorSet:
+    from millm.vectors.files import VectorSet
+
     return VectorSet((name,), unit(d, seed)[None, :], layer, "toy-model")
 
 
 def test_a_file_round_trips_in_llamas_format(tmp_path: Path):
     import gguf as gguf_py
+    import torch
+
+    from millm.vectors import gguf
 
     directions = {3: unit(seed=1), 5: 2.5 * unit(seed=2)}
     path = tmp_path / "v.gguf"
@@ -81,6 +94,9 @@ def test_a_file_round_trips_in_llamas_format(tmp_path: Path):
 
 def test_a_failed_write_leaves_the_old_file_whole(tmp_path: Path, monkeypatch):
     import gguf as gguf_py
+    import torch
+
+    from millm.vectors import gguf
 
     path = tmp_path / "v.gguf"
     gguf.write(path, {3: unit()}, "old")
@@ -117,6 +133,8 @@ MALFORMED = {
 
 @pytest.mark.parametrize("case", sorted(MALFORMED))
 def test_a_malformed_file_is_refused_naming_it_and_what_is_wrong(tmp_path: Path, case: str):
+    from millm.vectors import gguf
+
     tensors, match = MALFORMED[case]
     path = tmp_path / f"{case}.gguf"
     if tensors is None:
@@ -131,6 +149,10 @@ def test_a_malformed_file_is_refused_naming_it_and_what_is_wrong(tmp_path: Path,
 
 
 def test_a_file_of_several_layers_imports_one_set_per_layer_or_the_layer_picked(tmp_path: Path):
+    import torch
+
+    from millm.vectors import gguf
+
     path = raw_file(tmp_path / "repeng.gguf", {"direction.3": 4 * unit(seed=1).numpy(),
                                                "direction.5": 0.5 * unit(seed=2).numpy()})
     cv = gguf.read(path, LAYERS, D)
@@ -151,6 +173,9 @@ def test_a_file_of_several_layers_imports_one_set_per_layer_or_the_layer_picked(
 
 
 def test_an_import_that_fails_midway_stores_nothing(tmp_path: Path, monkeypatch):
+    from millm.steering.service import SteeringService
+    from millm.vectors import catalog
+
     service = SteeringService(Store(tmp_path / "millm.db"))
     sets = [one_set(f"part-L{i}", i, seed=i) for i in range(1, 6)]
     real_store, calls = catalog.store, []
@@ -177,6 +202,13 @@ def test_an_import_that_fails_midway_stores_nothing(tmp_path: Path, monkeypatch)
 
 
 def test_a_profile_exports_its_entries_summed_per_layer(tmp_path: Path):
+    import torch
+
+    from millm.steering.profiles import parse_profile
+    from millm.steering.service import SteeringService
+    from millm.vectors import catalog, gguf
+    from millm.vectors.files import VectorSet
+
     service = SteeringService(Store(tmp_path / "millm.db"))
     sae = random_sae(D, 4, seed=7)
     service.register_sae(write_saelens(tmp_path / "toy-sae", sae, layer=3), sae_id="toy-sae")
@@ -218,6 +250,8 @@ def run(*args: object, ok: bool = True):
 
 
 def test_unembed_is_the_output_embedding_without_the_final_norm(engine):
+    import torch
+
     weight = engine.model.get_output_embeddings().weight.float()
     v = unit(weight.shape[1], seed=4)
     assert torch.allclose(engine.unembed(v), weight @ v, atol=1e-4)
@@ -226,7 +260,10 @@ def test_unembed_is_the_output_embedding_without_the_final_norm(engine):
 
 
 def test_cli_import_show_export_and_a_profile(engine, tmp_path: Path):
+    import torch
+
     from millm.local import steering_service
+    from millm.vectors import gguf
 
     dog = engine.tokenizer.encode(" dog", add_special_tokens=False)[0]
     row = engine.model.get_output_embeddings().weight[dog].detach().float()
@@ -282,6 +319,8 @@ PROMPT, STRENGTH, TOKENS = "My favourite thing to do on a weekend is", 40.0, 16
 @pytest.fixture(scope="module")
 def steered(gguf_engine, settings) -> Iterator[LlamaCppEngine]:
     """The bundled GGUF file under MILLM_GGUF_STEERING (miLLM's control-vector steering)."""
+    from millm.engine.llama_engine import LlamaCppEngine
+
     settings.gguf_steering = True
     try:
         eng = LlamaCppEngine.load(gguf_engine.entry, settings)
@@ -335,6 +374,8 @@ def llama_cpp_greedy(llm, file: Path | None, scale: float, stop_ids: frozenset[i
 
 
 def test_an_exported_set_steers_llama_cpp_as_millm_steers_it(steered, plain_llama, tmp_path: Path):
+    from millm.vectors import gguf
+
     vs = one_set("interop", 10, seed=10, d=576)
     file = tmp_path / "interop.gguf"
     gguf.write(file, gguf.set_directions(vs), steered.model_id)
@@ -355,5 +396,7 @@ def test_an_exported_set_steers_llama_cpp_as_millm_steers_it(steered, plain_llam
 
 
 def test_the_llama_cpp_engine_refuses_to_unembed(steered):
+    import torch
+
     with pytest.raises(FieldNotHonoured, match="transformers model"):
         steered.unembed(torch.ones(576))

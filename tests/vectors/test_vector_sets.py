@@ -5,36 +5,27 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
-import torch
 
 from millm.errors import InvalidParameter
-from millm.research.measure import NEUTRAL_PROMPTS
-from millm.sae.formats import load_sae
-from millm.steering.core import SteeringCore
-from millm.steering.cvec import ControlVectorSteering
-from millm.steering.service import SteeringService
 from millm.store.db import Store
-from millm.vectors import catalog, files
-from millm.vectors.files import VectorSet, set_name
-from millm.vectors.learn import (
-    CONCEPT_PROMPTS,
-    default_layer,
-    diffmean,
-    generated,
-    other_topics,
-    parse_layers,
-    pca,
-    read_file,
-)
 from tests.support.saes import random_sae, write_saelens
+
+if TYPE_CHECKING:
+    import torch
+
+    from millm.vectors.files import VectorSet
+
 
 D = 8
 
 
 def toy(shift: float = 3.0, n: int = 20, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Negatives around 0, positives around ``shift`` along a known unit axis (and noise on every axis)."""
+    import torch
+
     g = torch.Generator().manual_seed(seed)
     axis = torch.zeros(D)
     axis[2] = 1.0
@@ -43,16 +34,24 @@ def toy(shift: float = 3.0, n: int = 20, seed: int = 0) -> tuple[torch.Tensor, t
     return positive, negative, axis
 
 
-@pytest.mark.parametrize("method", [diffmean, pca])
-def test_the_direction_is_the_concepts_axis_unit_norm_and_positive(method):
+@pytest.mark.parametrize("name", ["diffmean", "pca"])
+def test_the_direction_is_the_concepts_axis_unit_norm_and_positive(name):
+    import torch
+
+    from millm.vectors.learn import DIRECTIONS
+
     positive, negative, axis = toy()
-    direction = method(positive, negative)
+    direction = DIRECTIONS[name](positive, negative)
     assert torch.isclose(direction.norm(), torch.tensor(1.0))
     assert float(direction @ axis) > 0.95  # found, and signed so positives project higher
     assert float((positive @ direction).mean()) > float((negative @ direction).mean())
 
 
 def test_diffmean_is_the_normalised_difference_of_means_and_refuses_no_difference():
+    import torch
+
+    from millm.vectors.learn import diffmean, pca
+
     positive = torch.tensor([[2.0, 0.0], [4.0, 0.0]])
     negative = torch.tensor([[0.0, 1.0], [0.0, 3.0]])
     assert torch.allclose(diffmean(positive, negative), torch.tensor([3.0, -2.0]) / 13 ** 0.5)
@@ -63,6 +62,10 @@ def test_diffmean_is_the_normalised_difference_of_means_and_refuses_no_differenc
 
 
 def vector_set(name: str = "rainy", layer: int = 3, d: int = D) -> VectorSet:
+    import torch
+
+    from millm.vectors.files import VectorSet
+
     v = torch.zeros(1, d)
     v[0, 1] = 1.0
     return VectorSet((name,), v, layer, "toy-model", "diffmean", "mean", {"positive": 4, "negative": 4}, "abc",
@@ -70,6 +73,11 @@ def vector_set(name: str = "rainy", layer: int = 3, d: int = D) -> VectorSet:
 
 
 def test_a_set_round_trips_and_reads_as_a_linear_sae_of_its_vectors(tmp_path: Path):
+    import torch
+
+    from millm.sae.formats import load_sae
+    from millm.vectors import files
+
     folder = tmp_path / "rainy"
     files.save(folder, vector_set())
     assert sorted(p.name for p in folder.iterdir()) == ["labels.json", "vectors.json", "vectors.safetensors"]
@@ -87,6 +95,8 @@ def test_a_set_round_trips_and_reads_as_a_linear_sae_of_its_vectors(tmp_path: Pa
 
 
 def test_example_files_take_lines_or_chat_messages_and_name_a_bad_line(tmp_path: Path):
+    from millm.vectors.learn import read_file
+
     plain = tmp_path / "plain.txt"
     plain.write_text("It rains.\n\nClouds again.\n")
     assert read_file(plain, "positive") == ["It rains.", "Clouds again."]
@@ -110,6 +120,9 @@ def test_example_files_take_lines_or_chat_messages_and_name_a_bad_line(tmp_path:
 
 
 def test_a_name_taken_by_an_sae_or_a_feature_label_is_refused_before_anything_is_written(tmp_path: Path):
+    from millm.steering.service import SteeringService
+    from millm.vectors import catalog
+
     service = SteeringService(Store(tmp_path / "millm.db"))
     sae_folder = write_saelens(tmp_path / "toy-sae", random_sae(D, 4), layer=3)
     (sae_folder / "labels.json").write_text(json.dumps({"2": "Rainy"}))
@@ -129,6 +142,11 @@ def test_a_name_taken_by_an_sae_or_a_feature_label_is_refused_before_anything_is
 
 
 def test_a_vector_set_shares_a_layer_with_an_sae_and_their_deltas_add():
+    import torch
+
+    from millm.steering.core import SteeringCore
+    from millm.steering.cvec import ControlVectorSteering
+
     core = SteeringCore(n_layers=6, d_model=D, device=torch.device("cpu"), dtype=torch.float32)
     sae = random_sae(D, 4, seed=1)
     core.attach("sae", sae, 3)
@@ -155,6 +173,8 @@ def test_a_vector_set_shares_a_layer_with_an_sae_and_their_deltas_add():
     (["9", "9-10", " 10 "], [9, 10]), (["0-0"], [0]), (["29"], [29]),
 ])
 def test_layers_take_one_a_range_or_a_list_sorted_once_each(specs, layers):
+    from millm.vectors.learn import parse_layers
+
     assert parse_layers(specs, 30) == layers
 
 
@@ -163,12 +183,17 @@ def test_layers_take_one_a_range_or_a_list_sorted_once_each(specs, layers):
     (["ten"], "a range like 8-12"), (["8,"], "a range like 8-12"), (["5-40"], "between 0 and 29"), ([], "no layer"),
 ])
 def test_a_bad_layer_spec_is_refused_naming_layer(specs, says):
+    from millm.vectors.learn import parse_layers
+
     with pytest.raises(InvalidParameter) as raised:
         parse_layers(specs, 30)
     assert raised.value.param == "layer" and says in raised.value.message
 
 
 def test_one_layer_keeps_the_name_several_are_suffixed_as_imports_are():
+    from millm.vectors.files import set_name
+    from millm.vectors.learn import default_layer
+
     assert set_name("rain", 10, [10]) == "rain"
     assert [set_name("rain", at, [8, 10]) for at in (8, 10)] == ["rain-L8", "rain-L10"]
     assert default_layer(30) == 14 and default_layer(24) == 11
@@ -176,6 +201,8 @@ def test_one_layer_keeps_the_name_several_are_suffixed_as_imports_are():
 
 def test_generated_negatives_are_the_same_requests_about_other_topics(monkeypatch):
     import millm.vectors.learn as learn
+    from millm.research.measure import NEUTRAL_PROMPTS
+    from millm.vectors.learn import CONCEPT_PROMPTS, generated, other_topics
 
     asked: list[str] = []
 
