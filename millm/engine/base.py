@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from millm.engine.events import Event
 from millm.engine.params import Forced, GenerationRequest, Prompt
 from millm.engine.plan import Plan
+from millm.errors import FieldNotHonoured
 
 if TYPE_CHECKING:
     import torch
@@ -125,9 +126,24 @@ def fingerprint(model: str, revision: str | None, dtype: str | None, quantizatio
     return f"millm:{model}@{part(revision)}:{part(dtype)}/{part(quantization)}:{engine}"
 
 
+class NoModelInternals:
+    """The refusals of an engine that exposes no residual stream or output weights (llama.cpp, the scripted
+    engine): teacher-forced reads, residual reads and unembedding need a transformers model."""
+
+    def forced(self, reads: list[Forced], batch_size: int = 16) -> list[list[float]]:
+        raise FieldNotHonoured("Teacher-forced reads (the screen's estimate) need a transformers model.", param="model")
+
+    def residuals(self, reads: list[Forced], layer: int, position: str = "mean", batch_size: int = 16) -> Any:
+        raise FieldNotHonoured("Learning a steering vector reads the residual stream: it needs a transformers "
+                               "model.", param="model")
+
+    def unembed(self, direction: Any) -> Any:
+        raise FieldNotHonoured("Reading a vector through the unembedding needs the model's output weights: it needs "
+                               "a transformers model.", param="model")
+
+
 def check_supported(request: GenerationRequest, caps: Capabilities, engine_name: str) -> None:
     """Refuse, naming the field, what a generation request asks of an engine that cannot do it."""
-    from millm.errors import FieldNotHonoured
 
     asks = {
         "profile": request.override is not None and not caps.steers,
@@ -145,7 +161,6 @@ def check_supported(request: GenerationRequest, caps: Capabilities, engine_name:
 
 def check_scoring_supported(request: ScoreRequest, caps: Capabilities, engine_name: str) -> None:
     """Refuse, naming the field, what a scoring request asks of an engine that cannot do it."""
-    from millm.errors import FieldNotHonoured
 
     if not caps.scores:
         raise FieldNotHonoured(f"Scoring needs the next-token distribution, which the {engine_name} engine does "

@@ -20,14 +20,20 @@ from collections.abc import Generator, Iterator
 from typing import Any
 
 from millm.config import Settings
-from millm.engine.base import Capabilities, StepControl, check_scoring_supported, check_supported, fingerprint
+from millm.engine.base import (
+    Capabilities,
+    NoModelInternals,
+    StepControl,
+    check_scoring_supported,
+    check_supported,
+    fingerprint,
+)
 from millm.engine.chat_tokens import chat_ids, llama_control_tokens, llama_plain
 from millm.engine.decode.output import ChoiceOutput
 from millm.engine.decode.rows import Row, emit
 from millm.engine.events import Event, Steered, Usage
 from millm.engine.params import (
     ChatPrompt,
-    Forced,
     GenerationRequest,
     Prompt,
     TextPrompt,
@@ -38,7 +44,7 @@ from millm.engine.params import (
 from millm.engine.plan import Plan, check_characters, run_each, token_budget
 from millm.engine.scoring import ScoreRequest, ScoreResult
 from millm.engine.templates import END_OF_TURN_TOKENS, fallback_template
-from millm.errors import ContextLengthExceeded, FieldNotHonoured, InvalidParameter, ModelLoadFailed
+from millm.errors import ContextLengthExceeded, InvalidParameter, ModelLoadFailed
 from millm.registry import ModelEntry
 from millm.steering.target import (
     GENERATED_PHASE,
@@ -97,7 +103,7 @@ class _Detokenizer:
         return self.llm.detokenize(ids, special=not skip_special_tokens).decode("utf-8", errors="replace")
 
 
-class LlamaCppEngine:
+class LlamaCppEngine(NoModelInternals):
     """A GGUF model on llama.cpp.
 
     Like llama.cpp's own server, a prompt that shares a prefix with the previous one reuses its KV
@@ -186,22 +192,6 @@ class LlamaCppEngine:
     def score(self, request: ScoreRequest) -> list[ScoreResult]:
         check_scoring_supported(request, self.capabilities, self.engine_name)
         raise AssertionError("llama.cpp cannot score")  # pragma: no cover: the check always refuses
-
-    def forced(self, reads: list[Forced], batch_size: int = 16) -> list[list[float]]:
-        """Teacher-forced reads need the residual and the distribution, which llama.cpp does not expose."""
-        raise FieldNotHonoured("Teacher-forced reads (the screen's estimate) need a transformers model.", param="model")
-
-    def residuals(self, reads: list[Forced], layer: int, position: str = "mean",
-                  batch_size: int = 16) -> Any:
-        """Residual reads (learning a steering vector) need the model's layers, which llama.cpp does not expose."""
-        raise FieldNotHonoured("Learning a steering vector reads the residual stream: it needs a transformers "
-                               "model.", param="model")
-
-    def unembed(self, direction: Any) -> Any:
-        """The unembedding of a direction (the tokens a vector promotes) needs the output weights, which llama.cpp
-        does not expose."""
-        raise FieldNotHonoured("Reading a vector through the unembedding needs the model's output weights: it needs "
-                               "a transformers model.", param="model")
 
     def _special_text(self, token_id: int) -> str:
         return "" if token_id < 0 else self.llm.detokenize([token_id], special=True).decode("utf-8", errors="replace")

@@ -21,11 +21,18 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from millm.engine.base import Capabilities, StepControl, check_scoring_supported, check_supported, fingerprint
+from millm.engine.base import (
+    Capabilities,
+    NoModelInternals,
+    StepControl,
+    check_scoring_supported,
+    check_supported,
+    fingerprint,
+)
 from millm.engine.decode.output import ChoiceOutput
 from millm.engine.decode.rows import Row, emit
 from millm.engine.events import Event, Usage
-from millm.engine.params import ChatPrompt, Forced, GenerationRequest, Prompt, TokenPrompt, prompt_names
+from millm.engine.params import ChatPrompt, GenerationRequest, Prompt, TokenPrompt, prompt_names
 from millm.engine.plan import Plan, check_characters, run_each, token_budget
 from millm.engine.scoring import ScoreRequest, ScoreResult, TokenScore, check_in_vocab
 from millm.errors import FieldNotHonoured, InvalidScoringRequest
@@ -50,7 +57,7 @@ class CharDecoder:
         return "".join(VOCAB[i] for i in ids if i != 0)
 
 
-class FakeEngine:
+class FakeEngine(NoModelInternals):
     """Answers SCRIPT (then EOS) to everything; ``gate`` holds each step until set; ``steps`` counts them."""
 
     def __init__(self, model_id: str = "fake", engine_name: str = "transformers", script: str = SCRIPT,
@@ -196,21 +203,6 @@ class FakeEngine:
         hidden = torch.stack([torch.randn(WIDTH, generator=torch.Generator().manual_seed(t)) for t in ids])
         recorder(hidden.unsqueeze(0) * 4)
         return recorder.result(ids, len(ids))
-
-    def forced(self, reads: list[Forced], batch_size: int = 16) -> list[list[float]]:
-        """Teacher-forced reads need the residual and the distribution, which the scripted engine does not expose."""
-        raise FieldNotHonoured("Teacher-forced reads (the screen's estimate) need a transformers model.", param="model")
-
-    def residuals(self, reads: list[Forced], layer: int, position: str = "mean",
-                  batch_size: int = 16) -> Any:
-        """Residual reads (learning a steering vector) need the model's layers, which the scripted engine lacks."""
-        raise FieldNotHonoured("Learning a steering vector reads the residual stream: it needs a transformers "
-                               "model.", param="model")
-
-    def unembed(self, direction: Any) -> Any:
-        """The unembedding of a direction needs the model's output weights, which the scripted engine lacks."""
-        raise FieldNotHonoured("Reading a vector through the unembedding needs the model's output weights: it needs "
-                               "a transformers model.", param="model")
 
     def embed(self, inputs: list[Any]) -> tuple[list[list[float]], int]:
         return [[float(len(x)), 1.0] for x in inputs], sum(len(x) for x in inputs)
