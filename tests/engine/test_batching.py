@@ -333,17 +333,19 @@ def test_fallback_reasons(engine):
 def test_row_sampling_matches_the_single_request_rules():
     import torch
 
-    from millm.engine.decode.sampling import apply_penalties, sample_rows, top_p_mask
+    from millm.engine.decode.sampling import apply_penalties, nucleus, sample_rows
 
     logits = torch.tensor([[1.0, 3.0, 2.0], [0.5, 0.1, 0.9]])
     counts = torch.tensor([[0, 2, 0], [1, 0, 0]], dtype=torch.int32)
     out = apply_penalties(logits, counts, torch.tensor([1.5, 0.0]), torch.tensor([0.5, 0.0]))
     assert torch.equal(out[0], apply_penalties(logits[:1], counts[:1], 1.5, 0.5)[0]) and torch.equal(out[1], logits[1])
-    masked = top_p_mask(logits, torch.tensor([0.5, 1.0]))
-    assert torch.equal(masked[0], top_p_mask(logits[:1], 0.5)[0]) and torch.equal(masked[1], logits[1])
-    greedy = sample_rows(logits, torch.tensor([0.0, 0.0]), torch.tensor([1.0, 1.0]))
+    probs, ids = nucleus(logits, torch.tensor([1.0, 1.0]), torch.tensor([0.5, 1.0]))
+    alone, alone_ids = nucleus(logits[:1], torch.tensor([1.0]), torch.tensor([0.5]))
+    assert torch.equal(probs[0, :alone.shape[1]], alone[0]) and torch.equal(ids[0, :alone.shape[1]], alone_ids[0])
+    assert not probs[0, alone.shape[1]:].any()  # padding past the row's own set, never drawn
+    greedy = sample_rows(logits, torch.tensor([0.0, 0.0]), torch.tensor([1.0, 1.0]), torch.rand(2))
     assert greedy.tolist() == [1, 2]
-    tiny_p = sample_rows(logits, torch.tensor([0.0, 1.0]), torch.tensor([1.0, 1e-6]))
+    tiny_p = sample_rows(logits, torch.tensor([0.0, 1.0]), torch.tensor([1.0, 1e-6]), torch.rand(2))
     assert tiny_p.tolist() == [1, 2]  # top_p that keeps one token keeps the most likely one
 
 
@@ -353,7 +355,8 @@ def test_only_sampled_rows_are_drawn_and_unsampleable_rows_are_found():
     from millm.engine.decode.sampling import sample_rows, unsampleable
 
     logits = torch.tensor([[float("inf"), 0.0, 1.0], [0.5, 0.1, 0.9]])
-    assert sample_rows(logits, torch.tensor([0.0, 1.0]), torch.tensor([1.0, 1e-6])).tolist() == [0, 2]
+    picks = sample_rows(logits, torch.tensor([0.0, 1.0]), torch.tensor([1.0, 1e-6]), torch.rand(2))
+    assert picks.tolist() == [0, 2]
     inf = float("inf")
     rows = torch.tensor([[0.0, float("nan")], [inf, 0.0], [-inf, -inf], [-inf, 1.0]])
     assert unsampleable(rows).tolist() == [True, True, True, False]

@@ -57,7 +57,8 @@ def sample(logits: torch.Tensor, temperature: float, top_p: float,
 
     rows = logits.shape[0]
     temperatures = torch.full((rows,), temperature, dtype=torch.float64)
-    return sample_rows(logits, temperatures, torch.full((rows,), top_p), generator)
+    chances = torch.rand(rows, generator=generator, dtype=torch.float64)
+    return sample_rows(logits, temperatures, torch.full((rows,), top_p), chances)
 
 
 def test_greedy_is_argmax():
@@ -67,26 +68,79 @@ def test_greedy_is_argmax():
     assert sample(logits, 0.0, 1.0).tolist() == [1, 0]
 
 
+def kept(logits: torch.Tensor, top_p: float) -> list[set[int]]:
+    """Each row's top-p set (temperature 1), as token ids."""
+    import torch
+
+    from millm.engine.decode.sampling import nucleus
+
+    rows = logits.shape[0]
+    probs, ids = nucleus(logits, torch.ones(rows, dtype=torch.float64), torch.full((rows,), top_p))
+    return [set(ids[r][probs[r] > 0].tolist()) for r in range(rows)]
+
+
 def test_top_p_keeps_smallest_set_reaching_mass():
     import torch
 
-    from millm.engine.decode.sampling import top_p_mask
-
     probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
-    masked = top_p_mask(probs.log(), 0.75)
-    assert torch.isfinite(masked).tolist() == [[True, True, False, False]]
-    # the top token survives even when top_p is tiny
-    assert torch.isfinite(top_p_mask(probs.log(), 0.0)).tolist() == [[True, False, False, False]]
+    assert kept(probs.log(), 0.75) == [{0, 1}]
+    assert kept(probs.log(), 0.0) == [{0}]  # the top token survives even when top_p is tiny
+    assert kept(probs.log(), 1.0) == [{0, 1, 2, 3}]
 
 
 def test_top_p_respects_original_order():
     import torch
 
-    from millm.engine.decode.sampling import top_p_mask
+    assert kept(torch.tensor([[0.0, 10.0, 9.0, -5.0]]), 0.9) == [{1, 2}]
 
-    logits = torch.tensor([[0.0, 10.0, 9.0, -5.0]])
-    masked = top_p_mask(logits, 0.9)
-    assert torch.isfinite(masked).tolist() == [[False, True, True, False]]
+
+def test_top_p_past_the_candidates_sorts_the_row_and_matches_the_exact_set(monkeypatch):
+    """A row whose top-p set is wider than NUCLEUS_CANDIDATES gets its exact set, by a full sort; a row
+    batched with it keeps its own."""
+    import torch
+
+    from millm.engine.decode import sampling
+
+    monkeypatch.setattr(sampling, "NUCLEUS_CANDIDATES", 4)
+    flat = torch.zeros(1, 10)  # ten equal tokens: top_p 0.75 needs 8 of them
+    sharp = torch.tensor([[9.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]])
+    assert kept(flat, 0.75) == [set(range(8))]
+    both = kept(torch.cat([flat, sharp]), 0.75)
+    assert both == [set(range(8)), {0}]
+
+
+def test_a_rows_draws_do_not_depend_on_its_batch(monkeypatch):
+    """The same logits, parameters and uniform draw the same token alone and beside rows that widen the
+    candidate set or keep every token."""
+    import torch
+
+    from millm.engine.decode import sampling
+
+    monkeypatch.setattr(sampling, "NUCLEUS_CANDIDATES", 8)
+    torch.manual_seed(0)
+    row = torch.randn(1, 64) * 2
+    others = torch.cat([torch.zeros(1, 64), torch.randn(1, 64)])
+    alone, batched = [], []
+    for step in range(30):
+        chance = torch.rand(1, generator=torch.Generator().manual_seed(step), dtype=torch.float64)
+        alone.append(sampling.sample_rows(row, torch.tensor([0.8]), torch.tensor([0.9]), chance).item())
+        batch, chances = torch.cat([row, others]), torch.cat([chance, torch.rand(2, dtype=torch.float64)])
+        batched.append(sampling.sample_rows(batch, torch.tensor([0.8, 1.0, 1.0]), torch.tensor([0.9, 0.5, 1.0]),
+                                            chances)[0].item())
+    assert alone == batched and len(set(alone)) > 1
+
+
+def test_draws_follow_the_distribution():
+    """Inverse transform sampling over the candidates draws each token about as often as its chance."""
+    import torch
+
+    from millm.engine.decode.sampling import sample_rows
+
+    logits = torch.tensor([[0.5, 0.3, 0.2]]).log().repeat(20000, 1)
+    chances = torch.rand(20000, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    picks = sample_rows(logits, torch.ones(20000, dtype=torch.float64), torch.ones(20000), chances)
+    share = torch.bincount(picks, minlength=3).float() / 20000
+    assert torch.allclose(share, torch.tensor([0.5, 0.3, 0.2]), atol=0.02)
 
 
 def test_seeded_sampling_reproducible():

@@ -1,9 +1,9 @@
 """Drawing the next token of several rows at once, each by its own rules.
 
 Per row: its repetition penalty over its prompt and what it generated, its penalties over what it generated
-(``Lane.counts``), its constraint's mask, its temperature
-and top_p, and its random generator (a seeded plan draws from its own, so its choices repeat byte for
-byte). A row that no token can be drawn for is returned as failed, with the error its request ends with.
+(``Lane.counts``), its constraint's mask, its temperature and top_p, and its random generator (a seeded plan
+draws one uniform per step from its own, so its choices repeat byte for byte, whatever it is batched with). A
+row that no token can be drawn for is returned as failed, with the error its request ends with.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 from millm.engine.decode.sampling import (
     apply_penalties,
     apply_repetition_penalty,
-    nucleus,
+    sample_rows,
     unsampleable,
     update_counts,
 )
@@ -46,17 +46,15 @@ def draw(rows: list[BatchRow], logits: torch.Tensor, counts: torch.Tensor,
     if not keep:
         return [], failed
     rows, logits = [rows[i] for i in keep], logits[keep]
-    tokens = torch.argmax(logits, dim=-1)  # greedy rows (temperature 0)
-    drawn = [i for i, r in enumerate(rows) if r.row.params.temperature > 0]
-    if drawn:  # every sampled row's distribution in one pass; each then draws from its own generator
-        temperature = torch.tensor([rows[i].row.params.temperature for i in drawn], dtype=torch.float64,
-                                   device=device)  # float64: a temperature of 1e-40 is not 0
-        top_p = torch.tensor([rows[i].row.params.top_p for i in drawn], device=device)
-        probs, ids = nucleus(logits[drawn], temperature, top_p)
-        for generator, members in by_generator([rows[i] for i in drawn]).items():
-            picked = torch.multinomial(probs[members], 1, generator=generator)
-            picked = picked.squeeze(-1) if ids is None else ids[members].gather(1, picked).squeeze(-1)
-            tokens[torch.tensor([drawn[m] for m in members], device=device)] = picked
+    temperature = torch.tensor([r.row.params.temperature for r in rows], dtype=torch.float64,
+                               device=device)  # float64: a temperature of 1e-40 is not 0
+    top_p = torch.tensor([r.row.params.top_p for r in rows], device=device)
+    chances = torch.zeros(len(rows), dtype=torch.float64, device=device)
+    for generator, members in by_generator(rows).items():  # one uniform per sampled row, from its generator
+        sampled = [m for m in members if rows[m].row.params.temperature > 0]
+        if sampled:
+            chances[sampled] = torch.rand(len(sampled), generator=generator, dtype=torch.float64, device=device)
+    tokens = sample_rows(logits, temperature, top_p, chances)
     slots = [r.slot for r in rows]
     seen = counts[slots]
     update_counts(seen, tokens)

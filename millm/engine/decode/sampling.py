@@ -42,30 +42,7 @@ def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: 
     return torch.where(seen, torch.where(logits > 0, logits / p, logits * p), logits)
 
 
-NUCLEUS_CANDIDATES = 1024  # the likeliest tokens the top-p set is looked for among first (a full sort costs more)
-
-
-def top_p_mask(logits: torch.Tensor, top_p: PerRow) -> torch.Tensor:
-    """Keep the smallest set of tokens whose probability mass reaches ``top_p`` (always >= 1 token); a row
-    whose ``top_p`` is 1 keeps every token. The set is looked for among the ``NUCLEUS_CANDIDATES`` likeliest
-    tokens, and among all of them only when those hold less than ``top_p`` of the mass."""
-    restricted = top_p < 1.0
-    if not _any(restricted):
-        return logits
-    k = min(NUCLEUS_CANDIDATES, logits.shape[-1])
-    ranked, order = torch.topk(logits, k, dim=-1)
-    probs = torch.exp(ranked - torch.logsumexp(logits, dim=-1, keepdim=True))
-    mass_before = torch.cumsum(probs, dim=-1) - probs
-    reached = (mass_before[..., -1] + probs[..., -1] >= top_p) | ~torch.as_tensor(restricted)
-    if not bool(reached.all()):
-        ranked, order = torch.sort(logits, dim=-1, descending=True)
-        probs = torch.softmax(ranked, dim=-1)
-        mass_before = torch.cumsum(probs, dim=-1) - probs
-    keep_ranked = mass_before < _column(top_p)
-    keep_ranked[..., 0] = True
-    keep = torch.zeros_like(logits, dtype=torch.bool).scatter(-1, order, keep_ranked)
-    masked = logits.masked_fill(~keep, float("-inf"))
-    return torch.where(restricted.view(-1, 1), masked, logits) if isinstance(restricted, torch.Tensor) else masked
+NUCLEUS_CANDIDATES = 1024  # a row's top-p set is looked for among its likeliest tokens first (a full sort costs more)
 
 
 def update_counts(counts: torch.Tensor, tokens: torch.Tensor) -> None:
@@ -94,39 +71,59 @@ def scaled(logits: torch.Tensor, temperature: PerRow) -> torch.Tensor:
     return shifted.double() / _column(t)
 
 
-def sampling_probs(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """The distribution each row draws from: softmax(logits / T) restricted by its top_p (rows with T > 0)."""
-    return torch.softmax(top_p_mask(scaled(logits, temperature), top_p), dim=-1)
-
-
 def nucleus(logits: torch.Tensor, temperature: torch.Tensor,
-            top_p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The distribution each row draws from (rows with T > 0), as ``(probs, ids)``: when every row's top_p
-    set lies among its ``NUCLEUS_CANDIDATES`` likeliest tokens, ``probs[r, j]`` is the chance of token
-    ``ids[r, j]`` (a draw over a thousand candidates rather than the whole vocabulary); else ``ids`` is None
-    and ``probs`` covers the vocabulary (:func:`sampling_probs`). The two are the same distribution."""
-    k = min(NUCLEUS_CANDIDATES, logits.shape[-1])
-    if bool((top_p < 1.0).all()) and k < logits.shape[-1]:
-        values = scaled(logits, temperature)
-        ranked, ids = torch.topk(values, k, dim=-1)
-        probs = torch.exp(ranked - torch.logsumexp(values, dim=-1, keepdim=True))
-        mass_before = torch.cumsum(probs, dim=-1) - probs
-        if bool((mass_before[..., -1] + probs[..., -1] >= top_p).all()):
-            keep = mass_before < top_p.view(-1, 1)
-            keep[..., 0] = True
-            kept = probs * keep
-            return kept / kept.sum(dim=-1, keepdim=True), ids
-    return sampling_probs(logits, temperature, top_p), None
+            top_p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's top-p set of softmax(logits / T) as candidates, ``(probs, ids)`` of shape ``[rows, width]``:
+    ``probs[r, j]`` is the (unnormalised) chance of token ``ids[r, j]``, zero past the row's set.
+
+    A restricted row (top_p < 1) keeps the smallest set of its likeliest tokens whose mass reaches top_p (at
+    least one), likeliest first: looked for among its ``NUCLEUS_CANDIDATES`` likeliest, by a full sort only
+    when those hold less. A row with top_p 1 keeps every token, in vocabulary order. So a row's candidates
+    depend on its own logits and parameters alone, never on the rows batched with it."""
+    values = scaled(logits, temperature)
+    rows, vocab = values.shape
+    free = top_p >= 1.0
+    k = min(NUCLEUS_CANDIDATES, vocab)
+    ranked, ids = torch.topk(values, k, dim=-1)
+    log_total = torch.logsumexp(values, dim=-1, keepdim=True)
+    probs = torch.exp(ranked - log_total)
+    wide = free | (probs.sum(-1) < top_p)
+    if bool(wide.any()):
+        probs = torch.cat([probs, probs.new_zeros(rows, vocab - k)], dim=-1)
+        ids = torch.cat([ids, ids.new_zeros(rows, vocab - k)], dim=-1)
+        restricted = torch.nonzero(wide & ~free).view(-1)
+        if restricted.numel():
+            ranked, ids[restricted] = torch.sort(values[restricted], dim=-1, descending=True)
+            probs[restricted] = torch.exp(ranked - log_total[restricted])
+        everything = torch.nonzero(free).view(-1)
+        if everything.numel():
+            probs[everything] = torch.exp(values[everything] - log_total[everything])
+            ids[everything] = torch.arange(vocab, device=ids.device)
+    keep = (torch.cumsum(probs, dim=-1) - probs < top_p.view(-1, 1)) | free.view(-1, 1)
+    keep[..., 0] = True
+    width = int(keep.sum(-1).max())
+    return (probs * keep)[:, :width], ids[:, :width]
+
+
+def pick(probs: torch.Tensor, ids: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """One token per row drawn from its candidates (:func:`nucleus`) by inverse transform sampling: the first
+    candidate whose cumulative chance passes ``uniforms[r]`` (in [0, 1)) of the row's total. One uniform per
+    row, whatever the width, so a seeded row's draws never depend on what it is batched with."""
+    cdf = torch.cumsum(probs, dim=-1)
+    target = uniforms.to(cdf.dtype).view(-1, 1) * cdf[:, -1:]
+    last = torch.cumsum(probs > 0, dim=-1).argmax(-1, keepdim=True)  # the row's last candidate (never passed)
+    index = torch.minimum(torch.searchsorted(cdf, target, right=True), last)
+    return ids.gather(1, index).view(-1)
 
 
 def sample_rows(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor,
-                generator: torch.Generator | None = None) -> torch.Tensor:
+                chances: torch.Tensor) -> torch.Tensor:
     """One token per row with each row's own temperature and top_p (``[rows]`` each): greedy rows
-    (temperature 0) take the argmax; only the others are drawn (from ``generator`` when given), from
-    softmax(logits / T) restricted by their top_p."""
+    (temperature 0) take the argmax; the others are drawn with their own uniform ``chances[r]`` (in [0, 1))
+    from softmax(logits / T) restricted by their top_p."""
     chosen = torch.argmax(logits, dim=-1)
     drawn = torch.nonzero(temperature > 0).view(-1)
     if drawn.numel():
-        probs = sampling_probs(logits[drawn], temperature[drawn], top_p[drawn])
-        chosen[drawn] = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        probs, ids = nucleus(logits[drawn], temperature[drawn], top_p[drawn])
+        chosen[drawn] = pick(probs, ids, chances[drawn])
     return chosen
