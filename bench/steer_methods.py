@@ -5,6 +5,7 @@ concept rate, prompt-free fluency, relevance, degeneration).
     python bench/steer_methods.py --concept dog --prompts 4 --tokens 16 --examples 8   # a quick check
     python bench/steer_methods.py --method diffmean --layer 10 --layer 14 --scope all --scope generated
     python bench/steer_methods.py --out methods.png      # and a plot
+    python bench/steer_methods.py --method diffmean --layer 10 --layer 14 --layer 18 --together
 
 Per concept, each method at its recommended strength (the lowest reaching 60% inside the fluency bound,
 else the best inside it; the sweep's rule):
@@ -14,6 +15,8 @@ else the best inside it; the sweep's rule):
   the concept against its answers about other topics (``--negatives``; ``--examples`` of each side,
   ``millm.vectors.learn``, as ``millm vectors learn`` makes it), swept at STRENGTHS;
 - ``prompt``: no steering; a system message asks to mention the concept.
+With ``--together``, each vector method is measured with every ``--layer``'s vector steered at once instead of
+one by one, a strength s adding s / (number of layers) times each (so s is the total added, as one layer's s is).
 Printed per method and concept: strength, concept rate, fluency and relevance (nats/token against the
 unsteered answers), and the old prompt-conditioned fluency; last, per method, how many of the concepts
 reach >= 60% inside the bound, per layer and ``--scope`` (where steering applies: ``all`` or ``generated``).
@@ -29,8 +32,8 @@ from dataclasses import dataclass
 from millm.config import get_settings
 from millm.engine import load_engine
 from millm.registry import BUNDLED_ID, resolve
-from millm.research.measure import FLUENCY_BOUND, NEUTRAL_PROMPTS, SEED, TARGET_RATE, Measure, Point
-from millm.research.sweep import run_sweep
+from millm.research.measure import FLUENCY_BOUND, NEUTRAL_PROMPTS, SEED, TARGET_RATE, Case, Measure, Point
+from millm.research.sweep import recommend, run_sweep, swept_points
 from millm.sae.bundled import bundled_saes
 from millm.sae.formats import load_sae
 from millm.sae.labels import LabelIndex
@@ -51,7 +54,7 @@ class Row:
     concept: str
     point: Point | None
     note: str = ""
-    layer: int = LAYER
+    layer: int | str = LAYER  # a layer, or "10+14+18" for vectors steered together
     scope: str = "all"
 
     @property
@@ -68,6 +71,17 @@ def swept(measure: Measure, sae_id: str, layer: int, feature: int, concept: str)
     return result.point(result.recommended) if result.recommended is not None else None
 
 
+def together(measure: Measure, names: list[str], concept: str) -> Point | None:
+    """The vectors ``names`` (one per layer, attached) steered at once, s / len(names) each."""
+    def case(strength: float) -> Case:
+        share = strength / len(names)
+        return Case(strength, {name: {0: share} for name in names} if strength else {}, (concept,))
+
+    [points] = swept_points(measure, [case], STRENGTHS)
+    best = recommend(points, bound=measure.bound)
+    return next((p for p in points if p.strength == best), None)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompts", type=int, default=8, help="first N neutral prompts")
@@ -79,6 +93,7 @@ def main() -> None:
     parser.add_argument("--layer", action="append", type=int, help=f"vector layer (repeatable; default {LAYER})")
     parser.add_argument("--scope", action="append", choices=SCOPES, help="where steering applies (repeatable; "
                         "default all)")
+    parser.add_argument("--together", action="store_true", help="steer every --layer's vector at once")
     parser.add_argument("--negatives", choices=NEGATIVES, default="topics", help="the vectors' negative examples")
     parser.add_argument("--out", help="write a PNG plot of the concept rates here")
     args = parser.parse_args()
@@ -113,14 +128,21 @@ def main() -> None:
             if vectors:
                 examples = generated(engine, [concept], args.examples, args.seed + 1000, negatives=args.negatives)
             for method in vectors:
-                for vs in learn(engine, f"{method}-{concept}", layers, examples, method=method):
-                    name = vs.names[0]
-                    steering.attach(name, vs.as_sae(), vs.layer)
-                    try:
-                        rows.extend(Row(method, concept, swept(measures[scope], name, vs.layer, 0, concept), "",
-                                        vs.layer, scope) for scope in scopes)
-                    finally:
-                        steering.detach(name)
+                sets = learn(engine, f"{method}-{concept}", layers, examples, method=method)
+                try:
+                    for vs in sets:
+                        steering.attach(vs.names[0], vs.as_sae(), vs.layer)
+                        if not args.together:
+                            rows.extend(Row(method, concept, swept(measures[scope], vs.names[0], vs.layer, 0,
+                                                                   concept), "", vs.layer, scope) for scope in scopes)
+                    if args.together:
+                        names, joined = [vs.names[0] for vs in sets], "+".join(str(vs.layer) for vs in sets)
+                        rows.extend(Row(method, concept, together(measures[scope], names, concept), "", joined,
+                                        scope) for scope in scopes)
+                finally:
+                    for vs in sets:
+                        if vs.names[0] in steering.attachments:
+                            steering.detach(vs.names[0])
             if "prompt" in methods:
                 answers = measure.answers_with(SYSTEM.format(concept))
                 rows.append(Row("prompt", concept, measure.judge(answers, (concept,)), f'system: "{SYSTEM}"'))

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from cli.common import check_seed, engine_for, err, out, reports_errors, steerable, steering_service
@@ -77,19 +78,29 @@ def learn(name: Annotated[str, typer.Argument(help="The vector's name (what --st
     layers = parse_layers(layer, n_layers) if layer else [default_layer(n_layers)]  # before the examples
     for at in layers:
         catalog.check_new_name(service, set_name(name, at, layers))
-    with err.status("writing examples ...") as status:
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=err, transient=True, disable=not err.is_terminal) as bar:
         if files is None:
             assert concept is not None
-            status.update(f"the model writes {examples} answers about {', '.join(concept)} and {examples} "
-                          f"{'about other topics' if negatives == 'topics' else 'to neutral prompts'} ...")
-            made = generated(engine, concept, examples, seed, tokens, negatives)
+            writing = bar.add_task(f"writing answers about {', '.join(concept)} and "
+                                   f"{'other topics' if negatives == 'topics' else 'neutral prompts'}",
+                                   total=2 * examples)
+            made = generated(engine, concept, examples, seed, tokens, negatives,
+                             lambda done: bar.update(writing, completed=done))
             source: dict[str, object] = {"concepts": list(concept), "seed": seed, "tokens": tokens,
                                          "negatives": negatives}
         else:
             made = files
             source = {"positive": str(positive), "negative": str(negative)}
+        reading = bar.add_task("reading the examples", total=2 * len(layers))
+        reads = iter(range(2 * len(layers)))  # learn reports each read as it starts
+
+        def read(what: str) -> None:
+            bar.update(reading, description=what, completed=next(reads, 2 * len(layers)))
+
         sets = learn_vectors(engine, name, layers, made, method=method, position=position, source=source,
-                             progress=lambda what: status.update(what + " ..."))
+                             progress=read)
+        bar.update(reading, completed=2 * len(layers))
         catalog.store_all(service, get_settings().home, sets)
     for vs in sets:
         out.print(f"vector set {vs.names[0]}: {vs.method} at layer {vs.layer} from {len(made.positive)} + "

@@ -4,11 +4,11 @@ as batched rows, each plan steered by its own override. Measures and the SAE tra
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from millm.engine.base import Engine
-from millm.engine.events import Delta
+from millm.engine.events import Delta, Finish
 from millm.engine.params import ChatPrompt, GenerationRequest, Json, SamplingParams
 from millm.steering.core import Override
 from millm.steering.scope import ALL, Scope
@@ -31,14 +31,18 @@ def chat_request(prompt: str, seed: int, max_tokens: int, override: Override = U
 
 def sample_answers(engine: Engine, prompts: Sequence[str], seed: int, max_tokens: int,
                    overrides: Sequence[Override] = (UNSTEERED,), system: str | None = None,
-                   scope: Scope = ALL) -> list[list[str]]:
+                   scope: Scope = ALL, finished: Callable[[int], None] = lambda _: None) -> list[list[str]]:
     """Each override's answers to every prompt (prompt ``i`` seeded ``seed + i`` under every override, so two
-    overrides differ by their steering, not their draw): one engine job, decoded as batched rows."""
+    overrides differ by their steering, not their draw): one engine job, decoded as batched rows.
+    ``finished(n)`` hears each time an answer ends, ``n`` of them so far (a progress display)."""
     plans = [engine.prepare(chat_request(p, seed + i, max_tokens, o, system, scope)) for o in overrides
              for i, p in enumerate(prompts)]
-    texts = [""] * len(plans)
+    texts, ended = [""] * len(plans), 0
     for event in engine.run_all(plans):
         if isinstance(event, Delta):
             texts[event.index] += event.text
+        elif isinstance(event, Finish):
+            ended += 1
+            finished(ended)
     per = len(prompts)
     return [texts[k * per:(k + 1) * per] for k in range(len(overrides))]

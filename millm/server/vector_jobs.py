@@ -230,9 +230,11 @@ async def run_job(job: Job, engine: Engine, release: Callable[[], None]) -> None
         return step
 
     def write() -> Examples:
-        progress(f"the model writes {plan.count} answers about {', '.join(plan.concepts)} and {plan.count} "
-                 f"{'about other topics' if plan.negatives == 'topics' else 'to neutral prompts'}")
-        return generated(engine, plan.concepts, plan.count, plan.seed, plan.tokens, plan.negatives)
+        writing = (f"the model writes {plan.count} answers about {', '.join(plan.concepts)} and {plan.count} "
+                   f"{'about other topics' if plan.negatives == 'topics' else 'to neutral prompts'}")
+        progress(writing)
+        return generated(engine, plan.concepts, plan.count, plan.seed, plan.tokens, plan.negatives,
+                         lambda done: progress(f"{writing} ({done} of {2 * plan.count} written)"))
 
     try:
         examples = plan.texts if plan.texts is not None else await svc.worker.call(on_engine(write))

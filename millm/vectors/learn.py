@@ -77,11 +77,11 @@ class Examples:
 
 
 def generated(engine: Engine, concepts: Sequence[str], count: int, seed: int, tokens: int = EXAMPLE_TOKENS,
-              negatives: str = "topics") -> Examples:
+              negatives: str = "topics", finished: Callable[[int], None] = lambda _: None) -> Examples:
     """``count`` answers the model writes when asked about ``concepts`` (round robin over them and
     ``CONCEPT_PROMPTS``) and ``count`` negatives: the same requests about ``OTHER_TOPICS`` (those that name no
     concept word) for ``topics``, or answers to ``NEUTRAL_PROMPTS`` for ``neutral``; unsteered, one engine
-    job."""
+    job. ``finished(n)`` hears each answer end (``n`` of ``2 * count`` so far)."""
     check_negatives(negatives)
     asked = [CONCEPT_PROMPTS[i % len(CONCEPT_PROMPTS)].format(concepts[i % len(concepts)]) for i in range(count)]
     if negatives == "neutral":
@@ -89,7 +89,7 @@ def generated(engine: Engine, concepts: Sequence[str], count: int, seed: int, to
     else:
         topics = other_topics(concepts)
         others = [CONCEPT_PROMPTS[i % len(CONCEPT_PROMPTS)].format(topics[i % len(topics)]) for i in range(count)]
-    [answers] = sample_answers(engine, asked + others, seed, tokens)
+    [answers] = sample_answers(engine, asked + others, seed, tokens, finished=finished)
     return Examples(answers[:count], answers[count:])
 
 

@@ -206,7 +206,7 @@ def test_generated_negatives_are_the_same_requests_about_other_topics(monkeypatc
 
     asked: list[str] = []
 
-    def answers(engine, prompts, seed, tokens):
+    def answers(engine, prompts, seed, tokens, finished):
         asked.extend(prompts)
         return [[f"answer {i}" for i in range(len(prompts))]]
 
@@ -222,3 +222,14 @@ def test_generated_negatives_are_the_same_requests_about_other_topics(monkeypatc
     with pytest.raises(InvalidParameter) as raised:
         generated(None, ["music"], 2, 0, negatives="others")  # type: ignore[arg-type]
     assert raised.value.param == "negatives"
+
+
+def test_generated_reports_each_answer_as_it_ends():
+    """The progress a learn shows (a bar in the CLI, the job's progress over HTTP): one report per answer."""
+    from millm.vectors.learn import generated
+    from tests.support.fakes import FakeEngine
+
+    heard: list[int] = []
+    made = generated(FakeEngine(steerable=True), ["music"], 3, 0, tokens=4, finished=heard.append)  # type: ignore[arg-type]
+    assert heard == [1, 2, 3, 4, 5, 6]
+    assert len(made.positive) == len(made.negative) == 3 and all(made.positive)
