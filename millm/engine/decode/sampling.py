@@ -83,9 +83,11 @@ def nucleus(logits: torch.Tensor, temperature: torch.Tensor,
     values = scaled(logits, temperature)
     rows, vocab = values.shape
     free = top_p >= 1.0
+    log_total = torch.logsumexp(values, dim=-1, keepdim=True)
+    if bool(free.all()):  # OpenAI's default top_p: nothing to rank
+        return torch.exp(values - log_total), torch.arange(vocab, device=values.device).expand(rows, vocab)
     k = min(NUCLEUS_CANDIDATES, vocab)
     ranked, ids = torch.topk(values, k, dim=-1)
-    log_total = torch.logsumexp(values, dim=-1, keepdim=True)
     probs = torch.exp(ranked - log_total)
     wide = free | (probs.sum(-1) < top_p)
     if bool(wide.any()):
