@@ -49,12 +49,7 @@ def draw(rows: list[BatchRow], logits: torch.Tensor, counts: torch.Tensor,
     temperature = torch.tensor([r.row.params.temperature for r in rows], dtype=torch.float64,
                                device=device)  # float64: a temperature of 1e-40 is not 0
     top_p = torch.tensor([r.row.params.top_p for r in rows], device=device)
-    chances = torch.zeros(len(rows), dtype=torch.float64, device=device)
-    for generator, members in by_generator(rows).items():  # one uniform per sampled row, from its generator
-        sampled = [m for m in members if rows[m].row.params.temperature > 0]
-        if sampled:
-            chances[sampled] = torch.rand(len(sampled), generator=generator, dtype=torch.float64, device=device)
-    tokens = sample_rows(logits, temperature, top_p, chances)
+    tokens = sample_rows(logits, temperature, top_p, chances(rows, device))
     slots = [r.slot for r in rows]
     seen = counts[slots]
     update_counts(seen, tokens)
@@ -77,6 +72,17 @@ def _unsampleable(rows: list[BatchRow], logits: torch.Tensor) -> list[tuple[Batc
                 failed.append((r, ConstrainedOutputInvalid("The constraint allows no next token here; the document "
                                                            "cannot be completed.")))
     return failed
+
+
+def chances(rows: list[BatchRow], device: torch.device) -> torch.Tensor:
+    """One uniform draw per sampled row (temperature > 0), from that row's own generator (else the
+    process's); greedy rows draw nothing, so their generators are left as they were."""
+    out = torch.zeros(len(rows), dtype=torch.float64, device=device)
+    for generator, members in by_generator(rows).items():
+        sampled = [m for m in members if rows[m].row.params.temperature > 0]
+        if sampled:
+            out[sampled] = torch.rand(len(sampled), generator=generator, dtype=torch.float64, device=device)
+    return out
 
 
 def by_generator(rows: list[BatchRow]) -> dict[torch.Generator | None, list[int]]:
