@@ -31,6 +31,7 @@ from millm.engine.params import (
 )
 from millm.engine.plan import Plan, check_characters, token_budget, tool_listing
 from millm.engine.scoring import PromptToken, ScoreRequest, ScoreResult, check_in_vocab, echo_row, score_row
+from millm.engine.shared_prefix import SHARED_MIN, batches, common_prefix, shared_forward
 from millm.engine.templates import END_OF_TURN_TOKENS, has_chat_template, render_chat
 from millm.errors import ContextLengthExceeded, InvalidParameter, InvalidScoringRequest, MillmError, NoChatTemplate
 from millm.registry import ModelEntry
@@ -254,22 +255,35 @@ class TransformersEngine:
         before it are listed without one), and the next token, in padded batches: logits are computed only at
         the positions asked for, and reduced batch by batch, never kept whole."""
         self._check_scorable(prompt_ids, [r.where for r in request.rows])
-        results: list[ScoreResult] = []
+        share = request.readout is None  # a read-out records one whole forward of the first row
+        n, size = len(prompt_ids), request.batch_size
+        starts = [min(max(row.echo_from, 1), len(ids)) for ids, row in zip(prompt_ids, request.rows)]
+        groups = (batches(prompt_ids, [f - 1 for f in starts], size) if share
+                  else [list(range(k, min(k + size, n))) for k in range(0, n, size)])
+        results: dict[int, ScoreResult] = {}
         with self._lock, torch.inference_mode(), self.steering.suppressed():
-            for start in range(0, len(prompt_ids), request.batch_size):
-                end = start + request.batch_size
-                chunk, rows = prompt_ids[start:end], request.rows[start:end]
-                froms = [min(max(row.echo_from, 1), len(ids)) for ids, row in zip(chunk, rows)]
-                batch, mask = self._left_pad(chunk)
-                logits = self._forward(batch, mask, keep=max(len(ids) - f for ids, f in zip(chunk, froms)) + 1)
-                for ids, row_logits, row, f in zip(chunk, logits, rows, froms):
+            for picked in groups:
+                chunk, rows = [prompt_ids[i] for i in picked], [request.rows[i] for i in picked]
+                froms = [starts[i] for i in picked]
+                logits = self._echo_logits(chunk, max(len(ids) - f for ids, f in zip(chunk, froms)) + 1,
+                                           min(froms) - 1 if share else 0)
+                for i, ids, row_logits, row, f in zip(picked, chunk, logits, rows, froms):
                     real = row_logits[-(len(ids) - f + 1):]  # left padding: the row's positions f - 1 .. end
                     scaled = real / row.params.temperature if row.params.temperature > 0 else real
                     echo = echo_row(torch.log_softmax(scaled.double(), dim=-1), ids[f - 1:], row.params.top_n)
                     unread = [PromptToken(t, None, []) for t in ids[:f - 1]]
                     last = score_row(real[-1].cpu(), row.params, len(ids))
-                    results.append(ScoreResult(last.chosen, last.top, len(ids), unread + echo))
-        return results
+                    results[i] = ScoreResult(last.chosen, last.top, len(ids), unread + echo)
+        return [results[i] for i in range(len(prompt_ids))]
+
+    def _echo_logits(self, chunk: list[list[int]], keep: int, shareable: int) -> torch.Tensor:
+        """The chunk's logits at each row's last ``keep`` positions; the tokens every row starts with (up to
+        ``shareable``, before any position asked for) run once when there are enough of them."""
+        shared = min(common_prefix(chunk), shareable)
+        if len(chunk) > 1 and shared >= SHARED_MIN:
+            return shared_forward(self.model, chunk, shared, keep, self.pad_id, self.device)
+        batch, mask = self._left_pad(chunk)
+        return self._forward(batch, mask, keep=keep)
 
     def forced(self, reads: list[Forced], batch_size: int = 16) -> list[list[float]]:
         """Per read, the probability of its ``watch`` tokens at each of its answer positions, in left-padded

@@ -1,0 +1,74 @@
+"""Teacher-forced forwards whose rows start alike: the tokens every row starts with (a chat template's
+header, a research measure's prompt) are run once and their keys and values shared by the rows, so a
+batch of scored answers costs their own tokens, not the prompt again for each.
+
+The logits are ``[rows, keep, vocab]`` at each row's last ``keep`` positions, as a cacheless forward of the
+left-padded rows gives them (to float rounding)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+SHARED_MIN = 8  # tokens the rows must share before running them once is worth a second forward
+SHARED_ROWS = 4  # rows with one prompt that get a batch of their own, sharing the whole prompt
+
+
+def common_prefix(rows: Sequence[Sequence[int]]) -> int:
+    """How many leading tokens every row has in common."""
+    if not rows:
+        return 0
+    first, length = rows[0], min(len(r) for r in rows)
+    for row in rows[1:]:
+        length = next((i for i in range(length) if row[i] != first[i]), length)
+    return length
+
+
+def batches(rows: Sequence[Sequence[int]], heads: Sequence[int], size: int) -> list[list[int]]:
+    """Row indices in batches of at most ``size`` for a teacher-forced pass: rows sorted by their tokens, so
+    those that start alike are neighbours; ``SHARED_ROWS`` or more whose first ``heads[i]`` tokens (their
+    prompt) are the same form batches of their own, so they share the whole prompt; the others fill
+    batches together and share what they have in common."""
+    order = sorted(range(len(rows)), key=lambda i: list(rows[i]))
+    runs: list[list[int]] = []
+    for i in order:
+        if runs and list(rows[runs[-1][0]][:heads[runs[-1][0]]]) == list(rows[i][:heads[i]]):
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    out: list[list[int]] = []
+    loose: list[int] = []  # rows of short runs, batched together
+    for run in runs:
+        if len(run) >= SHARED_ROWS:
+            out.extend(run[k:k + size] for k in range(0, len(run), size))
+        else:
+            loose.extend(run)
+    out.extend(loose[k:k + size] for k in range(0, len(loose), size))
+    return out
+
+
+def shared_forward(model: Any, rows: Sequence[Sequence[int]], shared: int, keep: int, pad_id: int,
+                   device: torch.device) -> torch.Tensor:
+    """The logits (fp32, ``[rows, keep, vocab]``) of ``rows``, whose first ``shared`` tokens are the same, at
+    each row's last ``keep`` positions (all after the shared tokens): the shared tokens run once, the rest
+    of each row (left-padded) after them."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    model(input_ids=torch.tensor([list(rows[0][:shared])], device=device), cache=cache, use_cache=True,
+          logits_to_keep=1)
+    cache.batch_repeat_interleave(len(rows))
+    width = max(len(r) - shared for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), shared + width), dtype=torch.long)
+    mask[:, :shared] = 1
+    for r, row in enumerate(rows):
+        rest = list(row[shared:])
+        ids[r, width - len(rest):] = torch.tensor(rest, dtype=torch.long)
+        mask[r, shared + width - len(rest):] = 1
+    positions = (mask[:, shared:].cumsum(-1) - 1).clamp(min=0) + shared
+    out = model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
+                cache=cache, use_cache=True, logits_to_keep=keep)
+    return out.logits[:, -keep:].float()
