@@ -194,3 +194,24 @@ def test_repetition_penalty_divides_positive_and_multiplies_negative_logits_of_s
     out = apply_repetition_penalty(logits, seen, torch.tensor([2.0, 1.0]))
     assert out.tolist() == [[1.0, -4.0, 2.0, -2.0], [1.0, 1.0, -1.0, -1.0]]  # row 1: penalty 1 changes nothing
     assert apply_repetition_penalty(logits, seen, 1.0) is logits
+
+
+def test_a_zero_chance_candidate_is_never_drawn_even_when_the_cumulative_sum_rises_there(monkeypatch):
+    """A parallel cumulative sum (CUDA's) may add a rounding step at a zero-probability token; the draw holds
+    the cumulative chance flat there, so a masked token in the middle of a top_p 1 row is never picked."""
+    import torch
+
+    from millm.engine.decode.sampling import pick
+
+    real = torch.cumsum
+
+    def tree_rounded(values, dim, **kw):
+        out = real(values, dim=dim, **kw)
+        if not out.is_floating_point():
+            return out
+        return out + 1e-6 * torch.arange(out.shape[-1], dtype=out.dtype)
+
+    monkeypatch.setattr(torch, "cumsum", tree_rounded)
+    probs, ids = torch.tensor([[0.5, 0.0, 0.5]]), torch.tensor([[10, 11, 12]])
+    just_past_the_first = torch.tensor([0.5000004 / 1.000002])
+    assert pick(probs, ids, just_past_the_first).tolist() == [12]

@@ -111,7 +111,8 @@ def pick(probs: torch.Tensor, ids: torch.Tensor, uniforms: torch.Tensor) -> torc
     """One token per row drawn from its candidates (:func:`nucleus`) by inverse transform sampling: the first
     candidate whose cumulative chance passes ``uniforms[r]`` (in [0, 1)) of the row's total. One uniform per
     row, whatever the width, so a seeded row's draws never depend on what it is batched with."""
-    cdf = torch.cumsum(probs, dim=-1)
+    cdf = torch.cumsum(probs, dim=-1)  # a parallel cumsum (CUDA) may still rise at a zero: it is held flat there
+    cdf = torch.where(probs > 0, cdf, torch.zeros_like(cdf)).cummax(dim=-1).values
     target = uniforms.to(cdf.dtype).view(-1, 1) * cdf[:, -1:]
     last = torch.cumsum(probs > 0, dim=-1).argmax(-1, keepdim=True)  # the row's last candidate (never passed)
     index = torch.minimum(torch.searchsorted(cdf, target, right=True), last)
