@@ -16,6 +16,15 @@ SHARED_MIN = 8  # tokens the rows must share before running them once is worth a
 SHARED_ROWS = 4  # rows with one prompt that get a batch of their own, sharing the whole prompt
 
 
+def shareable(config: Any) -> bool:
+    """Whether a model's rows can share their first tokens' keys and values here: not with sliding-window
+    layers, whose masks count cache slots, so the padding between the shared tokens and a row's own would
+    read as distance and hide shared tokens still inside the window."""
+    from millm.engine.decode.kv import KVShape
+
+    return KVShape.of(config).window is None
+
+
 def common_prefix(rows: Sequence[Sequence[int]]) -> int:
     """How many leading tokens every row has in common."""
     if not rows:

@@ -31,7 +31,7 @@ from millm.engine.params import (
 )
 from millm.engine.plan import Plan, check_characters, token_budget, tool_listing
 from millm.engine.scoring import PromptToken, ScoreRequest, ScoreResult, check_in_vocab, echo_row, score_row
-from millm.engine.shared_prefix import SHARED_MIN, batches, common_prefix, shared_forward
+from millm.engine.shared_prefix import SHARED_MIN, batches, common_prefix, shareable, shared_forward
 from millm.engine.templates import END_OF_TURN_TOKENS, has_chat_template, render_chat
 from millm.errors import ContextLengthExceeded, InvalidParameter, InvalidScoringRequest, MillmError, NoChatTemplate
 from millm.registry import ModelEntry
@@ -255,7 +255,7 @@ class TransformersEngine:
         before it are listed without one), and the next token, in padded batches: logits are computed only at
         the positions asked for, and reduced batch by batch, never kept whole."""
         self._check_scorable(prompt_ids, [r.where for r in request.rows])
-        share = request.readout is None  # a read-out records one whole forward of the first row
+        share = request.readout is None and shareable(self.model.config)  # a read-out records one whole forward
         n, size = len(prompt_ids), request.batch_size
         starts = [min(max(row.echo_from, 1), len(ids)) for ids, row in zip(prompt_ids, request.rows)]
         groups = (batches(prompt_ids, [f - 1 for f in starts], size) if share

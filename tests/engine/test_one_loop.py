@@ -21,6 +21,7 @@ from millm.steering.readout import check_readout
 from millm.structured.schema import JsonConstraint
 from tests.support.saes import random_sae
 from tests.support.scheduler import Consumer, alone, drain, plan, submit
+from tests.support.tiny import tiny_engine
 
 if TYPE_CHECKING:
     from millm.engine.decode.scheduler import Scheduler
@@ -177,21 +178,6 @@ def test_readout_reads_every_fed_position_before_or_after_this_layers_delta(engi
 def test_a_tiny_temperature_generates_as_greedy(engine):
     greedy = alone(engine, plan(engine, "The capital of France is", max_tokens=8))
     assert alone(engine, plan(engine, "The capital of France is", max_tokens=8, temperature=1e-40)) == greedy
-
-
-def tiny_engine(engine, **config):
-    """A small random Qwen2 on the bundled tokenizer: the decode loop on another attention layout."""
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    from millm.engine.transformers_engine import TransformersEngine
-
-    torch.manual_seed(0)
-    cfg = Qwen2Config(vocab_size=int(engine.model.config.vocab_size), hidden_size=64, intermediate_size=128,
-                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                      max_position_embeddings=512, **config)
-    model = Qwen2ForCausalLM(cfg).eval()
-    return TransformersEngine(engine.entry, model, engine.tokenizer, torch.device("cpu"), torch.float32)
 
 
 def test_sliding_window_layers_attend_only_to_their_window(engine):

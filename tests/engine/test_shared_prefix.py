@@ -56,3 +56,23 @@ def test_echo_scoring_with_a_shared_prompt_equals_each_row_alone(engine):
         pairs = [(a.logprob, b.logprob) for a, b in zip(got.echo, alone.echo)]
         assert all((a is None) == (b is None) for a, b in pairs) and any(a is not None for a, _ in pairs)
         assert max(abs(a - b) for a, b in pairs if a is not None and b is not None) < 1e-3
+
+
+@pytest.mark.model
+def test_a_sliding_window_model_scores_rows_as_each_alone(engine):
+    """Sliding-window layers mask by cache slot, so rows of such a model do not share a prompt's keys and
+    values (the padding after the shared part would read as distance): each row's echo is its own."""
+    from millm.engine.params import TokenPrompt
+    from millm.engine.scoring import ScoreRequest, ScoreRow, ScoringParams
+    from tests.support.tiny import tiny_engine
+
+    tiny = tiny_engine(engine, use_sliding_window=True, sliding_window=4, max_window_layers=1)
+    echo = ScoringParams(allowed=None, temperature=0.0, top_n=0, report=True, echo=True, next_token=False)
+    head = tiny.tokenize(ChatPrompt([{"role": "user", "content": "Tell me about your day."}]))
+    rows = [ScoreRow(TokenPrompt(tuple(head + tiny.tokenize(TextPrompt(a, add_special_tokens=False))), "p"), echo,
+                     echo_from=len(head))
+            for a in ("Rain fell all night long on the roof.", "Dogs.", "I like trains a lot.", "Cities.")]
+    for row, got in zip(rows, tiny.score(ScoreRequest(rows, batch_size=4))):
+        [alone] = tiny.score(ScoreRequest([row]))
+        pairs = [(a.logprob, b.logprob) for a, b in zip(got.echo, alone.echo) if a.logprob is not None]
+        assert pairs and max(abs(a - b) for a, b in pairs) < 1e-3
