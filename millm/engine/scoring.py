@@ -138,6 +138,19 @@ def echo_row(logprobs: torch.Tensor, ids: list[int], top_n: int) -> list[PromptT
     return out
 
 
+def echo_result(ids: list[int], logits: torch.Tensor, params: ScoringParams, start: int) -> ScoreResult:
+    """One echoed row: its tokens from ``start`` on with their log-probabilities (those before listed without
+    one) and its next token, from ``logits`` whose last rows are its positions ``start - 1`` .. end (left
+    padding)."""
+    import torch
+
+    real = logits[-(len(ids) - start + 1):]
+    scaled = real / params.temperature if params.temperature > 0 else real
+    echo = echo_row(torch.log_softmax(scaled.double(), dim=-1), ids[start - 1:], params.top_n)
+    last = score_row(real[-1].cpu(), params, len(ids))
+    return ScoreResult(last.chosen, last.top, len(ids), [PromptToken(t, None, []) for t in ids[:start - 1]] + echo)
+
+
 def score_row(logits: torch.Tensor, params: ScoringParams, prompt_tokens: int = 0) -> ScoreResult:
     """Score one ``[vocab]`` logits row: the most probable (allowed) token and the top alternatives."""
     import torch

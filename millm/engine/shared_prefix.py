@@ -35,11 +35,18 @@ def common_prefix(rows: Sequence[Sequence[int]]) -> int:
     return length
 
 
-def batches(rows: Sequence[Sequence[int]], heads: Sequence[int], size: int) -> list[list[int]]:
-    """Row indices in batches of at most ``size`` for a teacher-forced pass: rows sorted by their tokens, so
-    those that start alike are neighbours; ``SHARED_ROWS`` or more whose first ``heads[i]`` tokens (their
-    prompt) are the same form batches of their own, so they share the whole prompt; the others fill
-    batches together and share what they have in common."""
+def in_order(rows: int, size: int) -> list[list[int]]:
+    """Row indices in batches of at most ``size``, as given."""
+    return [list(range(k, min(k + size, rows))) for k in range(0, rows, size)]
+
+
+def batches(rows: Sequence[Sequence[int]], heads: Sequence[int], size: int, share: bool = True) -> list[list[int]]:
+    """Row indices in batches of at most ``size`` for a teacher-forced pass: in order when not ``share``; else
+    rows sorted by their tokens, so those that start alike are neighbours, ``SHARED_ROWS`` or more whose first
+    ``heads[i]`` tokens (their prompt) are the same in batches of their own (sharing the whole prompt), and
+    the others filling batches together (sharing what they have in common)."""
+    if not share:
+        return in_order(len(rows), size)
     order = sorted(range(len(rows)), key=lambda i: list(rows[i]))
     runs: list[list[int]] = []
     for i in order:

@@ -30,7 +30,7 @@ from millm.engine.params import (
     prompt_names,
 )
 from millm.engine.plan import Plan, check_characters, token_budget, tool_listing
-from millm.engine.scoring import PromptToken, ScoreRequest, ScoreResult, check_in_vocab, echo_row, score_row
+from millm.engine.scoring import ScoreRequest, ScoreResult, check_in_vocab, echo_result, score_row
 from millm.engine.shared_prefix import SHARED_MIN, batches, common_prefix, shareable, shared_forward
 from millm.engine.templates import END_OF_TURN_TOKENS, has_chat_template, render_chat
 from millm.errors import ContextLengthExceeded, InvalidParameter, InvalidScoringRequest, MillmError, NoChatTemplate
@@ -256,30 +256,21 @@ class TransformersEngine:
         the positions asked for, and reduced batch by batch, never kept whole."""
         self._check_scorable(prompt_ids, [r.where for r in request.rows])
         share = request.readout is None and shareable(self.model.config)  # a read-out records one whole forward
-        n, size = len(prompt_ids), request.batch_size
         starts = [min(max(row.echo_from, 1), len(ids)) for ids, row in zip(prompt_ids, request.rows)]
-        groups = (batches(prompt_ids, [f - 1 for f in starts], size) if share
-                  else [list(range(k, min(k + size, n))) for k in range(0, n, size)])
+        groups = batches(prompt_ids, [f - 1 for f in starts], request.batch_size, share)
         results: dict[int, ScoreResult] = {}
         with self._lock, torch.inference_mode(), self.steering.suppressed():
             for picked in groups:
-                chunk, rows = [prompt_ids[i] for i in picked], [request.rows[i] for i in picked]
-                froms = [starts[i] for i in picked]
-                logits = self._echo_logits(chunk, max(len(ids) - f for ids, f in zip(chunk, froms)) + 1,
-                                           min(froms) - 1 if share else 0)
-                for i, ids, row_logits, row, f in zip(picked, chunk, logits, rows, froms):
-                    real = row_logits[-(len(ids) - f + 1):]  # left padding: the row's positions f - 1 .. end
-                    scaled = real / row.params.temperature if row.params.temperature > 0 else real
-                    echo = echo_row(torch.log_softmax(scaled.double(), dim=-1), ids[f - 1:], row.params.top_n)
-                    unread = [PromptToken(t, None, []) for t in ids[:f - 1]]
-                    last = score_row(real[-1].cpu(), row.params, len(ids))
-                    results[i] = ScoreResult(last.chosen, last.top, len(ids), unread + echo)
+                logits = self._echo_logits([prompt_ids[i] for i in picked], [starts[i] for i in picked], share)
+                for i, row_logits in zip(picked, logits):
+                    results[i] = echo_result(prompt_ids[i], row_logits, request.rows[i].params, starts[i])
         return [results[i] for i in range(len(prompt_ids))]
 
-    def _echo_logits(self, chunk: list[list[int]], keep: int, shareable: int) -> torch.Tensor:
-        """The chunk's logits at each row's last ``keep`` positions; the tokens every row starts with (up to
-        ``shareable``, before any position asked for) run once when there are enough of them."""
-        shared = min(common_prefix(chunk), shareable)
+    def _echo_logits(self, chunk: list[list[int]], froms: list[int], share: bool) -> torch.Tensor:
+        """The chunk's logits at each row's positions from its ``froms - 1`` on; with ``share``, the tokens every
+        row starts with (before any of those positions) run once when there are enough of them."""
+        keep = max(len(ids) - f for ids, f in zip(chunk, froms)) + 1
+        shared = min(common_prefix(chunk), min(froms) - 1) if share else 0
         if len(chunk) > 1 and shared >= SHARED_MIN:
             return shared_forward(self.model, chunk, shared, keep, self.pad_id, self.device)
         batch, mask = self._left_pad(chunk)
