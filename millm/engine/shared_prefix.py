@@ -65,26 +65,20 @@ def batches(rows: Sequence[Sequence[int]], heads: Sequence[int], size: int, shar
     return out
 
 
-def shared_forward(model: Any, rows: Sequence[Sequence[int]], shared: int, keep: int, pad_id: int,
-                   device: torch.device) -> torch.Tensor:
-    """The logits (fp32, ``[rows, keep, vocab]``) of ``rows``, whose first ``shared`` tokens are the same, at
-    each row's last ``keep`` positions (all after the shared tokens): the shared tokens run once, the rest
-    of each row (left-padded) after them."""
+def shared_forward(model: Any, shared: Sequence[int], rest: dict[str, torch.Tensor], keep: int) -> torch.Tensor:
+    """The logits (fp32, ``[rows, keep, vocab]``) of rows that all start with the tokens ``shared``, at each
+    row's last ``keep`` positions (all after them): ``shared`` runs once, then the rest of each row, whose
+    cacheless inputs (left-padded: ids, and the mask and positions when padded) ``rest`` holds, after it."""
     from transformers import DynamicCache
 
+    ids = rest["input_ids"]
+    rows, width = ids.shape
     cache = DynamicCache(config=model.config)
-    model(input_ids=torch.tensor([list(rows[0][:shared])], device=device), cache=cache, use_cache=True,
-          logits_to_keep=1)
-    cache.batch_repeat_interleave(len(rows))
-    width = max(len(r) - shared for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), shared + width), dtype=torch.long)
-    mask[:, :shared] = 1
-    for r, row in enumerate(rows):
-        rest = list(row[shared:])
-        ids[r, width - len(rest):] = torch.tensor(rest, dtype=torch.long)
-        mask[r, shared + width - len(rest):] = 1
-    positions = (mask[:, shared:].cumsum(-1) - 1).clamp(min=0) + shared
-    out = model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
-                cache=cache, use_cache=True, logits_to_keep=keep)
+    model(input_ids=torch.tensor([list(shared)], device=ids.device), cache=cache, use_cache=True, logits_to_keep=1)
+    cache.batch_repeat_interleave(rows)
+    own = rest.get("attention_mask", torch.ones_like(ids))
+    positions = rest.get("position_ids", torch.arange(width, device=ids.device).expand(rows, width))
+    mask = torch.cat([torch.ones(rows, len(shared), dtype=own.dtype, device=own.device), own], dim=1)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions + len(shared), cache=cache,
+                use_cache=True, logits_to_keep=keep)
     return out.logits[:, -keep:].float()

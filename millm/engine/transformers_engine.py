@@ -272,7 +272,8 @@ class TransformersEngine:
         keep = max(len(ids) - f for ids, f in zip(chunk, froms)) + 1
         shared = min(common_prefix(chunk), min(froms) - 1) if share else 0
         if len(chunk) > 1 and shared >= SHARED_MIN:
-            return shared_forward(self.model, chunk, shared, keep, self.pad_id, self.device)
+            return shared_forward(self.model, chunk[0][:shared], model_inputs(*self._left_pad(
+                [ids[shared:] for ids in chunk])), keep)
         batch, mask = self._left_pad(chunk)
         return self._forward(batch, mask, keep=keep)
 
