@@ -7,11 +7,11 @@ Scoring is one forward pass per prompt and generates nothing. ``temperature`` di
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from millm.engine.params import Prompt
+from millm.engine.params import Forced, Prompt
 from millm.errors import InvalidParameter, InvalidScoringRequest, NonFiniteLogits
 from millm.requests.validation import check_scoring_temperature
 
@@ -173,3 +173,22 @@ def score_row(logits: torch.Tensor, params: ScoringParams, prompt_tokens: int = 
     if not math.isfinite(scores[0].logprob) or any(math.isinf(s.logprob) for s in scores[:max(params.top_n, 1)]):
         raise NonFiniteLogits("A reported token has a -inf logit; it cannot be scored.")
     return ScoreResult(scores[0], scores, prompt_tokens)
+
+
+def same_forward(reads: Sequence[Forced]) -> list[list[int]]:
+    """Indices of ``reads`` grouped by the forward they need, in order of first use: unsteered reads of the
+    same tokens share one; a steered read has its own (overrides are not compared)."""
+    groups: dict[object, list[int]] = {}
+    for i, r in enumerate(reads):
+        groups.setdefault((r.ids, r.start) if r.override is None else i, []).append(i)
+    return list(groups.values())
+
+
+def watched(row: torch.Tensor, span: int, watch: Sequence[int]) -> list[float]:
+    """At each of the last ``span`` tokens of a read, the probability that the token there is one of ``watch``,
+    from ``row`` (``[positions, vocab]`` logits ending at the read's end; the token at i is predicted at i - 1)."""
+    if not watch or span == 0:
+        return [0.0] * span
+    predicting = row[-span - 1:-1]
+    chances = predicting[:, list(watch)].logsumexp(-1) - predicting.logsumexp(-1)
+    return chances.exp().clamp(max=1.0).tolist()

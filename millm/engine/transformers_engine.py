@@ -30,7 +30,15 @@ from millm.engine.params import (
     prompt_names,
 )
 from millm.engine.plan import Plan, check_characters, token_budget, tool_listing
-from millm.engine.scoring import ScoreRequest, ScoreResult, check_in_vocab, echo_result, score_row
+from millm.engine.scoring import (
+    ScoreRequest,
+    ScoreResult,
+    check_in_vocab,
+    echo_result,
+    same_forward,
+    score_row,
+    watched,
+)
 from millm.engine.shared_prefix import SHARED_MIN, batches, common_prefix, shareable, shared_forward
 from millm.engine.templates import END_OF_TURN_TOKENS, has_chat_template, render_chat
 from millm.errors import ContextLengthExceeded, InvalidParameter, InvalidScoringRequest, MillmError, NoChatTemplate
@@ -280,24 +288,22 @@ class TransformersEngine:
     def forced(self, reads: list[Forced], batch_size: int = 16) -> list[list[float]]:
         """Per read, the probability of its ``watch`` tokens at each of its answer positions, in left-padded
         batches, each row steered by its own override alone (live values and other requests' rows untouched):
-        what the screen estimates a feature's effect from without sampling."""
+        what the screen estimates a feature's effect from without sampling. Unsteered reads of the same tokens
+        run once (the screen reads the same answers unsteered for every feature's words)."""
         self._check_scorable([list(r.ids) for r in reads], [f"reads[{i}]" for i in range(len(reads))])
-        out: list[list[float]] = []
+        groups = same_forward(reads)
+        out: list[list[float]] = [[] for _ in reads]
         with self._lock, torch.inference_mode():
-            for at in range(0, len(reads), batch_size):
-                chunk = reads[at:at + batch_size]
-                ids, mask = self._left_pad([list(r.ids) for r in chunk])
-                keep = max(len(r.ids) - r.start for r in chunk) + 1  # left padding: every answer ends at the end
-                with self.steering.each_row([r.override or Override("unsteered", {}) for r in chunk]):
+            for at in range(0, len(groups), batch_size):
+                chunk = groups[at:at + batch_size]
+                heads = [reads[members[0]] for members in chunk]
+                ids, mask = self._left_pad([list(r.ids) for r in heads])
+                keep = max(len(r.ids) - r.start for r in heads) + 1  # left padding: every answer ends at the end
+                with self.steering.each_row([r.override or Override("unsteered", {}) for r in heads]):
                     logits = self.model(use_cache=False, logits_to_keep=keep, **model_inputs(ids, mask)).logits
-                for row, r in zip(logits.float(), chunk):
-                    span = len(r.ids) - r.start  # the answer token at i is predicted at i - 1
-                    predicting = row[-span - 1:-1]
-                    if not r.watch or span == 0:
-                        out.append([0.0] * span)
-                        continue
-                    watched = predicting[:, list(r.watch)].logsumexp(-1) - predicting.logsumexp(-1)
-                    out.append(watched.exp().clamp(max=1.0).tolist())
+                for row, members in zip(logits.float(), chunk):
+                    for i in members:
+                        out[i] = watched(row, len(reads[i].ids) - reads[i].start, reads[i].watch)
         return out
 
     def residuals(self, reads: list[Forced], layer: int, position: str = "mean",

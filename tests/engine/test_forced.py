@@ -51,3 +51,32 @@ def test_each_read_is_steered_by_its_own_override_alone(attached):
     same = lambda a, b: torch.allclose(torch.tensor(a), torch.tensor(b), rtol=1e-3, atol=1e-9)  # noqa: E731
     assert same(together[0], alone_steered[0]) and same(together[1], alone_plain[0])
     assert not torch.allclose(torch.tensor(alone_steered[0]), torch.tensor(alone_plain[0]), rtol=0.1, atol=0)
+
+
+def test_same_forward_groups_unsteered_reads_of_the_same_tokens():
+    from millm.engine.scoring import same_forward
+    from millm.steering.core import Override
+
+    steer = Override("s", {SAE_ID: {7: 60.0}})
+    reads = [Forced((1, 2, 3), 1, None, (5,)), Forced((1, 2, 3), 1, None, (6,)), Forced((1, 2, 3), 2, None, (5,)),
+             Forced((1, 2, 3), 1, steer, (5,)), Forced((1, 2, 4), 1, None), Forced((1, 2, 3), 1, steer, (6,)),
+             Forced((1, 2, 3), 1, None)]
+    assert same_forward(reads) == [[0, 1, 6], [2], [3], [4], [5]]
+
+
+def test_unsteered_reads_of_the_same_tokens_each_get_their_own_words(attached):
+    """The screen reads the same answers unsteered for every feature's words: one forward serves them all, and
+    each read still gets its own words' chances."""
+    import torch
+
+    from millm.steering.core import Override
+
+    engine = attached
+    ids = tuple(engine.tokenize(TextPrompt("The weather today is cold and wet, with rain and snow")))
+    watches = [tuple(engine.tokenize(TextPrompt(w, add_special_tokens=False))) for w in (" rain", " snow", " cold")]
+    steer = Override("s", {SAE_ID: {7: 60.0}})
+    together = engine.forced([Forced(ids, 4, None, w) for w in watches] + [Forced(ids, 4, steer, watches[0])])
+    alone = [engine.forced([Forced(ids, 4, None, w)])[0] for w in watches]
+    same = lambda a, b: torch.allclose(torch.tensor(a), torch.tensor(b), rtol=1e-3, atol=1e-9)  # noqa: E731
+    assert all(same(t, a) for t, a in zip(together, alone))
+    assert not same(together[0], together[1]) and not same(together[3], together[0])
