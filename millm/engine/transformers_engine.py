@@ -296,15 +296,18 @@ class TransformersEngine:
         with self._lock, torch.inference_mode():
             for at in range(0, len(groups), batch_size):
                 chunk = groups[at:at + batch_size]
-                heads = [reads[members[0]] for members in chunk]
-                ids, mask = self._left_pad([list(r.ids) for r in heads])
-                keep = max(len(r.ids) - r.start for r in heads) + 1  # left padding: every answer ends at the end
-                with self.steering.each_row([r.override or Override("unsteered", {}) for r in heads]):
-                    logits = self.model(use_cache=False, logits_to_keep=keep, **model_inputs(ids, mask)).logits
-                for row, members in zip(logits.float(), chunk):
+                for row, members in zip(self._forced_logits([reads[m[0]] for m in chunk]), chunk):
                     for i in members:
                         out[i] = watched(row, len(reads[i].ids) - reads[i].start, reads[i].watch)
         return out
+
+    def _forced_logits(self, heads: list[Forced]) -> torch.Tensor:
+        """fp32 logits of one left-padded batch of reads, each steered by its own override, over the positions
+        that predict the longest answer (left padding: every answer ends at the end)."""
+        ids, mask = self._left_pad([list(r.ids) for r in heads])
+        keep = max(len(r.ids) - r.start for r in heads) + 1
+        with self.steering.each_row([r.override or Override("unsteered", {}) for r in heads]):
+            return self.model(use_cache=False, logits_to_keep=keep, **model_inputs(ids, mask)).logits.float()
 
     def residuals(self, reads: list[Forced], layer: int, position: str = "mean",
                   batch_size: int = 16) -> torch.Tensor:
