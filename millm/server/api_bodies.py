@@ -102,32 +102,56 @@ def unknown_fields(schema: dict[str, Any], value: Any, defs: dict[str, Any] | No
     (a schema there is applied to each other field). A value of another kind than the schema's (a list where
     an object belongs, a ``kind`` whose ``const`` differs) is the type check's to refuse, not this one's."""
     defs = schema.get("$defs", {}) if defs is None else defs
+    schema = _branch(_resolved(schema, defs), value, defs)
+    if isinstance(value, dict) and "properties" in schema:
+        return _unknown_properties(schema, value, defs, path)
+    each, children = _members(schema, value)
+    return [f for key, child in children for f in unknown_fields(each, child, defs, (*path, key))]
+
+
+def _members(schema: dict[str, Any], value: Any) -> tuple[dict[str, Any], list[tuple[str, Any]]]:
+    """The schema each member of ``value`` follows (an object's ``additionalProperties``, an array's ``items``)
+    and the members, by key or index; none where the schema gives no such schema."""
+    if isinstance(value, dict) and isinstance(each := schema.get("additionalProperties"), dict):
+        return each, list(value.items())
+    if isinstance(value, list) and isinstance(each := schema.get("items"), dict):
+        return each, [(str(i), c) for i, c in enumerate(value)]
+    return {}, []
+
+
+def _resolved(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
+    """``schema``, or the definition its local ``$ref`` names."""
     ref = schema.get("$ref")
     if isinstance(ref, str) and ref.startswith("#/$defs/"):
-        schema = defs.get(ref.removeprefix("#/$defs/"), {})
+        return defs.get(ref.removeprefix("#/$defs/"), {})
+    return schema
+
+
+def _branch(schema: dict[str, Any], value: Any, defs: dict[str, Any]) -> dict[str, Any]:
+    """Of an ``anyOf``/``oneOf`` schema, the first branch of ``value``'s kind (object, array or other);
+    ``schema`` itself when it has no branches or none fits."""
     for branch in schema.get("anyOf", schema.get("oneOf", ())):
-        resolved = defs.get(branch["$ref"].removeprefix("#/$defs/"), {}) if "$ref" in branch else branch
+        resolved = _resolved(branch, defs)
         if (resolved.get("type") == "object") == isinstance(value, dict) and \
                 (resolved.get("type") == "array") == isinstance(value, list):
-            return unknown_fields(resolved, value, defs, path)
+            return _branch(resolved, value, defs)
+    return schema
+
+
+def _unknown_properties(schema: dict[str, Any], value: dict[str, Any], defs: dict[str, Any],
+                        path: tuple[str, ...]) -> list[str]:
+    """The unknown fields of an object whose schema names its properties."""
+    properties: dict[str, Any] = schema["properties"]
+    if any("const" in properties[k] and properties[k]["const"] != v for k, v in value.items() if k in properties):
+        return []  # a document of another kind: its kind is what is wrong
+    others = schema.get("additionalProperties", False)
     found: list[str] = []
-    if isinstance(value, dict) and "properties" in schema:
-        properties: dict[str, Any] = schema["properties"]
-        if any("const" in properties[k] and properties[k]["const"] != v for k, v in value.items() if k in properties):
-            return []  # a document of another kind: its kind is what is wrong
-        others = schema.get("additionalProperties", False)
-        for key, child in value.items():
-            sub = properties.get(key, others)
-            if sub is False:
-                found.append(".".join((*path, key)))
-            elif isinstance(sub, dict):
-                found += unknown_fields(sub, child, defs, (*path, key))
-    elif isinstance(value, dict) and isinstance(schema.get("additionalProperties"), dict):
-        for key, child in value.items():
-            found += unknown_fields(schema["additionalProperties"], child, defs, (*path, key))
-    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
-        for i, child in enumerate(value):
-            found += unknown_fields(schema["items"], child, defs, (*path, str(i)))
+    for key, child in value.items():
+        sub = properties.get(key, others)
+        if sub is False:
+            found.append(".".join((*path, key)))
+        elif isinstance(sub, dict):
+            found += unknown_fields(sub, child, defs, (*path, key))
     return found
 
 

@@ -165,36 +165,9 @@ async def plan_of(data: dict[str, Any]) -> tuple[Plan, Engine]:
     """The body checked whole, and the engine it runs on: every refusal comes before any model work."""
     method, position = data.get("method", "diffmean"), data.get("position", "mean")
     check_choices(method, position)
-    concepts, positive, negative = (data.get(k) for k in ("concepts", "positive", "negative"))
-    if concepts is not None and (positive is not None or negative is not None):
-        raise InvalidParameter("Give 'concepts', or 'positive' and 'negative', not both.", param="concepts")
-    if concepts is None and (positive is None or negative is None):
-        missing = "negative" if positive is not None else "positive" if negative is not None else "concepts"
-        raise InvalidParameter("Give 'concepts' (words the model writes about), or both 'positive' and 'negative' "
-                               "(example texts).", param=missing)
-    extra: dict[str, Any] = {}
-    texts = None
-    if concepts is not None:
-        words = tuple(_strings(data, "concepts", MAX_CONCEPTS, MAX_CONCEPT_CHARS))
-        if not all(w.strip() for w in words):
-            raise InvalidParameter("'concepts' must not hold a blank word.", param="concepts")
-        negatives = data.get("negatives", "topics")
-        check_negatives(negatives)
-        extra = {"concepts": words, "negatives": negatives,
-                 "count": check_int("examples", data.get("examples", EXAMPLES[2]), low=EXAMPLES[0], high=EXAMPLES[1]),
-                 "tokens": check_int("tokens", data.get("tokens", TOKENS[2]), low=TOKENS[0], high=TOKENS[1]),
-                 "seed": check_int("seed", data.get("seed", 0), low=0, high=SEED_MAX)}
-    else:
-        for key in ("examples", "tokens", "seed", "negatives"):
-            if key in data:
-                raise InvalidParameter(f"'{key}' is for generated examples ('concepts'); the 'positive' and "
-                                       "'negative' texts given are the examples.", param=key)
-        texts = Examples(_strings(data, "positive", MAX_TEXTS, MAX_TEXT_CHARS),
-                         _strings(data, "negative", MAX_TEXTS, MAX_TEXT_CHARS))
-        if method == "pca":
-            for key, side in (("positive", texts.positive), ("negative", texts.negative)):
-                if sum(1 for t in side if t.strip()) < 2:
-                    raise InvalidParameter(f"PCA needs at least 2 non-blank '{key}' texts.", param=key)
+    concepts = check_sources(*(data.get(k) for k in ("concepts", "positive", "negative")))
+    extra = generated_examples(data) if concepts is not None else {}
+    texts = given_examples(data, method) if concepts is None else None
     name = await asyncio.to_thread(catalog.check_new_name, services().steering, data["name"])
     engine = learning_engine()
     target = engine.steering_target()
@@ -203,6 +176,47 @@ async def plan_of(data: dict[str, Any]) -> tuple[Plan, Engine]:
     for at in layers:
         await asyncio.to_thread(catalog.check_new_name, services().steering, set_name(name, at, layers))
     return Plan(name, tuple(layers), method, position, texts=texts, **extra), engine
+
+
+def check_sources(concepts: Any, positive: Any, negative: Any) -> Any:
+    """The examples come from ``concepts`` or from both ``positive`` and ``negative`` texts, one way only;
+    returns ``concepts``."""
+    if concepts is not None and (positive is not None or negative is not None):
+        raise InvalidParameter("Give 'concepts', or 'positive' and 'negative', not both.", param="concepts")
+    if concepts is None and (positive is None or negative is None):
+        missing = "negative" if positive is not None else "positive" if negative is not None else "concepts"
+        raise InvalidParameter("Give 'concepts' (words the model writes about), or both 'positive' and 'negative' "
+                               "(example texts).", param=missing)
+    return concepts
+
+
+def generated_examples(data: dict[str, Any]) -> dict[str, Any]:
+    """A body's asks for examples the model writes (``concepts``), checked: the plan's fields for them."""
+    words = tuple(_strings(data, "concepts", MAX_CONCEPTS, MAX_CONCEPT_CHARS))
+    if not all(w.strip() for w in words):
+        raise InvalidParameter("'concepts' must not hold a blank word.", param="concepts")
+    negatives = data.get("negatives", "topics")
+    check_negatives(negatives)
+    return {"concepts": words, "negatives": negatives,
+            "count": check_int("examples", data.get("examples", EXAMPLES[2]), low=EXAMPLES[0], high=EXAMPLES[1]),
+            "tokens": check_int("tokens", data.get("tokens", TOKENS[2]), low=TOKENS[0], high=TOKENS[1]),
+            "seed": check_int("seed", data.get("seed", 0), low=0, high=SEED_MAX)}
+
+
+def given_examples(data: dict[str, Any], method: str) -> Examples:
+    """A body's ``positive`` and ``negative`` texts, checked (no generation fields beside them; PCA needs two
+    non-blank texts a side)."""
+    for key in ("examples", "tokens", "seed", "negatives"):
+        if key in data:
+            raise InvalidParameter(f"'{key}' is for generated examples ('concepts'); the 'positive' and "
+                                   "'negative' texts given are the examples.", param=key)
+    texts = Examples(_strings(data, "positive", MAX_TEXTS, MAX_TEXT_CHARS),
+                     _strings(data, "negative", MAX_TEXTS, MAX_TEXT_CHARS))
+    if method == "pca":
+        for key, side in (("positive", texts.positive), ("negative", texts.negative)):
+            if sum(1 for t in side if t.strip()) < 2:
+                raise InvalidParameter(f"PCA needs at least 2 non-blank '{key}' texts.", param=key)
+    return texts
 
 
 def layers_of(value: Any, n_layers: int) -> list[int]:
