@@ -12,13 +12,16 @@ lanes never share a delta row.
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from millm.engine.decode.kv import SlotCache
+from millm.engine.decode.prefill import donors
 from millm.engine.decode.rows import Row
+from millm.steering.target import PROMPT_PHASE, applies
 
 if TYPE_CHECKING:
     from millm.engine.decode.scheduler import Job
@@ -41,6 +44,8 @@ class BatchRow:
     filled: int = 0
     next_token: int | None = None
     source: BatchRow | None = None  # n > 1: the row whose prompt KV this one copies instead of prefilling
+    donor: BatchRow | None = None  # a row of its request whose prompt starts alike: it copies its first
+    shared: int = 0  # `shared` positions' KV once the donor has them (millm.engine.decode.prefill.donors)
     generator: torch.Generator | None = None
     guide: Any = None  # a RowGuides of one matcher (response_format), advanced on every token
 
@@ -94,12 +99,41 @@ class Lane:
         return self.rows.get(r.slot) is r
 
     def prefilling(self) -> list[BatchRow]:
-        """The rows still feeding their prompt, by slot (a row copying its prompt's KV never feeds it)."""
-        return sorted((r for r in self.rows.values() if r.source is None and r.filled < len(r.prompt)),
-                      key=lambda r: r.slot)
+        """The rows still feeding their prompt, by slot (a row copying its prompt's KV never feeds it; one
+        waiting for its donor's shared start feeds the rest after it has that)."""
+        return sorted((r for r in self.rows.values()
+                       if r.source is None and r.donor is None and r.filled < len(r.prompt)), key=lambda r: r.slot)
+
+    def hand_on(self) -> None:
+        """Each row waiting on a donor that now holds their shared start gets those positions' KV."""
+        for r in self.rows.values():
+            donor = r.donor
+            if donor is not None and donor.filled >= r.shared:
+                self.cache.copy_prefix(donor.slot, r.slot, r.shared)
+                r.filled, r.donor = r.shared, None
 
     def clones(self, source: BatchRow) -> list[BatchRow]:
         return [r for r in self.rows.values() if r.source is source]
+
+
+def prompt_steering(plan: Plan) -> Hashable | None:
+    """What steers a row's prompt, as a key that is equal for rows whose equal prompt tokens get equal keys and
+    values: none where the scope leaves the prompt unsteered, else the override's values; None (shares with no
+    row) for a row following the live values, which an operator change between two rows' prefills would move."""
+    if not applies(plan.scope, PROMPT_PHASE):
+        return ()
+    if plan.override is None:
+        return None
+    return tuple(sorted((sae, tuple(sorted(values.items()))) for sae, values in plan.override.values.items()))
+
+
+def share_starts(rows: list[BatchRow]) -> None:
+    """Give each of one request's rows whose prompt starts as an earlier one's, steered alike, that row as its
+    donor (``millm.engine.decode.prefill.donors``)."""
+    found = donors([r.prompt for r in rows], [prompt_steering(r.plan) for r in rows])
+    for r, pick in zip(rows, found):
+        if pick is not None:
+            r.donor, r.shared = rows[pick[0]], pick[1]
 
 
 def readers(rows: list[BatchRow], first: int, writes: torch.Tensor, aside: int) -> tuple[Readers, Readers]:

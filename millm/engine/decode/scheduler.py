@@ -42,7 +42,7 @@ import torch
 from millm.engine.decode.admission import BatchSettings, rows_of
 from millm.engine.decode.draw import draw
 from millm.engine.decode.kv import SPAN_STEP, KVShape, SlotCache, span_for
-from millm.engine.decode.lanes import BatchRow, Lane, readers
+from millm.engine.decode.lanes import BatchRow, Lane, readers, share_starts
 from millm.engine.decode.output import ChoiceOutput
 from millm.engine.decode.prefill import choose, inputs
 from millm.engine.decode.rows import Row, emit
@@ -337,17 +337,21 @@ class Scheduler:
                         (clones if first is not None else sources).append(r)
                         first = first or r
                         index += 1
+            config = engine.monitor.config
+            monitored = config.sae if config.enabled and config.sae in engine.steering.attachments else None
+            readout = job.plans[0].readout
+            if monitored is None and readout is None:  # a reader reads every row's prompt in its own forward
+                share_starts(sources)
+            sources.sort(key=lambda r: r.donor is not None)  # donors first: one run of slots prefills them
             for r in sources + clones:
                 lane.take(r)
                 job.rows.append(r)
                 engine.steering.bind_row(lane.first + r.slot, r.plan.override, r.plan.scope)  # each plan its own
             job.send(Steered(engine.steering.label(job.plans[0].override)))
-            config = engine.monitor.config
-            if config.enabled and config.sae in engine.steering.attachments:
+            if monitored is not None:
                 job.session = engine.monitor.session()
-                job.session.sae = engine.steering.attachments[config.sae].sae
-                job.monitored_sae = config.sae
-            readout = job.plans[0].readout
+                job.session.sae = engine.steering.attachments[monitored].sae
+                job.monitored_sae = monitored
             if readout is not None:
                 job.recorder = ReadoutRecorder(readout, engine.steering, engine.token_texts)
         except Exception as exc:  # this request's own setup failed: it ends, the others go on
@@ -393,6 +397,7 @@ class Scheduler:
             return
         for r in rows:
             r.filled += merged.takes[r.slot]
+        lane.hand_on()
         done = [(r, r.slot - merged.first) for r in rows if r.filled == len(r.prompt)]
         if done:
             sampled = [(row, at) for r, at in done for row in self._with_clones(lane, r)]
