@@ -95,18 +95,20 @@ def test_top_p_respects_original_order():
 
 
 def test_top_p_past_the_candidates_sorts_the_row_and_matches_the_exact_set(monkeypatch):
-    """A row whose top-p set is wider than NUCLEUS_CANDIDATES gets its exact set, by a full sort; a row
-    batched with it keeps its own."""
+    """A row whose top-p set is wider than every NUCLEUS_CANDIDATES gets its exact set, by a full sort; one wider
+    than the first but within the second, by the wider search; a row batched with them keeps its own."""
     import torch
 
     from millm.engine.decode import sampling
 
-    monkeypatch.setattr(sampling, "NUCLEUS_CANDIDATES", 4)
+    monkeypatch.setattr(sampling, "NUCLEUS_CANDIDATES", (2, 4))
     flat = torch.zeros(1, 10)  # ten equal tokens: top_p 0.75 needs 8 of them
     sharp = torch.tensor([[9.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]])
+    three = torch.tensor([[5.0, 5.0, 5.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]])  # top_p 0.75: all three, not 2
     assert kept(flat, 0.75) == [set(range(8))]
-    both = kept(torch.cat([flat, sharp]), 0.75)
-    assert both == [set(range(8)), {0}]
+    assert kept(three, 0.75) == [{0, 1, 2}]
+    both = kept(torch.cat([flat, sharp, three]), 0.75)
+    assert both == [set(range(8)), {0}, {0, 1, 2}]
 
 
 def test_a_rows_draws_do_not_depend_on_its_batch(monkeypatch):
@@ -116,7 +118,7 @@ def test_a_rows_draws_do_not_depend_on_its_batch(monkeypatch):
 
     from millm.engine.decode import sampling
 
-    monkeypatch.setattr(sampling, "NUCLEUS_CANDIDATES", 8)
+    monkeypatch.setattr(sampling, "NUCLEUS_CANDIDATES", (4, 8))
     torch.manual_seed(0)
     row = torch.randn(1, 64) * 2
     others = torch.cat([torch.zeros(1, 64), torch.randn(1, 64)])
@@ -215,3 +217,14 @@ def test_a_zero_chance_candidate_is_never_drawn_even_when_the_cumulative_sum_ris
     probs, ids = torch.tensor([[0.5, 0.0, 0.5]]), torch.tensor([[10, 11, 12]])
     just_past_the_first = torch.tensor([0.5000004 / 1.000002])
     assert pick(probs, ids, just_past_the_first).tolist() == [12]
+
+
+def test_a_row_is_unsampleable_with_a_nan_or_plus_infinity_or_nothing_but_minus_infinity():
+    import torch
+
+    from millm.engine.decode.sampling import unsampleable
+
+    inf = float("inf")
+    logits = torch.tensor([[1.0, 2.0, 3.0], [1.0, -inf, 3.0], [-inf, -inf, -inf], [1.0, float("nan"), 0.0],
+                           [inf, 1.0, 0.0], [inf, -inf, 0.0], [3e38, 3e38, 0.0]])  # the last sums past float32
+    assert unsampleable(logits).tolist() == [False, False, True, True, True, True, False]

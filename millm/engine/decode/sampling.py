@@ -38,11 +38,17 @@ def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: 
     penalty and a negative one multiplied by it, so above 1 a seen token is less likely; 1 changes nothing."""
     if not _any(penalty != 1.0):
         return logits
-    p = _column(penalty.to(logits.dtype) if isinstance(penalty, torch.Tensor) else penalty)
-    return torch.where(seen, torch.where(logits > 0, logits / p, logits * p), logits)
+    rows, tokens = seen.nonzero(as_tuple=True)  # a row has seen a few dozen of the vocabulary's tokens
+    p = penalty.to(logits.dtype)[rows] if isinstance(penalty, torch.Tensor) else penalty
+    values = logits[rows, tokens]
+    out = logits.clone()
+    out[rows, tokens] = torch.where(values > 0, values / p, values * p)
+    return out
 
 
-NUCLEUS_CANDIDATES = 1024  # a row's top-p set is looked for among its likeliest tokens first (a full sort costs more)
+# a row's top-p set is looked for among its 64 likeliest tokens, then its 1,024 likeliest (a wider search costs
+# more for every row searched), then by a full sort
+NUCLEUS_CANDIDATES = (64, 1024)
 
 
 def update_counts(counts: torch.Tensor, tokens: torch.Tensor) -> None:
@@ -51,8 +57,14 @@ def update_counts(counts: torch.Tensor, tokens: torch.Tensor) -> None:
 
 
 def unsampleable(logits: torch.Tensor) -> torch.Tensor:
-    """Rows no token can be picked from (``[rows]`` bool): a NaN or +inf logit, or every logit -inf."""
-    return torch.isnan(logits).any(-1) | torch.isposinf(logits).any(-1) | torch.isneginf(logits).all(-1)
+    """Rows no token can be picked from (``[rows]`` bool): a NaN or +inf logit, or every logit -inf. Only rows
+    whose sum is not finite (what any NaN or infinity makes it) are looked at again."""
+    broken = ~torch.isfinite(logits.sum(-1))
+    if bool(broken.any()):
+        rows = torch.nonzero(broken).view(-1)
+        odd = logits[rows]
+        broken[rows] = torch.isnan(odd).any(-1) | torch.isposinf(odd).any(-1) | torch.isneginf(odd).all(-1)
+    return broken
 
 
 FLOAT32_TEMPERATURE = 1e-3  # at or above it, (logits - max) / T stays well inside float32's range
@@ -77,18 +89,26 @@ def nucleus(logits: torch.Tensor, temperature: torch.Tensor,
     ``probs[r, j]`` is the (unnormalised) chance of token ``ids[r, j]``, zero past the row's set.
 
     A restricted row (top_p < 1) keeps the smallest set of its likeliest tokens whose mass reaches top_p (at
-    least one), likeliest first: looked for among its ``NUCLEUS_CANDIDATES`` likeliest, by a full sort only
-    when those hold less. A row with top_p 1 keeps every token, in vocabulary order. So a row's candidates
-    depend on its own logits and parameters alone, never on the rows batched with it."""
+    least one), likeliest first: looked for among its likeliest (``NUCLEUS_CANDIDATES``: a few, then more), by
+    a full sort only when those hold less. A row with top_p 1 keeps every token, in vocabulary order. So a row's
+    candidates depend on its own logits and parameters alone, never on the rows batched with it."""
     values = scaled(logits, temperature)
     rows, vocab = values.shape
     free = top_p >= 1.0
     log_total = torch.logsumexp(values, dim=-1, keepdim=True)
     if bool(free.all()):  # OpenAI's default top_p: nothing to rank
         return torch.exp(values - log_total), torch.arange(vocab, device=values.device).expand(rows, vocab)
-    k = min(NUCLEUS_CANDIDATES, vocab)
+    k = min(NUCLEUS_CANDIDATES[0], vocab)
     ranked, ids = torch.topk(values, k, dim=-1)
     probs = torch.exp(ranked - log_total)
+    for more in NUCLEUS_CANDIDATES[1:]:
+        short = torch.nonzero(~free & (probs.sum(-1) < top_p)).view(-1)
+        if not short.numel() or k >= vocab:
+            break
+        k = min(more, vocab)
+        probs, ids = _widened(probs, k), _widened(ids, k)
+        ranked, ids[short] = torch.topk(values[short], k, dim=-1)
+        probs[short] = torch.exp(ranked - log_total[short])
     wide = free | (probs.sum(-1) < top_p)
     if bool(wide.any()):
         probs = torch.cat([probs, probs.new_zeros(rows, vocab - k)], dim=-1)
@@ -105,6 +125,11 @@ def nucleus(logits: torch.Tensor, temperature: torch.Tensor,
     keep[..., 0] = True
     width = int(keep.sum(-1).max())
     return (probs * keep)[:, :width], ids[:, :width]
+
+
+def _widened(values: torch.Tensor, width: int) -> torch.Tensor:
+    """``values`` (``[rows, w]``) with zeros after each row up to ``width`` columns."""
+    return torch.cat([values, values.new_zeros(values.shape[0], width - values.shape[1])], dim=-1)
 
 
 def pick(probs: torch.Tensor, ids: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
