@@ -14,6 +14,7 @@ import torch
 
 from millm.config import Settings
 from millm.engine.dtypes import load_device, load_dtype
+from millm.engine.packed import pack_linears
 from millm.errors import InsufficientMemory, ModelLoadFailed
 from millm.registry import ModelEntry
 
@@ -135,7 +136,8 @@ def placement(model: Any, free: dict[int, int], reserve: int = 0) -> dict[str, i
 
 def load(entry: ModelEntry, settings: Settings) -> tuple[Any, Any, torch.device, torch.dtype]:
     """Load ``entry`` for the transformers engine, in eval mode on the chosen device; with several CUDA
-    cards and none large enough, split across them by layers."""
+    cards and none large enough, split across them by layers; on the CPU in fp32, its linear layers packed
+    for oneDNN (``millm.engine.packed``)."""
     device = pick_device(settings.device)
     dtype = pick_dtype(settings.dtype, device)
     try:
@@ -153,4 +155,6 @@ def load(entry: ModelEntry, settings: Settings) -> tuple[Any, Any, torch.device,
         device = torch.device(f"cuda:{min(device_map.values())}")
     else:
         model.to(device)
+    if device.type == "cpu" and dtype == torch.float32:
+        pack_linears(model)
     return model.eval(), tokenizer, device, dtype
