@@ -17,7 +17,7 @@ from millm.engine.base import StepControl
 from millm.engine.decode.admission import BatchSettings, fallback_reason
 from millm.engine.events import Delta, Usage
 from millm.errors import InsufficientMemory, InvalidFeatureIndex, NonFiniteLogits
-from tests.support.saes import random_sae
+from tests.support.saes import attached_random, random_sae
 from tests.support.scheduler import alone, drain, plan, submit
 
 if TYPE_CHECKING:
@@ -35,11 +35,8 @@ def scheduler(engine) -> Iterator[Scheduler]:
 
 @pytest.fixture
 def sae(engine) -> Iterator[str]:
-    engine.steering.attach(SAE_ID, random_sae(engine.steering.d_model, 32, seed=3), 10)
-    try:
-        yield SAE_ID
-    finally:
-        engine.steering.detach(SAE_ID)
+    with attached_random(engine, SAE_ID, seed=3) as sae_id:
+        yield sae_id
 
 
 def test_greedy_batch_equals_each_alone(engine, scheduler):

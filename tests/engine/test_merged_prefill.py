@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from millm.engine.decode.admission import BatchSettings
-from tests.support.saes import random_sae
+from tests.support.saes import attached_random
 from tests.support.scheduler import alone, drain, plan, submit
 
 if TYPE_CHECKING:
@@ -77,11 +77,8 @@ def test_a_merged_forward_writes_each_row_only_in_its_own_slot_and_positions():
 
 @pytest.fixture
 def sae(engine) -> Iterator[str]:
-    engine.steering.attach(SAE_ID, random_sae(engine.steering.d_model, 32, seed=5), 10)
-    try:
-        yield SAE_ID
-    finally:
-        engine.steering.detach(SAE_ID)
+    with attached_random(engine, SAE_ID, seed=5) as sae_id:
+        yield sae_id
 
 
 def counting_forwards(scheduler: Scheduler) -> list[tuple[int, int, int]]:

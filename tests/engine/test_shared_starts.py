@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.support.saes import random_sae
+from tests.support.saes import attached_random
 from tests.support.scheduler import alone, plan
 
 SAE_ID = "sae_shared_starts_test"
@@ -59,11 +59,8 @@ def test_the_prompt_steering_key_is_equal_where_the_prompts_kv_is():
 
 @pytest.fixture
 def sae(engine) -> Iterator[str]:
-    engine.steering.attach(SAE_ID, random_sae(engine.steering.d_model, 32, seed=5), 10)
-    try:
-        yield SAE_ID
-    finally:
-        engine.steering.detach(SAE_ID)
+    with attached_random(engine, SAE_ID, seed=5) as sae_id:
+        yield sae_id
 
 
 def prompt_tokens_fed(engine, monkeypatch) -> list[int]:

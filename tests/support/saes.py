@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -25,6 +27,16 @@ def random_sae(d_in: int, d_sae: int, seed: int = 0, architecture: str = "relu",
     threshold = torch.rand(d_sae, generator=g) * 0.1 if architecture == "jumprelu" else None
     return SAE(W_enc=W_dec.T.clone() * 0.5, b_enc=torch.randn(d_sae, generator=g) * 0.01, W_dec=W_dec,
                b_dec=torch.randn(d_in, generator=g) * 0.01, architecture=architecture, threshold=threshold, **kw)
+
+
+@contextmanager
+def attached_random(engine: Any, sae_id: str, seed: int, layer: int = 10, d_sae: int = 32) -> Iterator[str]:
+    """A random SAE attached to ``engine`` at ``layer`` as ``sae_id`` while the block runs."""
+    engine.steering.attach(sae_id, random_sae(engine.steering.d_model, d_sae, seed=seed), layer)
+    try:
+        yield sae_id
+    finally:
+        engine.steering.detach(sae_id)
 
 
 def write_saelens_files(folder: Path, tensors: dict[str, torch.Tensor], cfg: dict) -> Path:
