@@ -340,7 +340,7 @@ class Scheduler:
             config = engine.monitor.config
             monitored = config.sae if config.enabled and config.sae in engine.steering.attachments else None
             readout = job.plans[0].readout
-            if monitored is None and readout is None:  # a reader reads every row's prompt in its own forward
+            if monitored is None and all(p.readout is None for p in job.plans):  # a reader reads each row's prompt
                 share_starts(sources)
             sources.sort(key=lambda r: r.donor is not None)  # donors first: one run of slots prefills them
             for r in sources + clones:
