@@ -8,7 +8,8 @@ for a row whatever rows it is computed beside, which the BLAS path is not for a 
 
 Every forward of the engine (generation, scoring, reads) runs on the packed weights. A dense weight that is
 also another module's (tied input and output embeddings) stays as it is; the others are dropped, and given
-back unpacked to whatever still asks a layer for its ``weight``.
+back unpacked to whatever still asks a layer for its ``weight``. A weight is read once, when it is packed:
+changing a dense weight in place afterwards does not reach the products.
 """
 
 from __future__ import annotations

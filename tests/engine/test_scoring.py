@@ -211,18 +211,18 @@ def test_non_finite_logits_from_the_model(server, engine):
     ids = engine.tokenizer(PROMPT)["input_ids"]
     victim = next(i for i in range(1000, 2000) if i not in ids)
     other = next(i for i in range(2000, 3000) if i not in ids)
-    head = engine.model.get_output_embeddings().weight
-    saved = head[victim].clone()
-    with torch.no_grad():
-        head[victim] = float("nan")
+    # the output layer gives the victim token a NaN logit (its weights are packed on the CPU, so the NaN is
+    # put in its output, not its weight)
+    nan = torch.tensor([victim])
+    handle = engine.model.get_output_embeddings().register_forward_hook(
+        lambda module, args, out: out.index_fill(-1, nan, float("nan")))
     try:
         hit = post(server, "completions", prompt=PROMPT, logprobs=1, allowed_token_ids=[victim, other])
         assert hit.status_code == 500 and hit.json()["error"]["code"] == "non_finite_logits"
         assert post(server, "completions", prompt=PROMPT, logprobs=1).status_code == 500
         assert post(server, "completions", prompt=PROMPT, logprobs=1, allowed_token_ids=[other]).status_code == 200
     finally:
-        with torch.no_grad():
-            head[victim] = saved
+        handle.remove()
 
 
 def test_scoring_is_never_steered_or_monitored(server, engine, tmp_path):
