@@ -37,17 +37,6 @@ def test_zero_penalties_return_logits_untouched():
     assert apply_penalties(logits, torch.ones(2, 5, dtype=torch.int32), 0.0, 0.0) is logits
 
 
-def test_update_counts_per_row():
-    import torch
-
-    from millm.engine.decode.sampling import update_counts
-
-    counts = torch.zeros(2, 4, dtype=torch.int32)
-    update_counts(counts, torch.tensor([1, 3]))
-    update_counts(counts, torch.tensor([1, 0]))
-    assert counts.tolist() == [[0, 2, 0, 0], [1, 0, 0, 1]]
-
-
 def sample(logits: torch.Tensor, temperature: float, top_p: float,
            generator: torch.Generator | None = None) -> torch.Tensor:
     """Every row with the same temperature and top_p."""
@@ -228,3 +217,14 @@ def test_a_row_is_unsampleable_with_a_nan_or_plus_infinity_or_nothing_but_minus_
     logits = torch.tensor([[1.0, 2.0, 3.0], [1.0, -inf, 3.0], [-inf, -inf, -inf], [1.0, float("nan"), 0.0],
                            [inf, 1.0, 0.0], [inf, -inf, 0.0], [3e38, 3e38, 0.0]])  # the last sums past float32
     assert unsampleable(logits).tolist() == [False, False, True, True, True, True, False]
+
+
+def test_counts_record_one_token_for_each_row_named_and_no_other():
+    import torch
+
+    from millm.engine.decode.sampling import update_counts
+
+    counts = torch.zeros(4, 5, dtype=torch.int32)
+    update_counts(counts, torch.tensor([2, 0]), torch.tensor([3, 3]))
+    update_counts(counts, torch.tensor([2]), torch.tensor([3]))
+    assert counts.tolist() == [[0, 0, 0, 1, 0], [0] * 5, [0, 0, 0, 2, 0], [0] * 5]

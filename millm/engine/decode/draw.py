@@ -37,9 +37,10 @@ def draw(rows: list[BatchRow], logits: torch.Tensor, counts: torch.Tensor,
     if any(p.repetition_penalty != 1.0 for p in params):
         logits = apply_repetition_penalty(logits, (counts[slots] > 0) | prompted[slots],
                                           torch.tensor([p.repetition_penalty for p in params], device=device))
-    logits = apply_penalties(logits, counts[slots],
-                             torch.tensor([p.frequency_penalty for p in params], device=device),
-                             torch.tensor([p.presence_penalty for p in params], device=device))
+    if any(p.frequency_penalty != 0.0 or p.presence_penalty != 0.0 for p in params):
+        logits = apply_penalties(logits, counts[slots],
+                                 torch.tensor([p.frequency_penalty for p in params], device=device),
+                                 torch.tensor([p.presence_penalty for p in params], device=device))
     failed = _unsampleable(rows, logits)
     gone = {id(r) for r, _ in failed}
     keep = [i for i, r in enumerate(rows) if id(r) not in gone]
@@ -50,10 +51,7 @@ def draw(rows: list[BatchRow], logits: torch.Tensor, counts: torch.Tensor,
                                device=device)  # float64: a temperature of 1e-40 is not 0
     top_p = torch.tensor([r.row.params.top_p for r in rows], device=device)
     tokens = sample_rows(logits, temperature, top_p, chances(rows, device))
-    slots = [r.slot for r in rows]
-    seen = counts[slots]
-    update_counts(seen, tokens)
-    counts[slots] = seen
+    update_counts(counts, torch.tensor([r.slot for r in rows], device=device), tokens)
     return list(zip(rows, tokens.tolist())), failed
 
 

@@ -51,9 +51,10 @@ def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: 
 NUCLEUS_CANDIDATES = (64, 1024)
 
 
-def update_counts(counts: torch.Tensor, tokens: torch.Tensor) -> None:
-    """Record one newly generated token per row into ``counts`` in place."""
-    counts.scatter_add_(1, tokens.view(-1, 1), torch.ones_like(tokens.view(-1, 1), dtype=counts.dtype))
+def update_counts(counts: torch.Tensor, rows: torch.Tensor, tokens: torch.Tensor) -> None:
+    """Record one newly generated token for each of ``rows`` (``tokens[i]`` for ``rows[i]``) into ``counts``
+    in place."""
+    counts.index_put_((rows, tokens), torch.ones_like(tokens, dtype=counts.dtype), accumulate=True)
 
 
 def unsampleable(logits: torch.Tensor) -> torch.Tensor:
