@@ -59,8 +59,7 @@ def main() -> None:
     control.attach(bundled.id, sae, bundled.layer)
     measure = Measure(engine, NEUTRAL_PROMPTS[:args.prompts], args.seed, args.tokens)
     print(f"{bundled.id} (layer {bundled.layer}): {len(measure.prompts)} prompts, {args.tokens} tokens, "
-          f"seed {args.seed}, strengths {', '.join(f'{s:g}' for s in STRENGTHS)}; "
-          f"unsteered log-prob {measure.plain_logprob:.3f}")
+          f"seed {args.seed}, strengths {', '.join(f'{s:g}' for s in STRENGTHS)}")
     reached = 0
     try:
         for concept in concepts:
@@ -86,6 +85,7 @@ def main() -> None:
                   f"{'' if ok else ' (below the target)'}" + ("" if stored is not None else f"; swept: {rates}"))
     finally:
         control.detach_all()
+    print(f"unsteered log-prob {measure.plain_logprob:.3f} (the unsteered answers ride in the first concept's job)")
     print(f"{reached} of {len(concepts)} reach >= {TARGET_RATE:.0%} inside the fluency bound (-{FLUENCY_BOUND:g} "
           f"nats/token); {time.perf_counter() - started:.0f} s")
 

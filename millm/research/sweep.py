@@ -129,10 +129,10 @@ def run_sweep(measure: Measure, sae_id: str, layer: int, feature: int, label: st
     """``feature`` of ``sae_id`` (attached at ``layer`` on ``measure``'s steering) at each strength, the
     strengths sampled together, then refined at the fluency crossing (:func:`swept_points`)."""
     words = tuple(w.lower() for w in need_words(feature, words))
-    result = SweepResult(sae_id, layer, feature, label, words, len(measure.prompts), measure.tokens, measure.seed,
-                         concept_rate(measure.plain, words), measure.plain_logprob, bound=measure.bound)
-    [result.points] = swept_points(measure, [partial(Case.feature, sae_id, feature, words=words)], strengths)
-    return result
+    [points] = swept_points(measure, [partial(Case.feature, sae_id, feature, words=words)], strengths)
+    # the unsteered answers are read after the points: asked for first, they would be sampled in a job of their own
+    return SweepResult(sae_id, layer, feature, label, words, len(measure.prompts), measure.tokens, measure.seed,
+                       concept_rate(measure.plain, words), measure.plain_logprob, points, bound=measure.bound)
 
 
 def check_sizes(prompts: int, tokens: int) -> None:

@@ -147,6 +147,27 @@ def test_swept_points_adds_strengths_at_the_crossing_in_rounds_sampled_together(
     assert recommend(out[0]) == 40 and out[1] == [point(s, 0.0, -0.01 * s) for s in (20, 40, 60)]
 
 
+class UnsteeredLast(ScriptedMeasure):
+    """A scripted measure that notes when its unsteered answers are read (a real one samples them alone when
+    they are asked for before any case)."""
+
+    prompts, tokens, seed, plain_logprob = ("a", "b"), 8, 0, -2.0
+
+    @property
+    def plain(self):
+        self.asked.append("plain")
+        return ["rain again", "sun"]
+
+
+def test_a_sweep_reads_the_unsteered_answers_after_its_cases_so_they_ride_in_the_first_job():
+    from millm.research.sweep import run_sweep
+
+    measure = UnsteeredLast()
+    result = run_sweep(measure, "sae", 10, 3, "rain", ("rain",), (20, 40))
+    assert measure.asked[0] == [20, 40] and "plain" in measure.asked[1:]
+    assert result.unsteered_rate == 0.5 and result.unsteered_logprob == -2.0 and len(result.points) == 2
+
+
 def test_parse_strengths():
     from millm.research.sweep import parse_strengths
 
