@@ -112,8 +112,7 @@ def nucleus(logits: torch.Tensor, temperature: torch.Tensor,
         probs[short] = torch.exp(ranked - log_total[short])
     wide = free | (probs.sum(-1) < top_p)
     if bool(wide.any()):
-        probs = torch.cat([probs, probs.new_zeros(rows, vocab - k)], dim=-1)
-        ids = torch.cat([ids, ids.new_zeros(rows, vocab - k)], dim=-1)
+        probs, ids = _widened(probs, vocab), _widened(ids, vocab)
         restricted = torch.nonzero(wide & ~free).view(-1)
         if restricted.numel():
             ranked, ids[restricted] = torch.sort(values[restricted], dim=-1, descending=True)
