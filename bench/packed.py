@@ -21,7 +21,7 @@ from millm.engine import load_engine, loader
 from millm.engine.base import Engine
 from millm.engine.events import Delta
 from millm.registry import BUNDLED_ID, resolve
-from millm.research.answers import chat_request
+from millm.research.answers import chat_request, sample_answers
 from millm.research.measure import NEUTRAL_PROMPTS, Measure
 
 
@@ -31,12 +31,8 @@ def rates(engine: Engine, rows: int, tokens: int) -> tuple[dict[str, float], lis
     started = time.perf_counter()
     alone = list(engine.run_all([engine.prepare(chat_request(prompts[0], 0, tokens))]))
     single = sum(isinstance(e, Delta) for e in alone) / (time.perf_counter() - started)
-    plans = [engine.prepare(chat_request(p, i, tokens)) for i, p in enumerate(prompts)]
-    texts = [""] * rows
     started = time.perf_counter()
-    for event in engine.run_all(plans):
-        if isinstance(event, Delta):
-            texts[event.index] += event.text
+    [texts] = sample_answers(engine, prompts, 0, tokens)
     batch = time.perf_counter() - started
     measure = Measure(engine, prompts, 0, tokens)
     started = time.perf_counter()
