@@ -1,7 +1,7 @@
 """Steering methods compared on bench/sweep.py's ten concepts, under one measure (``millm.research.measure``:
 concept rate, prompt-free fluency, relevance, degeneration).
 
-    python bench/steer_methods.py                        # the table: 8 prompts, 32 tokens, 32 + 32 examples
+    python bench/steer_methods.py                        # the table: 10 prompts, 48 tokens, 128 + 128 examples
     python bench/steer_methods.py --concept dog --prompts 4 --tokens 16 --examples 8   # a quick check
     python bench/steer_methods.py --method diffmean --layer 10 --layer 14 --scope all --scope generated
     python bench/steer_methods.py --out methods.png      # and a plot
@@ -32,12 +32,22 @@ from dataclasses import dataclass
 from millm.config import get_settings
 from millm.engine import load_engine
 from millm.registry import BUNDLED_ID, resolve
-from millm.research.measure import FLUENCY_BOUND, NEUTRAL_PROMPTS, SEED, TARGET_RATE, Case, Measure, Point
+from millm.research.measure import (
+    FLUENCY_BOUND,
+    MAX_NEW_TOKENS,
+    NEUTRAL_PROMPTS,
+    SEED,
+    TARGET_RATE,
+    Case,
+    Measure,
+    Point,
+)
 from millm.research.sweep import recommend, run_sweep, swept_points
 from millm.sae.bundled import bundled_saes
 from millm.sae.formats import load_sae
 from millm.sae.labels import LabelIndex
 from millm.steering.scope import SCOPES
+from millm.vectors.files import EXAMPLES
 from millm.vectors.learn import NEGATIVES, generated, learn
 
 SAE = "smollm2-135m-res-L10"
@@ -84,9 +94,9 @@ def together(measure: Measure, names: list[str], concept: str) -> Point | None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--prompts", type=int, default=8, help="first N neutral prompts")
-    parser.add_argument("--tokens", type=int, default=32, help="tokens per answer")
-    parser.add_argument("--examples", type=int, default=32, help="generated examples of each side per vector")
+    parser.add_argument("--prompts", type=int, default=10, help="first N neutral prompts")
+    parser.add_argument("--tokens", type=int, default=MAX_NEW_TOKENS, help="tokens per answer")
+    parser.add_argument("--examples", type=int, default=EXAMPLES, help="generated examples of each side per vector")
     parser.add_argument("--seed", type=int, default=SEED)
     parser.add_argument("--concept", action="append", choices=CONCEPTS, help="only this concept (repeatable)")
     parser.add_argument("--method", action="append", choices=METHODS, help="only this method (repeatable)")

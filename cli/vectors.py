@@ -16,6 +16,7 @@ from cli.common import check_seed, engine_for, err, out, reports_errors, steerab
 from millm.config import get_settings
 from millm.errors import InvalidParameter
 from millm.paths import output_file, user_path
+from millm.vectors.files import EXAMPLES
 
 if TYPE_CHECKING:
     from millm.vectors.files import VectorSet
@@ -42,7 +43,7 @@ def learn(name: Annotated[str, typer.Argument(help="The vector's name (what --st
           negatives: Annotated[str, typer.Option(help="With --concept: topics (the same requests about other "
                                                       "topics) or neutral (answers to everyday prompts).")
                                ] = "topics",
-          examples: Annotated[int, typer.Option(min=2, max=1024, help="Generated examples of each side.")] = 64,
+          examples: Annotated[int, typer.Option(min=2, max=1024, help="Generated examples of each side.")] = EXAMPLES,
           tokens: Annotated[int, typer.Option(min=4, max=256, help="Tokens per generated example.")] = 48,
           seed: Annotated[int, typer.Option(help="Sampling seed of the generated examples.")] = 0,
           model: Annotated[str | None, typer.Option(help="Model (default: the configured one).")] = None) -> None:

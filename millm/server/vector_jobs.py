@@ -21,6 +21,7 @@ from millm.errors import FieldNotHonoured, InvalidParameter, MillmError, ModelNo
 from millm.requests.validation import SEED_MAX, check_int
 from millm.server.state import services
 from millm.vectors import catalog
+from millm.vectors.files import EXAMPLES as DEFAULT_EXAMPLES
 from millm.vectors.files import set_name
 from millm.vectors.learn import (
     EXAMPLE_TOKENS,
@@ -38,7 +39,7 @@ T = TypeVar("T")
 
 JOBS_KEPT = 64  # the job table keeps the newest jobs; a queued or running one is never dropped
 MAX_CONCEPTS, MAX_TEXTS, MAX_TEXT_CHARS, MAX_CONCEPT_CHARS = 64, 1024, 8192, 256
-EXAMPLES = (2, 1024, 64)  # generated examples of each side: low, high, default (the CLI's)
+EXAMPLES = (2, 1024, DEFAULT_EXAMPLES)  # generated examples of each side: low, high, default
 TOKENS = (4, 256, EXAMPLE_TOKENS)  # tokens per generated example
 EXTENSION = "millm.vector_jobs"  # where an app keeps its job table
 

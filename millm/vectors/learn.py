@@ -6,7 +6,13 @@ their paired differences (repeng's PCA), unit norm, signed so the positives proj
 Generated negatives are, by default, the model's answers to the same requests about other topics (as
 AxBench contrasts a concept with other concepts): what the positives share beyond them is the concept, not
 "being asked to write about something". ``neutral`` negatives (answers to everyday prompts) are the other
-choice."""
+choice.
+
+Generated examples are kept by what they say: a positive that never names the concept (a word of it, singular or
+plural, as the sweep's concept rate counts it) does not show it, and a negative that names it is not a negative.
+On the bundled model about a quarter of the answers about "food" never say the word (they are about bread and
+restaurants); a direction learned without them steers answers that name the concept more often
+(docs/vectors.md#ten-concepts)."""
 
 from __future__ import annotations
 
@@ -23,6 +29,7 @@ from millm.engine.params import ChatPrompt, Forced, TextPrompt
 from millm.errors import InvalidParameter
 from millm.research.answers import sample_answers
 from millm.research.measure import NEUTRAL_PROMPTS
+from millm.research.words import mentions
 from millm.vectors.files import METHODS, POSITIONS, VectorSet, set_name
 
 CONTEXT = "Tell me something."  # the user turn every example is read after, positive and negative alike
@@ -81,7 +88,8 @@ def generated(engine: Engine, concepts: Sequence[str], count: int, seed: int, to
     """``count`` answers the model writes when asked about ``concepts`` (round robin over them and
     ``CONCEPT_PROMPTS``) and ``count`` negatives: the same requests about ``OTHER_TOPICS`` (those that name no
     concept word) for ``topics``, or answers to ``NEUTRAL_PROMPTS`` for ``neutral``; unsteered, one engine
-    job. ``finished(n)`` hears each answer end (``n`` of ``2 * count`` so far)."""
+    job, then kept by what they say (:func:`by_mention`). ``finished(n)`` hears each answer end (``n`` of
+    ``2 * count`` so far)."""
     check_negatives(negatives)
     asked = [CONCEPT_PROMPTS[i % len(CONCEPT_PROMPTS)].format(concepts[i % len(concepts)]) for i in range(count)]
     if negatives == "neutral":
@@ -90,7 +98,22 @@ def generated(engine: Engine, concepts: Sequence[str], count: int, seed: int, to
         topics = other_topics(concepts)
         others = [CONCEPT_PROMPTS[i % len(CONCEPT_PROMPTS)].format(topics[i % len(topics)]) for i in range(count)]
     [answers] = sample_answers(engine, asked + others, seed, tokens, finished=finished)
-    return Examples(answers[:count], answers[count:])
+    return by_mention(Examples(answers[:count], answers[count:]), concepts)
+
+
+def by_mention(examples: Examples, concepts: Sequence[str]) -> Examples:
+    """The positives that name a concept and the negatives that name none (``mentions``); a side left with
+    nothing is a 400 naming the concepts."""
+    kept = Examples([t for t in examples.positive if mentions(t, concepts)],
+                    [t for t in examples.negative if not mentions(t, concepts)])
+    if not kept.positive:
+        raise InvalidParameter(f"None of the {len(examples.positive)} answers about {', '.join(concepts)} names it: "
+                               "there is no positive example to learn from (give example texts of both sides, or "
+                               "more examples).", param="concepts")
+    if not kept.negative:
+        raise InvalidParameter(f"Every negative answer names {', '.join(concepts)}: there is no negative example to "
+                               "learn from.", param="concepts")
+    return kept
 
 
 def other_topics(concepts: Sequence[str]) -> list[str]:

@@ -186,14 +186,15 @@ def test_learning_from_concepts_writes_examples_with_the_model(server):
     name = "apiconcept"
     try:
         r = call(server, "POST", "/api/vectors/learn", json={
-            "name": name, "concepts": ["rain"], "examples": 2, "tokens": 8, "seed": 3, "method": "pca",
+            "name": name, "concepts": ["rain"], "examples": 6, "tokens": 16, "seed": 3, "method": "pca",
             "position": "last"})
         assert r.status_code == 202, r.text
         done = wait_job(server, r.json()["id"])
         assert done["status"] == "succeeded", done
         row = listed(server)[name]
         assert (row["method"], row["position"], row["layer"]) == ("pca", "last", 14)  # default_layer(30)
-        assert row["source"] == {"concepts": ["rain"], "seed": 3, "tokens": 8, "negatives": "topics"}
+        assert row["source"] == {"concepts": ["rain"], "seed": 3, "tokens": 16, "negatives": "topics"}
+        assert 2 <= row["examples"]["positive"] <= 6 and 2 <= row["examples"]["negative"] <= 6  # kept by mention
     finally:
         cleanup(server, name)
 

@@ -5,6 +5,7 @@ HTTP."""
 from __future__ import annotations
 
 import json
+import re
 
 import httpx
 import pytest
@@ -25,10 +26,15 @@ def run(*args: object, ok: bool = True):
 
 def test_learn_steer_read_and_remove_a_vector(engine, server):
     learned = run("vectors", "learn", NAME, "--concept", "dog", "--examples", "6", "--tokens", "16", "--layer", "10")
-    assert f"vector set {NAME}: diffmean at layer 10 from 6 + 6 examples" in learned.output
+    # of the 6 answers about dogs, those that name a dog; of the 6 on other topics, those that do not
+    kept = re.search(rf"vector set {NAME}: diffmean at layer 10 from (\d) \+ (\d) examples", learned.output)
+    assert kept is not None, learned.output
+    positive, negative = int(kept[1]), int(kept[2])
+    assert 1 <= positive <= 6 and 1 <= negative <= 6
     [listed] = json.loads(run("vectors", "list", "--json").output)
     assert listed["id"] == NAME and listed["names"] == [NAME] and listed["layer"] == 10
-    assert listed["examples"] == {"positive": 6, "negative": 6} and listed["source"]["concepts"] == ["dog"]
+    assert listed["examples"] == {"positive": positive, "negative": negative}
+    assert listed["source"]["concepts"] == ["dog"]
     assert listed["source"]["negatives"] == "topics"
     assert "norm 1.000" in run("vectors", "show", NAME).output
 

@@ -208,14 +208,16 @@ def test_generated_negatives_are_the_same_requests_about_other_topics(monkeypatc
 
     def answers(engine, prompts, seed, tokens, finished):
         asked.extend(prompts)
-        return [[f"answer {i}" for i in range(len(prompts))]]
+        return [[f"answer {i} on {p.split()[-1]}" for i, p in enumerate(prompts)]]
 
     monkeypatch.setattr(learn, "sample_answers", answers)
     made = generated(None, ["music"], 4, 0)  # type: ignore[arg-type]  # the sampler is replaced
     assert asked[:4] == [p.format("music") for p in CONCEPT_PROMPTS[:4]]
     assert asked[4:] == [p.format(t) for p, t in zip(CONCEPT_PROMPTS[:4], other_topics(["music"]))]
     assert "music" not in other_topics(["music"]) and "the ocean" not in other_topics(["ocean life"])
-    assert made.positive == ["answer 0", "answer 1", "answer 2", "answer 3"] and len(made.negative) == 4
+    # the third answer ends on "paragraph." and never names music: it is no positive (by_mention)
+    assert made.positive == ["answer 0 on music.", "answer 1 on music.", "answer 3 on music?"]
+    assert len(made.negative) == 4
     asked.clear()
     generated(None, ["music"], 2, 0, negatives="neutral")  # type: ignore[arg-type]
     assert asked[2:] == list(NEUTRAL_PROMPTS[:2])
@@ -224,12 +226,30 @@ def test_generated_negatives_are_the_same_requests_about_other_topics(monkeypatc
     assert raised.value.param == "negatives"
 
 
+def test_generated_examples_are_kept_by_whether_they_name_the_concept():
+    """A positive that never names the concept does not show it; a negative that names it is no negative (the
+    words as the sweep's concept rate counts them: singular or plural, whole words)."""
+    from millm.vectors.learn import Examples, by_mention
+
+    made = Examples(["Dogs bark.", "A puppy sleeps.", "my dog", "hotdogs"], ["Cats purr.", "a dog too", "Fish swim."])
+    kept = by_mention(made, ["dog"])
+    assert kept == Examples(["Dogs bark.", "my dog"], ["Cats purr.", "Fish swim."])
+    assert by_mention(made, ["dog", "puppy"]).positive == ["Dogs bark.", "A puppy sleeps.", "my dog"]
+    with pytest.raises(InvalidParameter, match="None of the 4 answers about cat names it") as raised:
+        by_mention(made, ["cat"])
+    assert raised.value.param == "concepts"
+    with pytest.raises(InvalidParameter, match="Every negative answer names"):
+        by_mention(Examples(["a dog"], ["dogs", "a dog"]), ["dog"])
+
+
 def test_generated_reports_each_answer_as_it_ends():
     """The progress a learn shows (a bar in the CLI, the job's progress over HTTP): one report per answer."""
     from millm.vectors.learn import generated
     from tests.support.fakes import FakeEngine
 
     heard: list[int] = []
-    made = generated(FakeEngine(steerable=True), ["music"], 3, 0, tokens=4, finished=heard.append)  # type: ignore[arg-type]
+    # the fake answers its one script ("Hello from the fake engine. ...") to everything, so the negatives name
+    # "engine" as the positives do: all six answers are written and reported, then the negatives are refused
+    with pytest.raises(InvalidParameter, match="Every negative answer names"):
+        generated(FakeEngine(steerable=True), ["engine"], 3, 0, tokens=64, finished=heard.append)  # type: ignore[arg-type]
     assert heard == [1, 2, 3, 4, 5, 6]
-    assert len(made.positive) == len(made.negative) == 3 and all(made.positive)
