@@ -47,7 +47,7 @@ from millm.sae.bundled import bundled_saes
 from millm.sae.formats import load_sae
 from millm.sae.labels import LabelIndex
 from millm.steering.scope import SCOPES
-from millm.vectors.files import EXAMPLES
+from millm.vectors import EXAMPLES
 from millm.vectors.learn import NEGATIVES, generated, learn
 
 SAE = "smollm2-135m-res-L10"

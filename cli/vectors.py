@@ -16,7 +16,7 @@ from cli.common import check_seed, engine_for, err, out, reports_errors, steerab
 from millm.config import get_settings
 from millm.errors import InvalidParameter
 from millm.paths import output_file, user_path
-from millm.vectors.files import EXAMPLES
+from millm.vectors import EXAMPLES
 
 if TYPE_CHECKING:
     from millm.vectors.files import VectorSet

@@ -20,8 +20,8 @@ from millm.engine.base import Engine
 from millm.errors import FieldNotHonoured, InvalidParameter, MillmError, ModelNotLoaded
 from millm.requests.validation import SEED_MAX, check_int
 from millm.server.state import services
+from millm.vectors import EXAMPLES as DEFAULT_EXAMPLES
 from millm.vectors import catalog
-from millm.vectors.files import EXAMPLES as DEFAULT_EXAMPLES
 from millm.vectors.files import set_name
 from millm.vectors.learn import (
     EXAMPLE_TOKENS,

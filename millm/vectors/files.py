@@ -28,7 +28,6 @@ FORMAT = "millm-vectors"
 META_FILE, WEIGHTS_FILE, LABELS_FILE = "vectors.json", "vectors.safetensors", "labels.json"
 METHODS = ("diffmean", "pca")
 POSITIONS = ("mean", "last")
-EXAMPLES = 128  # generated examples of each side by default (64 left a direction's split halves at cosine 0.7-0.8)
 
 
 def set_name(name: str, layer: int, layers: Sequence[int]) -> str:
