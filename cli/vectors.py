@@ -54,6 +54,7 @@ def learn(name: Annotated[str, typer.Argument(help="The vector's name (what --st
     from millm.vectors.learn import (
         Examples,
         check_choices,
+        check_concepts,
         check_negatives,
         default_layer,
         generated,
@@ -71,9 +72,12 @@ def learn(name: Annotated[str, typer.Argument(help="The vector's name (what --st
         raise InvalidParameter("Give --concept, or --positive and --negative, not both.", param="concept")
     if not concept and not (positive and negative):
         raise InvalidParameter("Give --concept WORD, or both --positive FILE and --negative FILE.", param="concept")
+    if concept:
+        check_concepts(concept, "concept")
     files = None
     if positive and negative:
-        files = Examples(read_file(user_path(positive), "positive"), read_file(user_path(negative), "negative"))
+        files = Examples(read_file(user_path(positive), "positive", positive),
+                         read_file(user_path(negative), "negative", negative))
     engine = engine_for(model)
     n_layers = steerable(engine).steering.n_layers
     layers = parse_layers(layer, n_layers) if layer else [default_layer(n_layers)]  # before the examples
@@ -111,7 +115,8 @@ def learn(name: Annotated[str, typer.Argument(help="The vector's name (what --st
 @vectors_app.command("list")
 @reports_errors
 def list_sets(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
-    """The vector sets stored and registered."""
+    """The vector sets stored and registered, from the registry: a set whose files are damaged or gone is listed
+    as unreadable, with why (``millm vectors rm`` removes it)."""
     from millm.vectors import catalog
 
     sets = catalog.vector_sets(steering_service())
@@ -120,9 +125,13 @@ def list_sets(as_json: Annotated[bool, typer.Option("--json", help="Print JSON."
         return
     table = Table("name", "vectors", "layer", "model", "method", "examples")
     for s in sets:
-        table.add_row(s["id"], ", ".join(s["names"]), str(s["layer"]), s["model"], s["method"],
+        table.add_row(s["id"], ", ".join(s["names"]), str(s["layer"]), s["model"],
+                      s["method"] if s["readable"] else "[red]unreadable[/]",
                       f"{s['examples'].get('positive', 0)} + {s['examples'].get('negative', 0)}")
     out.print(table)
+    for s in sets:
+        if not s["readable"]:
+            err.print(f"{s['id']}: unreadable: {s['problem']}", markup=False, highlight=False)
 
 
 @vectors_app.command("show")
@@ -234,8 +243,8 @@ def import_file(file: Annotated[Path, typer.Argument(help="A llama.cpp control-v
     service = steering_service()
     engine = engine_for(model)
     steering = steerable(engine).steering
-    cv = gguf.read(path, steering.n_layers, steering.d_model)
-    sets = gguf.imported_sets(cv, path, name, engine.model_id, layer)
+    cv = gguf.read(path, steering.n_layers, steering.d_model, file)  # refusals name the file as given
+    sets = gguf.imported_sets(cv, file, name, engine.model_id, layer)
     catalog.store_all(service, get_settings().home, sets)
     for vs in sets:
         out.print(f"vector set {vs.names[0]}: direction.{vs.layer} of {path} (norm {vs.source['norm']:.3f}); steer "

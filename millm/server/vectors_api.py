@@ -57,9 +57,11 @@ def describe(record: dict[str, Any], vs: VectorSet) -> dict[str, Any]:
 # vector sets
 @bp.get("")
 async def list_vectors() -> Any:
-    """Stored vector sets: name, vector names, layer, model, method, examples, and where each is attached."""
+    """Stored vector sets: name, vector names, layer, model, method, examples, and where each is attached; listed
+    from the registry, so a set whose files are damaged or gone is listed too, ``readable`` false and its
+    ``problem`` said (it can still be deleted)."""
     svc = services().steering
-    sets = await asyncio.to_thread(catalog.vector_sets, svc)  # each record with its file's meta
+    sets = await asyncio.to_thread(catalog.vector_sets, svc)  # each record with its vectors.json's meta
     target = steerable()
     return {"data": [svc.view(s, target) for s in sets]}
 
@@ -144,25 +146,33 @@ UNREADABLE = "'path' is not a readable vector-set folder or llama.cpp control-ve
 
 def locate(path: Path) -> tuple[Path, str]:
     """What ``path`` is: a vector-set ``folder`` or a ``gguf`` file. A missing path and an unreadable one answer
-    alike, so the route tells nothing about the server's files."""
-    resolved = user_path(path).resolve()
+    alike (a symlink loop too), so the route tells nothing about the server's files."""
     try:
+        resolved = user_path(path).resolve()
         if resolved.is_dir() and files.is_vector_set(resolved):
             return resolved, "folder"
         if resolved.is_file() and resolved.suffix.lower() == ".gguf":
             return resolved, "gguf"
-    except OSError:
+    except (OSError, RuntimeError, ValueError):  # Python 3.11's resolve() raises RuntimeError on a symlink loop
         pass
     raise InvalidParameter(UNREADABLE + ".", param="path")
 
 
-def read_folder(folder: Path, name: str, layer: int | None) -> list[VectorSet]:
-    """The set in a vector-set folder, under ``name``; ``layer``, if given, must be the one it records."""
-    try:
-        vs = files.load(folder)
-    except InvalidParameter as exc:
-        log.info("POST /api/vectors/import refused %s: %s", folder, exc.message)
-        raise InvalidParameter(UNREADABLE + ".", param="path") from None
+def read_folder(folder: Path, given: str, name: str, layer: int | None,
+                target: SteeringTarget | None) -> list[VectorSet]:
+    """The set in a vector-set folder, under ``name``, held to the rules every set passes (``files.load``; a
+    refusal names the file under ``given``, the path as the client gave it, and the key); ``layer``, if given,
+    must be the one it records. With a model loaded, a set of that model (or of none named) must fit it: a
+    layer it has and its width."""
+    model = target.model_id if target is not None else None
+    vs = files.load(folder, given, "path")
+    if target is not None and vs.model in ("", model):
+        where = files.shown_file(given, files.META_FILE)
+        files.check_layer(vs.layer, f"{where}: key 'layer'", "path", target.steering.n_layers)
+        if vs.d_model != target.steering.d_model:
+            raise InvalidParameter(f"{files.shown_file(given, files.WEIGHTS_FILE)}: tensor 'vectors' is "
+                                   f"{vs.d_model} wide; the loaded model '{model}' is {target.steering.d_model}.",
+                                   param="path")
     if layer is not None and layer != vs.layer:
         raise InvalidParameter(f"The vector set at 'path' was learned at layer {vs.layer}; 'layer' picks a layer of "
                                "a GGUF control vector (attach the set elsewhere with POST "
@@ -170,17 +180,12 @@ def read_folder(folder: Path, name: str, layer: int | None) -> list[VectorSet]:
     return [renamed(vs, name)]
 
 
-def read_gguf(file: Path, name: str, layer: int | None, target: SteeringTarget) -> list[VectorSet]:
+def read_gguf(file: Path, given: str, name: str, layer: int | None, target: SteeringTarget) -> list[VectorSet]:
     """A control-vector file's directions, checked against the loaded model: the set ``name`` (its one layer,
-    or the one ``layer`` picks), else one set ``name-L{layer}`` per layer it holds."""
-    n_layers, d_model = target.steering.n_layers, target.steering.d_model
-    try:
-        cv = gguf.read(file, n_layers, d_model)
-    except InvalidParameter as exc:
-        log.info("POST /api/vectors/import refused %s: %s", file, exc.message)
-        raise InvalidParameter(f"{UNREADABLE}, or it does not fit the loaded model '{target.model_id}' (d_model "
-                               f"{d_model}, directions at layers 1-{n_layers - 1}).", param="path") from None
-    return gguf.imported_sets(cv, file, name, target.model_id, layer)
+    or the one ``layer`` picks), else one set ``name-L{layer}`` per layer it holds. Refusals name the file as
+    ``given`` and the tensor."""
+    cv = gguf.read(file, target.steering.n_layers, target.steering.d_model, given, "path")
+    return gguf.imported_sets(cv, given, name, target.model_id, layer)
 
 
 @bp.post("/import")
@@ -190,19 +195,23 @@ async def import_vectors() -> Any:
     ``path`` is a miLLM vector-set folder or a llama.cpp control-vector GGUF on the server; either is stored
     as a copy under MILLM_HOME/vectors (a taken name is a 400, as for learning; all or nothing). A GGUF is
     checked against the loaded model; one direction per layer is one set: ``name`` for a file of one layer
-    or the layer ``layer`` picks, else ``name-L{layer}`` for each."""
+    or the layer ``layer`` picks, else ``name-L{layer}`` for each. Every set is held to the rules learned ones
+    are (docs/vectors.md): a malformed one is a 400 naming the file, as ``path`` gave it, and the key, and
+    nothing is stored."""
     data = await body()
     path, layer = data["path"], data.get("layer")
+    if layer is not None:  # the schema took an integer; JSON's 1.0 is one too
+        layer = files.check_layer(int(layer) if isinstance(layer, float) else layer, "'layer'", "layer")
     if not path or "\0" in path:
         raise InvalidParameter(UNREADABLE + ".", param="path")
     svc = services()
     name = await asyncio.to_thread(catalog.check_new_name, svc.steering, data["name"])
     found, kind = await asyncio.to_thread(locate, Path(path))
     if kind == "folder":
-        sets = await asyncio.to_thread(read_folder, found, name, layer)
+        sets = await asyncio.to_thread(read_folder, found, path, name, layer, steerable())
         records = [await asyncio.to_thread(catalog.store, svc.steering, svc.settings.home, sets[0])]
     else:
-        sets = await asyncio.to_thread(read_gguf, found, name, layer, api.engine())
+        sets = await asyncio.to_thread(read_gguf, found, path, name, layer, api.engine())
         records = await asyncio.to_thread(catalog.store_all, svc.steering, svc.settings.home, sets)
     return {"data": [describe(r, vs) for r, vs in zip(records, sets, strict=True)]}, 201
 

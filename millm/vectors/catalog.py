@@ -67,25 +67,46 @@ def store_all(service: SteeringService, home: Path, sets: list[VectorSet]) -> li
 
 
 def vector_sets(service: SteeringService) -> list[dict[str, Any]]:
-    """The registered vector sets, each with its file's description."""
-    out = []
-    for record in service.store.saes():
-        if record["format"] == "vectors":
-            vs = files.load(Path(record["path"]))
-            out.append({**record, **{k: v for k, v in vs.meta().items() if k not in ("format", "version")}})
-    return out
+    """The registered vector sets, from the registry, each with its ``vectors.json`` description when that reads
+    (``readable``); a damaged or removed set is listed from its record, ``readable`` false and its ``problem``
+    said, so one set's files never hide the others. No vectors are loaded."""
+    return [listed(service, record) for record in service.store.saes() if record["format"] == "vectors"]
+
+
+def listed(service: SteeringService, record: dict[str, Any]) -> dict[str, Any]:
+    """One set as listings show it: its record, the names, layer and model the registry keeps, and what its
+    ``vectors.json`` says when it reads (``files.read_meta``: the file checked, the tensor's header too)."""
+    labels = service.store.label_map(record["id"])
+    row: dict[str, Any] = {**record, "names": [labels[i] for i in sorted(labels)],
+                           "layer": record["layer_hint"], "model": record["model_hint"] or "",
+                           "d_model": record["d_in"], "method": "", "position": "", "examples": {}, "sha256": "",
+                           "source": {}, "readable": True, "problem": None}
+    try:
+        meta = files.read_meta(Path(record["path"]))
+    except InvalidParameter as exc:
+        return {**row, "readable": False, "problem": exc.message}
+    return {**row, **{k: list(v) if k == "names" else v for k, v in meta.items()}}
 
 
 def vector_set(service: SteeringService, name: str) -> tuple[dict[str, Any], VectorSet]:
-    record = service.store.sae(name)
-    if record is None or record["format"] != "vectors":
-        raise SAENotFound(f"No vector set is named '{name}'; see `millm vectors list`.", param="name")
+    """The set ``name``'s record and its files, loaded (a 404 when no set has the name, a 400 naming the file
+    when they do not read)."""
+    record = record_of(service, name)
     return record, files.load(Path(record["path"]))
 
 
+def record_of(service: SteeringService, name: str) -> dict[str, Any]:
+    """The registry record of the vector set ``name``; a 404 when there is none (an SAE's name included)."""
+    record = service.store.sae(name)
+    if record is None or record["format"] != "vectors":
+        raise SAENotFound(f"No vector set is named '{name}'; see `millm vectors list`.", param="name")
+    return record
+
+
 def remove(service: SteeringService, home: Path, name: str) -> None:
-    """Unregister the set and delete its folder (when it is miLLM's own, under MILLM_HOME)."""
-    record, _ = vector_set(service, name)
+    """Unregister the set and delete its folder (when it is miLLM's own, under MILLM_HOME), from its record
+    alone: a set whose files are damaged or gone is removed as any other."""
+    record = record_of(service, name)
     service.store.delete_sae(name)
     folder = Path(record["path"])
     if folder.parent == (home / "vectors").resolve() or folder.parent == home / "vectors":

@@ -7,15 +7,26 @@ transpose, no biases), a vector set is registered, attached, steered and read by
 SAE (profiles, clusters, circuits, the dial, the TUI, batch files, the management API, GGUF control
 vectors): strength s adds s times the unit vector, as it adds s times a feature's decoder row, and its
 "activation" is the residual's projection on it.
+
+Every set passes the same rules on its way in, however it comes (learned, a folder, a GGUF control vector):
+``check_names`` (each vector's name by the naming rule, once each), ``check_layer`` (an integer, or ASCII
+digits, from 0 to below the model's layer count, or ``LAYERS_MAX`` when no model says), ``unit_rows`` (finite,
+non-zero, stored at unit norm: a row of another norm is scaled to 1, its norm taken in float64 so no finite
+float32 direction overflows). ``checked`` applies all three to a set in memory; ``load`` applies them to a
+folder's files, and ``save`` to whatever it writes. A refusal is a 400 naming the file (as the client gave
+it) and the key, never the file's contents.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
+import stat
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +34,21 @@ import torch
 
 from millm.errors import InvalidParameter
 from millm.sae.model import SAE
+from millm.steering.names import NAME_RULE, name_problem
 
 FORMAT = "millm-vectors"
 META_FILE, WEIGHTS_FILE, LABELS_FILE = "vectors.json", "vectors.safetensors", "labels.json"
 METHODS = ("diffmean", "pca")
 POSITIONS = ("mean", "last")
+LAYERS_MAX = 1024  # the layer bound when no model gives one (the deepest open models have under 200 layers)
+META_MAX_BYTES = 2**20  # vectors.json
+WEIGHTS_MAX_BYTES = 256 * 2**20  # vectors.safetensors, or a control-vector GGUF: 4096 vectors of width 16384
+HEADER_MAX_BYTES = 2**20  # a safetensors JSON header (one tensor's is under 200 bytes)
+TEXT_MAX_CHARS = 256  # a model id, method or hash in vectors.json
+COUNT_MAX = 2**31 - 1  # an example count in vectors.json
+FLOAT_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+DIGITS = re.compile(r"[0-9]{1,9}")  # a layer written as text: ASCII digits only ('٣', '５', '+3', '1_0' are not)
+UNIT_TOLERANCE = 1e-6  # a row this close to unit norm is kept bit for bit
 
 
 def set_name(name: str, layer: int, layers: Sequence[int]) -> str:
@@ -65,10 +86,110 @@ class VectorSet:
                    b_dec=torch.zeros(self.d_model), architecture="linear", apply_b_dec_to_input=False)
 
 
+# the rules every set passes on its way in
+def check_names(names: object, where: str, param: str) -> tuple[str, ...]:
+    """The vectors' names (the first is the set's, the others label its other vectors): a non-empty list of names
+    by the naming rule, no two alike (ignoring case: ``--steer NAME=S`` must mean one vector)."""
+    if not isinstance(names, (list, tuple)) or not names:
+        raise InvalidParameter(f"{where} must be a non-empty list of names.", param=param)
+    seen: set[str] = set()
+    for i, name in enumerate(names):
+        if name_problem(name) is not None:
+            raise InvalidParameter(f"{where}[{i}] must be a name of {NAME_RULE}.", param=param)
+        if name.casefold() in seen:
+            raise InvalidParameter(f"{where}[{i}] names a vector named before it.", param=param)
+        seen.add(name.casefold())
+    return tuple(names)
+
+
+def parse_layer(text: str) -> int | None:
+    """A layer written as text (a tensor name's suffix, a ``--layer`` part): ASCII digits, else None."""
+    return int(text) if DIGITS.fullmatch(text) else None
+
+
+def check_layer(layer: object, where: str, param: str, n_layers: int | None = None) -> int:
+    """``layer`` when it is an integer (not a boolean) from 0 to below ``n_layers`` (``LAYERS_MAX`` when no model
+    gives one); else a 400 naming ``where``."""
+    bound = LAYERS_MAX if n_layers is None else n_layers
+    if isinstance(layer, bool) or not isinstance(layer, int) or layer < 0:
+        raise InvalidParameter(f"{where} must be a layer: an integer from 0 to {bound - 1}.", param=param)
+    if layer >= bound:
+        last = "the model's last layer" if n_layers is not None else "the last layer a set may name"
+        raise InvalidParameter(f"{where} is past {last} ({bound - 1}).", param=param)
+    return layer
+
+
+def unit_rows(vectors: torch.Tensor, where: str, param: str, rows: int | None = None) -> torch.Tensor:
+    """``vectors`` (``[rows, d_model]``, floating point) as float32 unit rows: every value finite and no row zero
+    (a zero row has no direction; a NaN or infinite one steers every answer into non-finite logits). A row's
+    norm is taken in float64 after scaling by its largest value, so no finite direction overflows; a row
+    within ``UNIT_TOLERANCE`` of unit norm is kept as it is."""
+    if not vectors.is_floating_point() or vectors.ndim != 2 or vectors.shape[1] < 1 \
+            or (rows is not None and vectors.shape[0] != rows) or vectors.shape[0] < 1:
+        want = f"{rows} " if rows is not None else ""
+        raise InvalidParameter(f"{where} must hold {want}floating-point vectors (a [vectors, d_model] matrix), "
+                               f"not a {vectors.dtype} tensor of shape {list(vectors.shape)}.", param=param)
+    wide = vectors.detach().cpu().to(torch.float64)
+    if not bool(torch.isfinite(wide).all()):
+        raise InvalidParameter(f"{where} holds values that are not finite (NaN or infinite).", param=param)
+    scale = wide.abs().amax(dim=1, keepdim=True)
+    zero = (scale[:, 0] == 0).nonzero()
+    if len(zero):
+        row = f" row {int(zero[0])}" if len(vectors) > 1 else ""
+        raise InvalidParameter(f"{where}{row} has no direction (all zeros).", param=param)
+    norms = scale * (wide / scale).norm(dim=1, keepdim=True)
+    if bool(((norms - 1).abs() <= UNIT_TOLERANCE).all()) and vectors.dtype == torch.float32:
+        return vectors.detach().cpu().contiguous()
+    return (wide / norms).to(torch.float32)
+
+
+def checked(vs: VectorSet, where: str, param: str, n_layers: int | None = None) -> VectorSet:
+    """``vs`` by the rules every set passes (names, layer, finite non-zero vectors), at unit norm."""
+    names = check_names(list(vs.names), f"{where} 'names'", param)
+    check_layer(vs.layer, f"{where} 'layer'", param, n_layers)
+    return replace(vs, vectors=unit_rows(vs.vectors, f"{where} 'vectors'", param, rows=len(names)))
+
+
+# files
+def regular_file(path: Path, shown: str, limit: int, param: str) -> int:
+    """The size of ``path`` when it is a regular file of at most ``limit`` bytes; else a 400 naming ``shown`` (the
+    path as the client gave it). Nothing else is opened: a FIFO blocks its reader until a writer comes, and
+    ``/dev/zero`` never ends."""
+    try:
+        info = path.stat()
+    except (OSError, ValueError) as exc:  # no such file, a symlink loop, a name too long, a NUL in it
+        if not isinstance(exc, OSError) or exc.errno in (errno.ENOENT, errno.ENOTDIR):
+            raise InvalidParameter(f"{shown}: no such file.", param=param) from None
+        raise InvalidParameter(f"{shown}: cannot be read ({exc.strerror}).", param=param) from None
+    if not stat.S_ISREG(info.st_mode):
+        kind = "a folder" if stat.S_ISDIR(info.st_mode) else "a FIFO" if stat.S_ISFIFO(info.st_mode) else \
+            "a device or socket"
+        raise InvalidParameter(f"{shown}: is {kind}, not a regular file.", param=param)
+    if info.st_size > limit:
+        raise InvalidParameter(f"{shown}: holds {info.st_size} bytes; at most {limit} are read.", param=param)
+    return info.st_size
+
+
+def read_capped(path: Path, shown: str, limit: int, param: str) -> bytes:
+    """The bytes of the regular file ``path`` (``regular_file``), never more than ``limit`` of them (a file that
+    grows while read is refused too)."""
+    regular_file(path, shown, limit, param)
+    try:
+        with path.open("rb") as f:
+            data = f.read(limit + 1)
+    except OSError as exc:
+        raise InvalidParameter(f"{shown}: cannot be read ({exc.strerror}).", param=param) from None
+    if len(data) > limit:
+        raise InvalidParameter(f"{shown}: holds more than {limit} bytes.", param=param)
+    return data
+
+
 def save(folder: Path, vs: VectorSet) -> None:
-    """Write the set's folder whole or not at all: written beside it, then renamed into place."""
+    """Write the set's folder whole or not at all: written beside it, then renamed into place. The set is held to
+    the rules every set passes first (``checked``): nothing is written for one that breaks them."""
     from safetensors.torch import save_file
 
+    vs = checked(vs, f"vector set {folder.name}", "name")
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
     save_file({"vectors": vs.vectors.float().contiguous()}, str(staging / WEIGHTS_FILE))
@@ -81,21 +202,110 @@ def is_vector_set(folder: Path) -> bool:
     return (folder / META_FILE).is_file() and (folder / WEIGHTS_FILE).is_file()
 
 
-def load(folder: Path) -> VectorSet:
-    """The set in ``folder``; a malformed one is a 400 naming the file and what is wrong."""
-    from safetensors.torch import load_file
+def shown_file(shown: str | Path, name: str) -> str:
+    """The file ``name`` of the folder the client named ``shown``, as refusals name it."""
+    return str(Path(shown) / name)
 
-    where = folder / META_FILE
+
+def read_meta(folder: Path, shown: str | Path | None = None, param: str = "path",
+              n_layers: int | None = None) -> dict[str, Any]:
+    """The set's ``vectors.json``, every key checked, with ``d_model`` from ``vectors.safetensors``'s header
+    (which must hold the ``vectors`` its names count); no tensor is read. ``shown`` is the folder as refusals
+    name it (default: ``folder``)."""
+    shown = folder if shown is None else shown
+    where = shown_file(shown, META_FILE)
+    raw = read_capped(folder / META_FILE, where, META_MAX_BYTES, param)
     try:
-        meta = json.loads(where.read_text())
-        vectors = load_file(str(folder / WEIGHTS_FILE))["vectors"]
-    except (OSError, ValueError, KeyError) as exc:
-        raise InvalidParameter(f"{where.parent}: not a readable vector set ({exc}).", param="path") from None
-    names, layer = meta.get("names"), meta.get("layer")
-    if meta.get("format") != FORMAT or not isinstance(names, list) or not isinstance(layer, int) \
-            or vectors.ndim != 2 or vectors.shape[0] != len(names):
-        raise InvalidParameter(f"{where}: not a {FORMAT} file of {vectors.shape[0]} vectors with their names and "
-                               "layer.", param="path")
-    return VectorSet(tuple(str(n) for n in names), vectors.float(), layer, str(meta.get("model") or ""),
-                     str(meta.get("method") or ""), str(meta.get("position") or "mean"),
-                     dict(meta.get("examples") or {}), str(meta.get("sha256") or ""), dict(meta.get("source") or {}))
+        meta = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise InvalidParameter(f"{where}: is not UTF-8 text.", param=param) from None
+    except json.JSONDecodeError as exc:
+        raise InvalidParameter(f"{where}: is not JSON (line {exc.lineno}, column {exc.colno}).", param=param) \
+            from None
+    except RecursionError:
+        raise InvalidParameter(f"{where}: nests too deep to read.", param=param) from None
+    if not isinstance(meta, dict):
+        raise InvalidParameter(f"{where}: must hold a JSON object, not {type(meta).__name__}.", param=param)
+    key = f"{where}: key"
+    if meta.get("format") != FORMAT:
+        raise InvalidParameter(f"{key} 'format' must be {FORMAT!r}: not a miLLM vector set.", param=param)
+    if meta.get("version", 1) != 1 or isinstance(meta.get("version"), bool):
+        raise InvalidParameter(f"{key} 'version' must be 1.", param=param)
+    names = check_names(meta.get("names"), f"{key} 'names'", param)
+    out: dict[str, Any] = {"names": names, "layer": check_layer(meta.get("layer"), f"{key} 'layer'", param, n_layers)}
+    for text in ("model", "method", "sha256"):
+        value = meta.get(text, "")
+        if not isinstance(value, str) or len(value) > TEXT_MAX_CHARS:
+            raise InvalidParameter(f"{key} '{text}' must be a string of at most {TEXT_MAX_CHARS} characters.",
+                                   param=param)
+        out[text] = value
+    out["position"] = meta.get("position", "mean")
+    if out["position"] not in POSITIONS:
+        raise InvalidParameter(f"{key} 'position' must be one of {', '.join(POSITIONS)}.", param=param)
+    out["examples"] = meta.get("examples", {})
+    if not isinstance(out["examples"], dict) or not all(
+            k in ("positive", "negative") and not isinstance(v, bool) and isinstance(v, int) and 0 <= v <= COUNT_MAX
+            for k, v in out["examples"].items()):
+        raise InvalidParameter(f"{key} 'examples' must be an object of 'positive' and 'negative' counts.",
+                               param=param)
+    out["source"] = meta.get("source", {})
+    if not isinstance(out["source"], dict):
+        raise InvalidParameter(f"{key} 'source' must be a JSON object.", param=param)
+    shape = _weights_shape(folder / WEIGHTS_FILE, shown_file(shown, WEIGHTS_FILE), param)
+    if shape[0] != len(names):
+        raise InvalidParameter(f"{shown_file(shown, WEIGHTS_FILE)}: tensor 'vectors' holds {shape[0]} vectors; "
+                               f"{where} key 'names' names {len(names)}.", param=param)
+    d_model = meta.get("d_model", shape[1])
+    if isinstance(d_model, bool) or d_model != shape[1]:
+        raise InvalidParameter(f"{key} 'd_model' must be the vectors' width, {shape[1]}.", param=param)
+    out["d_model"] = shape[1]
+    return out
+
+
+def _weights_shape(file: Path, shown: str, param: str) -> tuple[int, int]:
+    """The shape of the ``vectors`` tensor ``file``'s safetensors header declares, the header checked as the
+    format lays it out (a length, then that many bytes of JSON, then the data it places) before any is read."""
+    size = regular_file(file, shown, WEIGHTS_MAX_BYTES, param)
+    try:
+        with file.open("rb") as f:
+            length = int.from_bytes(f.read(8), "little")
+            if not 2 <= length <= min(HEADER_MAX_BYTES, size - 8):
+                raise InvalidParameter(f"{shown}: is not a safetensors file (its header length, {length} bytes, "
+                                       f"does not fit a {size}-byte file).", param=param)
+            header = json.loads(f.read(length).decode("utf-8"))
+    except OSError as exc:
+        raise InvalidParameter(f"{shown}: cannot be read ({exc.strerror}).", param=param) from None
+    except (ValueError, RecursionError):
+        raise InvalidParameter(f"{shown}: is not a safetensors file (its header is not JSON).", param=param) \
+            from None
+    info = header.get("vectors") if isinstance(header, dict) else None
+    if not isinstance(info, dict):
+        raise InvalidParameter(f"{shown}: holds no tensor 'vectors'.", param=param)
+    shape, offsets = info.get("shape"), info.get("data_offsets")
+    if info.get("dtype") not in FLOAT_DTYPES or not isinstance(shape, list) or len(shape) != 2 \
+            or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in shape):
+        raise InvalidParameter(f"{shown}: tensor 'vectors' must be a [vectors, d_model] matrix of floats "
+                               f"({', '.join(FLOAT_DTYPES)}).", param=param)
+    if not isinstance(offsets, list) or len(offsets) != 2 or not all(isinstance(o, int) for o in offsets) \
+            or offsets[1] > size - 8 - length:
+        raise InvalidParameter(f"{shown}: tensor 'vectors' lies past the end of the file.", param=param)
+    return shape[0], shape[1]
+
+
+def load(folder: Path, shown: str | Path | None = None, param: str = "path", n_layers: int | None = None) -> VectorSet:
+    """The set in ``folder``, held to the rules every set passes (``read_meta``, then its vectors by
+    ``unit_rows``); a malformed one is a 400 naming the file (as ``shown``, default ``folder``) and the key."""
+    from safetensors import safe_open
+
+    shown = folder if shown is None else shown
+    meta = read_meta(folder, shown, param, n_layers)
+    where = shown_file(shown, WEIGHTS_FILE)
+    try:
+        with safe_open(str(folder / WEIGHTS_FILE), framework="pt") as f:
+            vectors = f.get_tensor("vectors")
+    except Exception:  # safetensors reports a malformed file as SafetensorError, an OSError or a ValueError
+        raise InvalidParameter(f"{where}: tensor 'vectors' cannot be read (not a safetensors file).",
+                               param=param) from None
+    vectors = unit_rows(vectors, f"{where} tensor 'vectors'", param, rows=len(meta["names"]))
+    return VectorSet(meta["names"], vectors, meta["layer"], meta["model"], meta["method"], meta["position"],
+                     dict(meta["examples"]), meta["sha256"], dict(meta["source"]))

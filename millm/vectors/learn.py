@@ -30,7 +30,7 @@ from millm.errors import InvalidParameter
 from millm.research.answers import sample_answers
 from millm.research.measure import NEUTRAL_PROMPTS
 from millm.research.words import mentions
-from millm.vectors.files import METHODS, POSITIONS, VectorSet, set_name
+from millm.vectors.files import METHODS, POSITIONS, VectorSet, parse_layer, read_capped, set_name
 
 CONTEXT = "Tell me something."  # the user turn every example is read after, positive and negative alike
 CONCEPT_PROMPTS = ("Write a few sentences about {}.", "Tell me about {}.", "Describe {} in a short paragraph.",
@@ -43,6 +43,7 @@ OTHER_TOPICS = ("history", "mathematics", "computers", "music", "the ocean", "fr
 # the default layer's share of the model's depth: 14 of the bundled model's 30 layers, where bench/steer_methods.py's
 # DiffMean vectors reach the target for more of its ten concepts than at layer 10 (docs/vectors.md)
 DEFAULT_DEPTH = 0.47
+EXAMPLES_MAX_BYTES = 16 * 2**20  # an example file (the learn route's body holds at most 1024 texts of 8192 a side)
 
 
 def diffmean(positive: torch.Tensor, negative: torch.Tensor) -> torch.Tensor:
@@ -141,11 +142,10 @@ def parse_layers(specs: Sequence[str | int], n_layers: int) -> list[int]:
     for spec in specs:
         for part in str(spec).split(","):
             low, dash, high = part.strip().partition("-")
-            try:
-                first, last = int(low), int(high) if dash else int(low)
-            except ValueError:
+            first, last = parse_layer(low.strip()), parse_layer(high.strip() if dash else low.strip())
+            if first is None or last is None:  # ASCII digits only: int() would take '٣', '５', '+3' and '1_0'
                 raise InvalidParameter(f"'layer' takes a layer, a range like 8-12 or a list like 8,10; got "
-                                       f"{spec!r}.", param="layer") from None
+                                       f"{spec!r}.", param="layer")
             if first > last:
                 raise InvalidParameter(f"'layer' range {part.strip()!r} runs backwards.", param="layer")
             if first < 0 or last >= n_layers:
@@ -157,13 +157,19 @@ def parse_layers(specs: Sequence[str | int], n_layers: int) -> list[int]:
     return sorted(layers)
 
 
-def read_file(path: Path, param: str) -> list[str]:
+def read_file(path: Path, param: str, shown: str | Path | None = None) -> list[str]:
     """Example texts: one per line, or JSONL lines of chat messages (``{"messages": [...]}`` or a list) whose
-    last message is the answer read. A malformed file is a 400 naming it and the line."""
+    last message is the answer read. Only a regular file of at most ``EXAMPLES_MAX_BYTES`` is read (as imports
+    are: ``files.read_capped``), so ``/dev/zero`` or a FIFO is refused at once. A malformed file is a 400 naming
+    it (as ``shown``, the path as the user gave it; default ``path``) and the line."""
+    shown = path if shown is None else shown
+    data = read_capped(path, str(shown), EXAMPLES_MAX_BYTES, param)
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InvalidParameter(f"{path}: cannot be read as UTF-8 text ({exc}).", param=param) from None
+        lines = data.decode("utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        raise InvalidParameter(f"{shown}: cannot be read as UTF-8 text (byte {exc.start} is not UTF-8).",
+                               param=param) from None
+    path = Path(shown)
     texts = []
     for number, line in enumerate(lines, 1):
         if not line.strip():
@@ -185,6 +191,13 @@ def read_file(path: Path, param: str) -> list[str]:
     if not texts:
         raise InvalidParameter(f"{path}: holds no example.", param=param)
     return texts
+
+
+def check_concepts(concepts: Sequence[str], param: str = "concepts") -> list[str]:
+    """The concept words, none blank (a blank word asks the model to write about nothing)."""
+    if not all(c.strip() for c in concepts):
+        raise InvalidParameter(f"'{param}' must not hold a blank word.", param=param)
+    return list(concepts)
 
 
 def activations(engine: Engine, texts: Sequence[str], layer: int, position: str) -> torch.Tensor:
