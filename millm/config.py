@@ -45,6 +45,9 @@ class Settings(BaseSettings):
     preflight_timeout: float = Field(default=30.0, gt=0)  # seconds a load's file checks may take (then 500)
     api_key: str | None = None
     admin_key: str | None = None
+    # MILLM_ALLOWED_HOSTS: names beyond loopback that a loopback-bound server answers to (comma-separated,
+    # ".example.com" for a domain and its subdomains, "*" for any); other names answer 421 (millm.server.origins)
+    allowed_hosts: str = ""
     max_body_bytes: int = Field(default=16 * 1024 * 1024, gt=0)  # a larger request body answers 413
     body_timeout: float = Field(default=60.0, gt=0)  # seconds a request body may take to arrive (then 408)
     cache: Path | None = None  # MILLM_CACHE: derived artefacts elsewhere than MILLM_HOME/cache

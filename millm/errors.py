@@ -132,6 +132,24 @@ class ManagementForbidden(MillmError):
     status, type, code = 403, "invalid_request_error", "management_forbidden"
 
 
+class CrossOriginForbidden(MillmError):
+    """A state-changing request sent by a web page of another origin (the browser says so in ``Origin``)."""
+
+    status, type, code = 403, "invalid_request_error", "cross_origin_forbidden"
+
+
+class HostNotAllowed(MillmError):
+    """A loopback server addressed by a name that is not its own (DNS rebinding)."""
+
+    status, type, code = 421, "invalid_request_error", "host_not_allowed"
+
+
+class UnsupportedMediaType(MillmError):
+    """A request body that does not say it is JSON."""
+
+    status, type, code = 415, "invalid_request_error", "unsupported_media_type"
+
+
 class InvalidSAE(MillmError):
     """An SAE file is malformed; the message names the file and the key."""
 

@@ -14,7 +14,19 @@ from millm.engine.decode.admission import BatchSettings
 from millm.engine.manager import Loader, ModelManager, Registry
 from millm.engine.worker import EngineWorker
 from millm.errors import MillmError
-from millm.server import api, auth, body_limits, health, metrics, models_api, openapi, steering_docs, v1, vectors_api
+from millm.server import (
+    api,
+    auth,
+    body_limits,
+    health,
+    metrics,
+    models_api,
+    openapi,
+    origins,
+    steering_docs,
+    v1,
+    vectors_api,
+)
 from millm.server.state import Services
 from millm.steering.intensity import IntensitySettings
 from millm.steering.service import SteeringService
@@ -31,6 +43,7 @@ def create_app(settings: Settings, engine: Engine | None = None, loader: Loader 
     app = Quart("millm")
     app.config.update(RESPONSE_TIMEOUT=None)
     body_limits.install(app, settings)
+    origins.install(app)
     auth.install(app)
     worker = EngineWorker(settings.max_queue, BatchSettings.from_settings(settings))
     steering = SteeringService(Store(settings.home / "millm.db"), IntensitySettings.from_settings(settings))

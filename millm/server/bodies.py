@@ -8,6 +8,7 @@ from typing import Any
 from quart import request
 
 from millm.requests.jsonbody import decode
+from millm.server.origins import check_body_type
 
 
 async def read_json(*, required: bool = True) -> Any:
@@ -15,6 +16,7 @@ async def read_json(*, required: bool = True) -> Any:
     routes). Without ``required`` an empty body is ``{}``; a /v1 body must be present."""
     raw = await request.get_data(as_text=False)  # get_data applies BODY_TIMEOUT (MILLM_BODY_TIMEOUT); .body does not
     assert isinstance(raw, bytes)
+    check_body_type(request.mimetype, bool(raw))
     if not raw and not required:
         return {}
     return await asyncio.to_thread(decode, raw)

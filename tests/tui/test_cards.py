@@ -88,7 +88,7 @@ def test_remote_client_reads_cards_and_ranked_search_from_the_server(tmp_path: P
 
     async def main() -> Any:
         async with app.test_app():
-            remote = RemoteClient("http://millm.test", transport=httpx.ASGITransport(app=app))  # type: ignore[arg-type]
+            remote = RemoteClient("http://localhost", transport=httpx.ASGITransport(app=app))  # type: ignore[arg-type]
             sae_id = (await remote._call("POST", "/api/saes", {"path": str(folder)}))["id"]
             card = await remote.feature(sae_id, 3)
             found = await remote.search(sae_id, "rain")
