@@ -130,8 +130,11 @@ def test_error_mid_stream_is_an_sse_error_event(server, engine, monkeypatch):
 
 
 def test_invalid_json_and_unknown_route(server):
-    r = httpx.post(server + "/v1/chat/completions", content=b"{not json", timeout=10)
+    r = httpx.post(server + "/v1/chat/completions", content=b"{not json", timeout=10,
+                   headers={"Content-Type": "application/json"})
     assert r.status_code == 400 and r.json()["error"]["message"]
+    r = httpx.post(server + "/v1/chat/completions", content=b"{not json", timeout=10)  # untyped: not said to be JSON
+    assert r.status_code == 415 and r.json()["error"]["code"] == "unsupported_media_type"
     r = httpx.post(server + "/v1/chat/completions", json={"model": MODEL, "messages": "hi"}, timeout=10)
     assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
     r = httpx.get(server + "/v1/nothing", timeout=10)

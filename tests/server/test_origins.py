@@ -194,3 +194,35 @@ def test_a_page_on_another_origin_cannot_steer_a_keyless_server(tmp_path):
     assert all(s["attached_layer"] is None for s in saes if s["id"] == SAE) and profiles == []
     assert [r.status_code for r in as_client] == [200, 201, 200]
     assert steered.json()["choices"][0]["message"]["content"] != SCRIPT
+
+
+def test_every_operation_refuses_a_web_pages_requests(tmp_path):
+    """bench/fuzz.py's cross-site cases, over every operation of /openapi.json: each gets exactly its refusal."""
+    from tests.support.fuzzing import Report, cross_site, send_cross_site
+
+    app, _ = make(tmp_path, FakeEngine(steerable=True))
+    report = Report()
+    with live_server(app) as base:
+        cases = cross_site(base)
+        send_cross_site(base, report)
+    assert report.problems == []
+    assert {expected for *_, expected in cases} == {403, 415, 421}
+    assert len({path for _, path, *_ in cases}) > 40 and report.statuses[421] == len({(m, p) for m, p, *_ in cases})
+
+
+ROUNDS = 40  # unread, about one body in fifty closed its connection: 160 requests met it nearly always
+
+
+def test_a_refused_request_leaves_its_keep_alive_connection_usable(tmp_path):
+    """A request refused before its route read the body (401, 403, 415, 421) has its body read and dropped, so
+    the client's next request on the same connection is answered (left unread, the server closed the
+    connection after some answers and the next request failed with 'Server disconnected')."""
+    app, _ = make(tmp_path, FakeEngine(steerable=True), api_key="k")
+    refused = [({}, 401), ({"Origin": EVIL}, 403), ({"Content-Type": PLAIN}, 415), ({"Host": "evil.example"}, 421)]
+    with live_server(app) as base, httpx.Client(base_url=base, timeout=30) as client:
+        statuses = [client.post("/api/profiles", content=b"{}",
+                                headers={"Content-Type": "application/json", **headers}).status_code
+                    for _ in range(ROUNDS) for headers, _ in refused]
+        good = client.get("/v1/models", headers={"Authorization": "Bearer k"})
+    assert statuses == [status for _ in range(ROUNDS) for _, status in refused]
+    assert good.status_code == 200

@@ -9,6 +9,7 @@ request handling, not decoding.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +21,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from schemathesis import GenerationMode
 from schemathesis.core.result import Ok
 
+from millm.server.auth import READ_METHODS, is_loopback
 from tests.support.hostile import MAX_TOKENS, hostile_bodies
 
 # the spec's typed 5xx: a server-side condition a client can act on, never a crash
@@ -116,13 +118,52 @@ def send_hostile(base: str, report: Report) -> None:
             report.problems.append(f"hostile {label}: {found}")
 
 
+def cross_site(base: str) -> list[tuple[str, str, dict[str, str], bytes, int]]:
+    """What a web page of another site can send to every operation, and the status each must get: a rebound
+    name as ``Host`` (421, when the server is reached on loopback), another ``Origin`` on a state-changing
+    method (403), a body that is not said to be JSON (415). Path parameters are placeholders: the rules are
+    checked before routing."""
+    netloc = httpx.URL(base).netloc.decode()
+    port = netloc.rsplit(":", 1)[1] if ":" in netloc.rsplit("]", 1)[-1] else ""
+    loopback = is_loopback(httpx.URL(base).host)
+    cases = []
+    for op in operations(base):
+        method, path = op.method.upper(), re.sub(r"{[^}]+}", "x", op.path)
+        if loopback:
+            cases.append((method, path, {"Host": f"rebound.example:{port}"}, b"", 421))
+        if method not in READ_METHODS:
+            cases.append((method, path, {"Origin": "http://evil.example", "Content-Type": "application/json"},
+                          b"{}", 403))
+            cases.append((method, path, {"Origin": "null", "Content-Type": "application/json"}, b"{}", 403))
+            for kind in ("text/plain;charset=UTF-8", "application/x-www-form-urlencoded", "multipart/form-data"):
+                cases.append((method, path, {"Content-Type": kind}, b"{}", 415))
+    return cases
+
+
+def send_cross_site(base: str, report: Report) -> None:
+    """The web page's requests (``cross_site``), each of which must get exactly its refusal in OpenAI's shape."""
+    with httpx.Client(base_url=base, timeout=60) as client:
+        for method, path, headers, body, expected in cross_site(base):
+            response = client.request(method, path, headers=headers, content=body)
+            label = f"cross-site {expected}"
+            report.sent[label] += 1
+            report.statuses[response.status_code] += 1
+            found = problem_of(response.status_code, response.headers.get("content-type", ""), response.text)
+            if response.status_code != expected:
+                found = f"{response.status_code} where {expected} was due: {response.text[:200]!r}"
+            if found is not None:
+                report.problems.append(f"{label} {method} {path} {headers}: {found}")
+
+
 def fuzz(base: str, examples: int, skip: tuple[str, ...] = (), seed: int = 0) -> Report:
-    """Fuzz every operation of the server at ``base``; then check it still answers /api/health."""
+    """Fuzz every operation of the server at ``base``, then send it a web page's requests; then check it still
+    answers /api/health."""
     report = Report()
     for op in operations(base, skip):
         fuzz_operation(base, op, examples, report, seed)
     if not any("/v1/chat/completions".startswith(s) for s in skip):
         send_hostile(base, report)
+    send_cross_site(base, report)
     health = httpx.get(base + "/api/health", timeout=30)
     if health.status_code != 200:
         report.problems.append(f"/api/health answers {health.status_code} after the run")
