@@ -14,7 +14,7 @@ from typer.testing import CliRunner, Result
 
 from cli.main import app
 from millm.config import get_settings
-from tests.vectors.malformed import GGUFS, empty_strings_gguf, gguf_file, unit_rows
+from tests.support.malformed import GGUFS, empty_strings_gguf, gguf_file, unit_rows
 
 runner = CliRunner()
 

@@ -10,8 +10,10 @@ request handling, not decoding.
 from __future__ import annotations
 
 import re
+import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -22,6 +24,7 @@ from schemathesis import GenerationMode
 from schemathesis.core.result import Ok
 
 from millm.server.auth import READ_METHODS, is_loopback
+from tests.support import malformed
 from tests.support.hostile import MAX_TOKENS, hostile_bodies
 
 # the spec's typed 5xx: a server-side condition a client can act on, never a crash
@@ -155,15 +158,51 @@ def send_cross_site(base: str, report: Report) -> None:
                 report.problems.append(f"{label} {method} {path} {headers}: {found}")
 
 
+IMPORTED = "fuzz-import"  # the name every malformed import asks for: none may be stored under it
+
+
+def import_cases(scratch: Path) -> list[tuple[str, Path]]:
+    """Every malformed vector-set folder and control-vector file of ``tests.support.malformed``, written under
+    ``scratch``, with its label."""
+    cases = []
+    for label, (write, *_) in malformed.FOLDERS.items():
+        cases.append((f"folder {label}", write(scratch / f"folder-{label}")))
+    for label, (tensors, _) in malformed.GGUFS.items():
+        cases.append((f"gguf {label}", malformed.gguf_file(scratch / f"{label}.gguf", tensors)))
+    cases.append(("gguf empty strings", malformed.empty_strings_gguf(scratch / "empty-strings.gguf")))
+    cases.append(("gguf 2^62 keys", malformed.huge_count_gguf(scratch / "huge-count.gguf")))
+    return cases
+
+
+def send_imports(base: str, report: Report) -> None:
+    """POST /api/vectors/import with each malformed set: each a 400 in OpenAI's shape, none stored."""
+    with tempfile.TemporaryDirectory(prefix="millm-fuzz-imports-") as scratch, \
+            httpx.Client(base_url=base, timeout=120) as client:
+        for label, path in import_cases(Path(scratch)):
+            response = client.post("/api/vectors/import", json={"path": str(path), "name": IMPORTED})
+            report.sent[f"import {label}"] += 1
+            report.statuses[response.status_code] += 1
+            found = problem_of(response.status_code, response.headers.get("content-type", ""), response.text)
+            if response.status_code != 400:
+                found = f"{response.status_code} where 400 was due: {response.text[:200]!r}"
+            if found is not None:
+                report.problems.append(f"import {label}: {found}")
+        listed = client.get("/api/vectors").json().get("data", [])
+        if any(item.get("name") == IMPORTED or item.get("id") == IMPORTED for item in listed):
+            report.problems.append(f"a malformed import was stored as '{IMPORTED}'")
+
+
 def fuzz(base: str, examples: int, skip: tuple[str, ...] = (), seed: int = 0) -> Report:
-    """Fuzz every operation of the server at ``base``, then send it a web page's requests; then check it still
-    answers /api/health."""
+    """Fuzz every operation of the server at ``base``, then send it a web page's requests and malformed vector
+    imports; then check it still answers /api/health."""
     report = Report()
     for op in operations(base, skip):
         fuzz_operation(base, op, examples, report, seed)
     if not any("/v1/chat/completions".startswith(s) for s in skip):
         send_hostile(base, report)
     send_cross_site(base, report)
+    if not any("/api/vectors/import".startswith(s) for s in skip):
+        send_imports(base, report)
     health = httpx.get(base + "/api/health", timeout=30)
     if health.status_code != 200:
         report.problems.append(f"/api/health answers {health.status_code} after the run")

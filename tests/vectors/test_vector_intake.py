@@ -16,7 +16,7 @@ import pytest
 
 from millm.errors import InvalidParameter
 from millm.store.db import Store
-from tests.vectors.malformed import (
+from tests.support.malformed import (
     FOLDERS,
     GGUFS,
     LAYERS,

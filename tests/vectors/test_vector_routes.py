@@ -15,7 +15,7 @@ import pytest
 
 from millm.config import Settings
 from tests.support.fakes import FakeEngine
-from tests.vectors.malformed import (
+from tests.support.malformed import (
     FOLDERS,
     GGUFS,
     LAYERS,
@@ -150,7 +150,7 @@ def test_a_damaged_or_removed_set_is_listed_flagged_and_deleted(tmp_path: Path):
 
 
 def test_a_folder_past_the_loaded_models_depth_is_refused_but_another_models_is_not(tmp_path: Path):
-    from tests.vectors.malformed import good_meta
+    from tests.support.malformed import good_meta
 
     ours = write_folder(tmp_path / "ours", {**good_meta(), "layer": LAYERS, "model": "fake"})
     theirs = write_folder(tmp_path / "theirs", {**good_meta(), "layer": LAYERS, "model": "a-deeper-model"})
