@@ -1,6 +1,9 @@
 """Fuzz a miLLM server at length with schemathesis: every /v1 and /api operation of its /openapi.json,
-schema-valid and schema-violating requests. Reports requests per operation, statuses, and every request
-that broke a property (an untyped 5xx, an error body not in OpenAI's shape, /api/health silent afterwards).
+schema-valid and schema-violating requests; then a web page's requests to every operation (a rebound Host,
+a foreign or null Origin, bodies not said to be JSON: each must get exactly its 421, 403 or 415) and every
+malformed vector set and control-vector file through POST /api/vectors/import (each a 400, none stored).
+Reports requests per operation, statuses, and every request that broke a property (an untyped 5xx, an error
+body not in OpenAI's shape, a refusal other than the one due, /api/health silent afterwards).
 
     python bench/fuzz.py                      # the bundled model, 200 examples per operation and mode
     python bench/fuzz.py --examples 1000 --seed 7
