@@ -1,8 +1,10 @@
-"""The README's client recipes, run against the live server: the OpenAI SDK's ``parse()`` and LangChain's
-``OpenAIEmbeddings(check_embedding_ctx_length=False)`` (the clients that are test dependencies)."""
+"""The client recipes of docs/serving/clients.md, run against the live server: the OpenAI SDK's ``parse()``, LangChain's
+``OpenAIEmbeddings(check_embedding_ctx_length=False)`` and smolagents' structured CodeAgent (the clients that are test
+dependencies)."""
 
 from __future__ import annotations
 
+import json
 from typing import Literal
 
 import httpx
@@ -47,3 +49,48 @@ def test_langchain_embeddings_without_the_ctx_length_check_equal_the_server_vect
     texts = ["The capital of France is Paris.", "Bees make honey"]
     assert embeddings.embed_query(texts[0]) == server_embeddings(server, texts[:1])[0]
     assert embeddings.embed_documents(texts) == server_embeddings(server, texts)
+
+
+def test_smolagents_structured_code_agent_without_stop_parses_each_step(server):
+    """The clients page's CodeAgent recipe: ``use_structured_outputs_internally=True`` sends a strict response_format
+    with stop strings, a pair miLLM refuses; a model class whose ``supports_stop_parameter`` is False sends no stop
+    (smolagents cuts the text itself), so each step is an enforced ``{"thought", "code"}`` document the agent parses."""
+    from smolagents import AgentGenerationError, AgentParsingError, CodeAgent, OpenAIServerModel, tool
+
+    sent: list[tuple[dict, httpx.Response]] = []
+
+    def record(response: httpx.Response) -> None:
+        sent.append((json.loads(response.request.content), response))
+
+    class NoStopModel(OpenAIServerModel):
+        @property
+        def supports_stop_parameter(self) -> bool:
+            return False
+
+    @tool
+    def weather(city: str) -> str:
+        """The current weather in a city.
+
+        Args:
+            city: the city's name
+        """
+        return f"18 degrees and sunny in {city}"
+
+    model = NoStopModel(model_id=MODEL, api_base=server + "/v1", api_key="not-needed", max_tokens=60, temperature=0,
+                        client_kwargs={"http_client": httpx.Client(event_hooks={"response": [record]}, timeout=300),
+                                       "max_retries": 0})
+    agent = CodeAgent(tools=[weather], model=model, max_steps=1, verbosity_level=0,
+                      use_structured_outputs_internally=True)
+    agent.run("What is the weather in Paris?")
+
+    steps = [body for body, _ in sent if "response_format" in body]
+    assert steps and all("stop" not in body for body, _ in sent)
+    assert all(body["response_format"]["json_schema"]["strict"] is True for body in steps)
+    for _, response in sent:
+        assert response.status_code == 200 and "X-miLLM-Ignored-Fields" not in response.headers
+    acted = [s for s in agent.memory.steps if hasattr(s, "code_action") and s.model_output is not None]
+    assert acted and len(acted) == len(steps)
+    for step in acted:
+        assert not isinstance(step.error, (AgentGenerationError, AgentParsingError))
+        document = json.loads(step.model_output)
+        assert set(document) == {"thought", "code"} and step.code_action and document["code"].strip()
