@@ -62,15 +62,30 @@ def _write_dequant_cache(model: Any, tokenizer: Any, target: Path) -> None:
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
         tokenizer.save_pretrained(tmp)
         (tmp / "millm-cache.json").write_text(json.dumps({"format": CACHE_FORMAT}))
-        os.replace(tmp, target)
-    except BaseException:
+        _move_into_place(tmp, target)
+    finally:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise
+
+
+def _move_into_place(tmp: Path, target: Path) -> None:
+    """Rename the finished cache ``tmp`` to ``target``. Another process loading the same model at the same time
+    may have put its own there first: that one is kept (the same weights) and ``tmp`` dropped. A folder of an
+    older cache format is replaced."""
+    try:
+        os.replace(tmp, target)
+    except OSError:
+        if _cache_is_complete(target):
+            return
+        shutil.rmtree(target, ignore_errors=True)
+        os.replace(tmp, target)
 
 
 def _cache_is_complete(path: Path) -> bool:
     marker = path / "millm-cache.json"
-    return marker.is_file() and json.loads(marker.read_text()).get("format") == CACHE_FORMAT
+    try:
+        return marker.is_file() and json.loads(marker.read_text()).get("format") == CACHE_FORMAT
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def load_weights(entry: ModelEntry, settings: Settings, dtype: torch.dtype) -> tuple[Any, Any]:
