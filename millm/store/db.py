@@ -1,7 +1,8 @@
 """The SQLite store: registered SAEs and their labels, saved profiles, imported clusters and circuits,
-and persisted steering state.
+persisted steering state, and the records of learning jobs.
 
-Every write is one transaction, so a process killed mid-write leaves the previous state readable.
+Every write is one transaction, so a process killed mid-write leaves the previous state readable; ``atomic``
+makes several writes one transaction (a multi-layer learn registers all its sets, or none).
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ CREATE TABLE IF NOT EXISTS state (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS clusters (
     name TEXT PRIMARY KEY, document TEXT NOT NULL, intensity REAL NOT NULL, created REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS circuits (name TEXT PRIMARY KEY, document TEXT NOT NULL, created REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS jobs (
+    id TEXT PRIMARY KEY, kind TEXT NOT NULL, created REAL NOT NULL, active INTEGER NOT NULL, owner TEXT NOT NULL,
+    record TEXT NOT NULL);
 """
 
 SAE_COLUMNS = ("id", "name", "path", "format", "architecture", "d_in", "d_sae", "layer_hint", "model_hint")
@@ -54,7 +58,8 @@ class Store:
         self.path = path
         self._conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=30)
         self._conn.row_factory = sqlite3.Row
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # re-entered by the writes inside ``atomic``
+        self._depth = 0  # open transactions on the holding thread (``atomic`` nests the writes inside it)
         with self._lock:
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute("PRAGMA synchronous=FULL")
@@ -65,15 +70,41 @@ class Store:
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction (reads inside it see a stable database): all of it lands, or none."""
+        """One write transaction (reads inside it see a stable database): all of it lands, or none. Inside
+        ``atomic`` (on its thread) it is part of that transaction; other threads wait for it to end, so none
+        reads what it has not committed."""
         with self._lock:
+            if self._depth:  # nested: a savepoint, so a write that fails inside leaves the rest of the block
+                point = f"nested_{self._depth}"
+                self._conn.execute(f"SAVEPOINT {point}")
+                self._depth += 1
+                try:
+                    yield self._conn
+                    self._conn.execute(f"RELEASE {point}")
+                except BaseException:
+                    self._conn.execute(f"ROLLBACK TO {point}")
+                    self._conn.execute(f"RELEASE {point}")
+                    raise
+                finally:
+                    self._depth -= 1
+                return
             self._conn.execute("BEGIN IMMEDIATE")
+            self._depth = 1
             try:
                 yield self._conn
                 self._conn.execute("COMMIT")
             except BaseException:
                 self._conn.execute("ROLLBACK")
                 raise
+            finally:
+                self._depth = 0
+
+    @contextmanager
+    def atomic(self) -> Iterator[None]:
+        """Every write this thread makes inside the block lands in one transaction, or none does (an error, or
+        the process killed before the block ends, leaves the database as it was)."""
+        with self._transaction():
+            yield
 
     def _write(self, statements: list[tuple[str, tuple[Any, ...]]]) -> None:
         """Run ``statements`` as one transaction: all of them land, or none."""
@@ -233,6 +264,24 @@ class Store:
         if "intensity" in row.keys():
             out["intensity"] = row["intensity"]
         return out
+
+    # job records (learning jobs), kept across restarts
+    def save_job(self, job_id: str, kind: str, created: float, active: bool, owner: str,
+                 record: dict[str, Any]) -> None:
+        """Write (or rewrite) a job's record; ``owner`` names the process running it while ``active``."""
+        self._write([("INSERT OR REPLACE INTO jobs (id, kind, created, active, owner, record) "
+                      "VALUES (?, ?, ?, ?, ?, ?)", (job_id, kind, created, int(active), owner, json.dumps(record)))])
+
+    def jobs(self, kind: str) -> list[dict[str, Any]]:
+        """Every ``kind`` job record, oldest first: ``{"id", "created", "active", "owner", "record"}``."""
+        rows = self._rows("SELECT * FROM jobs WHERE kind = ? ORDER BY created, rowid", (kind,))
+        return [{"id": r["id"], "created": r["created"], "active": bool(r["active"]), "owner": r["owner"],
+                 "record": json.loads(r["record"])} for r in rows]
+
+    def prune_jobs(self, kind: str, keep: int) -> None:
+        """Delete the oldest ended ``kind`` jobs past the newest ``keep`` (an active one is never deleted)."""
+        self._write([("DELETE FROM jobs WHERE kind = ? AND active = 0 AND id NOT IN (SELECT id FROM jobs WHERE "
+                      "kind = ? ORDER BY created DESC, rowid DESC LIMIT ?)", (kind, kind, keep))])
 
     # persisted state (steering, active profile, monitoring)
     def get_state(self, key: str, default: Any = None) -> Any:

@@ -5,7 +5,9 @@ a feature label of a registered SAE (``--steer rain=8`` must mean one thing)."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,8 @@ from millm.steering.names import check_name
 from millm.steering.service import SteeringService
 from millm.vectors import files
 from millm.vectors.files import VectorSet
+
+STAGING = ".staging-"  # the prefix of the folder ``store_all`` writes sets to before moving them into place
 
 
 def folder_of(home: Path, name: str) -> Path:
@@ -37,33 +41,46 @@ def check_new_name(service: SteeringService, name: str) -> str:
 
 
 def store(service: SteeringService, home: Path, vs: VectorSet) -> dict[str, Any]:
-    """Write the set and register it under its name, all or nothing."""
-    name = check_new_name(service, vs.names[0])
-    folder = folder_of(home, name)
-    if folder.exists():
-        shutil.rmtree(folder)  # left by a set whose registration was removed behind the registry's back
-    files.save(folder, vs)
-    try:
-        return service.register_sae(folder, name=name, sae_id=name)
-    except BaseException:
-        shutil.rmtree(folder, ignore_errors=True)
-        raise
+    """Write the set and register it under its name, all or nothing (``store_all`` of one set)."""
+    return store_all(service, home, [vs])[0]
 
 
 def store_all(service: SteeringService, home: Path, sets: list[VectorSet]) -> list[dict[str, Any]]:
-    """Store and register every set, or none: every name is checked first, and should one store fail the sets
-    stored before it are removed."""
-    for vs in sets:
-        check_new_name(service, vs.names[0])
-    stored: list[dict[str, Any]] = []
+    """Store and register every set, or none, whatever stops it (an error, or the process killed).
+
+    Every name is checked first; the sets are written whole to one staging folder, moved to their folders,
+    then registered in one registry transaction. Before it commits none is registered: on an error the folders
+    moved are removed; after a kill they are left unregistered (folders no set names, replaced when a set of
+    their name is stored). Moving before registering means a registered set always has its folder."""
+    names = [vs.names[0] for vs in sets]
+    if len(set(names)) != len(names):
+        raise InvalidParameter(f"The sets to store repeat a name: {', '.join(names)}.", param="name")
+    for name in names:
+        check_new_name(service, name)
+    parent = home / "vectors"
+    parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=STAGING, dir=parent))
+    placed: list[Path] = []
     try:
         for vs in sets:
-            stored.append(store(service, home, vs))
+            files.save(staging / vs.names[0], vs)
+        for name in names:
+            folder = folder_of(home, name)
+            if folder.exists():
+                shutil.rmtree(folder)  # left by a set whose registration was removed, or never committed
+            os.replace(staging / name, folder)
+            placed.append(folder)
+        with service.store.atomic():
+            for name in names:
+                check_new_name(service, name)  # inside the transaction: no other writer has taken it since
+            return [service.register_sae(folder, name=name, sae_id=name)
+                    for name, folder in zip(names, placed, strict=True)]
     except BaseException:
-        for record in stored:
-            remove(service, home, record["id"])
+        for folder in placed:
+            shutil.rmtree(folder, ignore_errors=True)
         raise
-    return stored
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def vector_sets(service: SteeringService) -> list[dict[str, Any]]:

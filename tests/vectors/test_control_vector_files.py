@@ -178,15 +178,15 @@ def test_an_import_that_fails_midway_stores_nothing(tmp_path: Path, monkeypatch)
 
     service = SteeringService(Store(tmp_path / "millm.db"))
     sets = [one_set(f"part-L{i}", i, seed=i) for i in range(1, 6)]
-    real_store, calls = catalog.store, []
+    real_register, calls = service.register_sae, []
 
-    def third_fails(service, home, vs):
-        calls.append(vs.names[0])
+    def third_fails(folder, name, sae_id):  # the third registration of the one transaction fails
+        calls.append(name)
         if len(calls) == 3:
             raise OSError("disk full")
-        return real_store(service, home, vs)
+        return real_register(folder, name=name, sae_id=sae_id)
 
-    monkeypatch.setattr(catalog, "store", third_fails)
+    monkeypatch.setattr(service, "register_sae", third_fails)
     with pytest.raises(OSError, match="disk full"):
         catalog.store_all(service, tmp_path, sets)
     monkeypatch.undo()
