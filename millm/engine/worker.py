@@ -21,6 +21,7 @@ import threading
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import Future
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -197,6 +198,21 @@ class EngineWorker:
             controls = list(self._controls)
         for control in controls:
             control.stop(reason)
+
+    @contextmanager
+    def stoppable(self, control: StepControl) -> Iterator[StepControl]:
+        """Count ``control`` among the admitted work that ``cancel_all`` stops while the block runs: a job made of
+        several engine calls (learning a vector, in slices) is stopped by an unload past its graceful timeout as a
+        stream is, within the call running then (its decode steps check ``control``) or between two."""
+        with self._lock:
+            self._controls.add(control)
+            if self._refusal is not None:
+                control.stop(copy.copy(self._refusal))
+        try:
+            yield control
+        finally:
+            with self._lock:
+                self._controls.discard(control)
 
     def resume(self) -> None:
         """Admit work again (the unload that cancelled everything is over)."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from millm.engine.base import Engine
+from millm.engine.base import Engine, StepControl
 from millm.engine.events import Delta, Finish
 from millm.engine.params import ChatPrompt, GenerationRequest, Json, SamplingParams
 from millm.steering.core import Override
@@ -31,14 +31,16 @@ def chat_request(prompt: str, seed: int, max_tokens: int, override: Override = U
 
 def sample_answers(engine: Engine, prompts: Sequence[str], seed: int, max_tokens: int,
                    overrides: Sequence[Override] = (UNSTEERED,), system: str | None = None,
-                   scope: Scope = ALL, finished: Callable[[int], None] = lambda _: None) -> list[list[str]]:
+                   scope: Scope = ALL, finished: Callable[[int], None] = lambda _: None,
+                   control: StepControl | None = None) -> list[list[str]]:
     """Each override's answers to every prompt (prompt ``i`` seeded ``seed + i`` under every override, so two
     overrides differ by their steering, not their draw): one engine job, decoded as batched rows.
-    ``finished(n)`` hears each time an answer ends, ``n`` of them so far (a progress display)."""
+    ``finished(n)`` hears each time an answer ends, ``n`` of them so far (a progress display); ``control``, if
+    given, is checked between decode steps (its commands run there, and cancelling it ends the job)."""
     plans = [engine.prepare(chat_request(p, seed + i, max_tokens, o, system, scope)) for o in overrides
              for i, p in enumerate(prompts)]
     texts, ended = [""] * len(plans), 0
-    for event in engine.run_all(plans):
+    for event in engine.run_all(plans, control):
         if isinstance(event, Delta):
             texts[event.index] += event.text
         elif isinstance(event, Finish):

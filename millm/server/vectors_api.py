@@ -19,14 +19,14 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from quart import Blueprint, Response, current_app
+from quart import Blueprint, Response
 
 from millm.errors import InvalidParameter, SAENotFound
 from millm.paths import user_path
 from millm.server import api
 from millm.server.api import body, command, steerable, use_names
 from millm.server.state import services
-from millm.server.vector_jobs import jobs, plan_of, run_job
+from millm.server.vector_jobs import cancel, jobs, plan_of, start
 from millm.steering.target import SteeringTarget
 from millm.vectors import catalog, files, gguf
 from millm.vectors.files import VectorSet
@@ -116,28 +116,37 @@ async def learn_vectors() -> Any:
     texts themselves. ``layer`` (a layer, a range "8-12" or a list; one set per layer) defaults to
     ``default_layer`` (14 of SmolLM2-135M's 30). The whole body, the name (free), the method, position
     and layer are checked first (400, nothing stored); then 202 with the job, followed at GET
-    /api/vectors/jobs/{id}. One job learns at a time: another is refused with 409 ``learn_job_running``
-    while one is queued or running (never queued behind it). A model that cannot read its residual stream
-    (llama.cpp) is refused with 400 field_not_honoured; no model with 503 model_not_loaded."""
+    /api/vectors/jobs/{id} and cancelled with DELETE /api/vectors/jobs/{id}. The model work runs in slices
+    that requests share the engine with; an unload waits for the job up to its graceful timeout, then cancels
+    it. One job learns at a time: another is refused with 409 ``learn_job_running`` while one is queued or
+    running (never queued behind it). A model that cannot read its residual stream (llama.cpp) is refused
+    with 400 field_not_honoured; no model with 503 model_not_loaded."""
     data = await body()
-    plan, engine = await plan_of(data)
-    job = jobs().start(plan)
-    release = services().worker.lease()  # an unload waits for the job, as for a request between its steps
-    current_app.add_background_task(run_job, job, engine, release)
+    job = await start(*await plan_of(data))
     return job.view(), 202, {"Location": f"/api/vectors/jobs/{job.id}"}
 
 
 @bp.get("/jobs")
 async def list_jobs() -> Any:
-    """The learning jobs kept (the newest 64), newest first."""
+    """The learning jobs kept (the newest 64, across restarts), newest first."""
     return {"data": [j.view() for j in reversed(jobs().table.values())]}
 
 
 @bp.get("/jobs/<job_id>")
 async def get_job(job_id: str) -> Any:
-    """A learning job: status queued|running|succeeded|failed, progress, the set's name once it succeeded
-    (``vector_set``), the error body once it failed."""
+    """A learning job: status queued|running|succeeded|failed|cancelled, progress, the sets' names once it
+    succeeded (``vector_sets``), the error body once it failed or was cancelled (a job running when its server
+    stopped reads failed, error code ``interrupted``)."""
     return jobs().get(job_id).view()
+
+
+@bp.delete("/jobs/<job_id>")
+async def cancel_job(job_id: str) -> Any:
+    """Cancel a queued or running learning job: 200 the job, status ``cancelled``, nothing stored (its slice
+    running ends at its next decode step). Cancelling a cancelled job again answers the same; a job that
+    succeeded or failed is a 409 ``job_finished`` (its record stays; remove the sets it stored with DELETE
+    /api/vectors/{name}); an unknown id a 404 ``job_not_found``."""
+    return (await cancel(job_id)).view()
 
 
 # import and export

@@ -20,13 +20,15 @@ import hashlib
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+from typing import Protocol, TypeVar
 
 import torch
 
-from millm.engine.base import Engine
+from millm.engine.base import Engine, StepControl
 from millm.engine.params import ChatPrompt, Forced, TextPrompt
-from millm.errors import InvalidParameter
+from millm.errors import InvalidParameter, MillmError
 from millm.research.answers import sample_answers
 from millm.research.measure import NEUTRAL_PROMPTS
 from millm.research.words import mentions
@@ -44,6 +46,36 @@ OTHER_TOPICS = ("history", "mathematics", "computers", "music", "the ocean", "fr
 # DiffMean vectors reach the target for more of its ten concepts than at layer 10 (docs/vectors.md)
 DEFAULT_DEPTH = 0.47
 EXAMPLES_MAX_BYTES = 16 * 2**20  # an example file (the learn route's body holds at most 1024 texts of 8192 a side)
+# the engine work is done in slices, each one engine job of bounded size, so a request waiting for the engine, or
+# an unload, gets its turn between two (and the job can be stopped there): a writing slice's answers times their
+# tokens at most SLICE_TOKENS of its device (a few answers on a CPU, where each row adds to a step's time; many on
+# a GPU, where rows batch nearly free), between 1 and SLICE_ANSWERS answers; a reading slice's texts at most
+# READ_SLICE (a multiple of the engine's read batch, so sliced reads are the reads one job makes). Fixed by the
+# request and the device, never by timing: a seeded learn writes the same examples on every run.
+SLICE_TOKENS, SLICE_ANSWERS, READ_SLICE = {"cpu": 256, "cuda": 4096}, 64, 64
+T = TypeVar("T")
+
+
+class Runner(Protocol):
+    """Runs one slice of engine work and returns its result: on this thread (``inline``: the CLI, benches), or
+    as an engine job of the server's worker."""
+
+    def __call__(self, work: Callable[[], T], /) -> T: ...
+
+
+def inline(work: Callable[[], T]) -> T:
+    return work()
+
+
+def stopped(control: StepControl | None) -> None:
+    """Raise why ``control`` was stopped (between two slices: the job ends there)."""
+    if control is not None and control.cancel.is_set():
+        raise control.reason or MillmError("The job was cancelled.")
+
+
+def answers_per_slice(tokens: int, device: str = "cpu") -> int:
+    """How many answers of ``tokens`` tokens one writing slice samples on ``device``."""
+    return max(1, min(SLICE_ANSWERS, SLICE_TOKENS["cuda" if device.startswith("cuda") else "cpu"] // tokens))
 
 
 def diffmean(positive: torch.Tensor, negative: torch.Tensor) -> torch.Tensor:
@@ -85,21 +117,43 @@ class Examples:
 
 
 def generated(engine: Engine, concepts: Sequence[str], count: int, seed: int, tokens: int = EXAMPLE_TOKENS,
-              negatives: str = "topics", finished: Callable[[int], None] = lambda _: None) -> Examples:
+              negatives: str = "topics", finished: Callable[[int], None] = lambda _: None, *,
+              run: Runner = inline, control: StepControl | None = None) -> Examples:
     """``count`` answers the model writes when asked about ``concepts`` (round robin over them and
     ``CONCEPT_PROMPTS``) and ``count`` negatives: the same requests about ``OTHER_TOPICS`` (those that name no
-    concept word) for ``topics``, or answers to ``NEUTRAL_PROMPTS`` for ``neutral``; unsteered, one engine
-    job, then kept by what they say (:func:`by_mention`). ``finished(n)`` hears each answer end (``n`` of
-    ``2 * count`` so far)."""
+    concept word) for ``topics``, or answers to ``NEUTRAL_PROMPTS`` for ``neutral``; unsteered, prompt ``i``
+    seeded ``seed + i``, in slices of ``answers_per_slice`` answers (each one ``run``, checking ``control``
+    between decode steps and between slices), then kept by what they say (:func:`by_mention`).
+    ``finished(n)`` hears each answer end (``n`` of ``2 * count`` so far)."""
     check_negatives(negatives)
+    prompts = example_prompts(concepts, count, negatives)
+    size = answers_per_slice(tokens, str(getattr(engine, "device", "cpu")))  # the scripted engine has none
+    answers: list[str] = []
+    for start in range(0, len(prompts), size):
+        answers += run(partial(_write, engine, prompts[start:start + size], seed + start, tokens,
+                               partial(_after, finished, start), control))
+        stopped(control)
+    return by_mention(Examples(answers[:count], answers[count:]), concepts)
+
+
+def example_prompts(concepts: Sequence[str], count: int, negatives: str) -> list[str]:
+    """The ``count`` requests for positives, then the ``count`` for negatives, that ``generated`` samples."""
     asked = [CONCEPT_PROMPTS[i % len(CONCEPT_PROMPTS)].format(concepts[i % len(concepts)]) for i in range(count)]
     if negatives == "neutral":
-        others = [NEUTRAL_PROMPTS[i % len(NEUTRAL_PROMPTS)] for i in range(count)]
-    else:
-        topics = other_topics(concepts)
-        others = [CONCEPT_PROMPTS[i % len(CONCEPT_PROMPTS)].format(topics[i % len(topics)]) for i in range(count)]
-    [answers] = sample_answers(engine, asked + others, seed, tokens, finished=finished)
-    return by_mention(Examples(answers[:count], answers[count:]), concepts)
+        return asked + [NEUTRAL_PROMPTS[i % len(NEUTRAL_PROMPTS)] for i in range(count)]
+    topics = other_topics(concepts)
+    return asked + [CONCEPT_PROMPTS[i % len(CONCEPT_PROMPTS)].format(topics[i % len(topics)]) for i in range(count)]
+
+
+def _write(engine: Engine, prompts: Sequence[str], seed: int, tokens: int, finished: Callable[[int], None],
+           control: StepControl | None) -> list[str]:
+    """One writing slice: the answers to ``prompts``, the first seeded ``seed``."""
+    [answers] = sample_answers(engine, prompts, seed, tokens, finished=finished, control=control)
+    return answers
+
+
+def _after(finished: Callable[[int], None], before: int, n: int) -> None:
+    finished(before + n)
 
 
 def by_mention(examples: Examples, concepts: Sequence[str]) -> Examples:
@@ -222,8 +276,11 @@ def check_choices(method: str, position: str) -> None:
 
 def learn(engine: Engine, name: str, layers: Sequence[int], examples: Examples, *, method: str = "diffmean",
           position: str = "mean", source: dict[str, object] | None = None,
-          progress: Callable[[str], None] = lambda _: None) -> list[VectorSet]:
-    """One set per layer from ``examples``, each one vector named ``set_name(name, layer, layers)``."""
+          progress: Callable[[str], None] = lambda _: None, run: Runner = inline,
+          control: StepControl | None = None) -> list[VectorSet]:
+    """One set per layer from ``examples``, each one vector named ``set_name(name, layer, layers)``; the
+    examples are read in slices (:func:`sliced_activations`), each one ``run``, ``control`` checked between
+    them."""
     check_choices(method, position)
     kept = Examples([t for t in examples.positive if t.strip()], [t for t in examples.negative if t.strip()])
     if not kept.positive or not kept.negative:  # an answer may be empty (the model ended at once)
@@ -232,11 +289,22 @@ def learn(engine: Engine, name: str, layers: Sequence[int], examples: Examples, 
     for layer in layers:
         at = f" at layer {layer}" if len(layers) > 1 else ""
         progress(f"reading the positive examples{at}")
-        positive = activations(engine, kept.positive, layer, position)
+        positive = sliced_activations(engine, kept.positive, layer, position, run, control)
         progress(f"reading the negative examples{at}")
-        negative = activations(engine, kept.negative, layer, position)
+        negative = sliced_activations(engine, kept.negative, layer, position, run, control)
         direction = DIRECTIONS[method](positive, negative)
         sets.append(VectorSet((set_name(name, layer, layers),), direction[None, :], layer, engine.model_id, method,
                               position, {"positive": len(kept.positive), "negative": len(kept.negative)},
                               kept.sha256(), dict(source or {})))
     return sets
+
+
+def sliced_activations(engine: Engine, texts: Sequence[str], layer: int, position: str, run: Runner = inline,
+                       control: StepControl | None = None) -> torch.Tensor:
+    """:func:`activations` of ``texts`` in slices of ``READ_SLICE``, each one ``run``, ``control`` checked
+    between them."""
+    parts = []
+    for start in range(0, len(texts), READ_SLICE):
+        parts.append(run(partial(activations, engine, texts[start:start + READ_SLICE], layer, position)))
+        stopped(control)
+    return torch.cat(parts)

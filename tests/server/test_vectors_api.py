@@ -392,7 +392,7 @@ def test_one_job_learns_at_a_time_and_the_table_keeps_the_newest():
     from millm.server.vector_jobs import JOBS_KEPT, Jobs, LearnJobRunning, Plan
 
     table = Jobs()
-    plan = Plan("v", 1, "diffmean", "mean", concepts=("x",))
+    plan = Plan("v", (1,), "diffmean", "mean", concepts=("x",))
     first = table.start(plan)
     with pytest.raises(LearnJobRunning) as refused:
         table.start(plan)

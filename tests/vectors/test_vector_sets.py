@@ -206,7 +206,7 @@ def test_generated_negatives_are_the_same_requests_about_other_topics(monkeypatc
 
     asked: list[str] = []
 
-    def answers(engine, prompts, seed, tokens, finished):
+    def answers(engine, prompts, seed, tokens, finished, control=None):
         asked.extend(prompts)
         return [[f"answer {i} on {p.split()[-1]}" for i, p in enumerate(prompts)]]
 

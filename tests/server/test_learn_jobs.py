@@ -1,0 +1,208 @@
+"""Learning jobs share the engine and can be stopped (issue 49, items 4 and 6), on the scripted engine.
+
+A job's model work runs in slices: a chat sent while it learns is answered between two, an unload past its
+graceful timeout cancels it (instead of waiting for the whole job), ``DELETE /api/vectors/jobs/{id}`` cancels it
+with nothing stored; job records are kept in the store, so a restart lists them and a job its server was
+running reads ``failed: interrupted``.
+
+The scripted engine answers each prompt with the prompt itself, one character per ``PACE`` seconds, so an
+answer about rain names rain and a slice's time is known: ``TOKENS`` characters per answer,
+``answers_per_slice(TOKENS)`` answers per slice (2: about 0.5 s), the whole job 32 slices (16 s).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from millm.engine.params import Forced
+from millm.engine.plan import Plan
+from tests.support.app import make, run
+from tests.support.fakes import VOCAB, WIDTH, FakeEngine
+
+PACE, TOKENS, COUNT = 0.002, 128, 32  # the whole generation: 2 * COUNT * TOKENS * PACE = 16 s in one job
+POSITIVE = ["The rain fell all day.", "Dark clouds and heavy rain.", "It is raining again.", "Rain on the roof."]
+NEGATIVE = ["The desk is made of oak.", "She counted the coins.", "A train left at noon.", "He read the letter."]
+LONG = {"name": "rainy", "concepts": ["rain"], "examples": COUNT, "tokens": TOKENS, "layer": 10}
+
+
+class EchoEngine(FakeEngine):
+    """A steerable scripted engine that answers each prompt with its own text, repeated, and reads a text's
+    residual as how often it says "rain" (the first dimension) beside its length (another)."""
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(model_id="fake", steerable=True, pace=PACE, **kw)
+
+    def _script_for(self, plan: Plan) -> list[int]:
+        text = "".join(VOCAB[i] for i in plan.prompt_ids[0])
+        return [VOCAB.index(ch) for ch in (text + " ") * 20] + [0]
+
+    def residuals(self, reads: list[Forced], layer: int, position: str = "mean") -> Any:
+        import torch
+
+        rows = torch.zeros(len(reads), WIDTH)
+        for i, r in enumerate(reads):
+            text = "".join(VOCAB[t] for t in r.ids[r.start:]).lower()
+            rows[i, 0] = float(text.count("rain"))
+            rows[i, 1 + len(text) % 7] = 1.0
+        return rows
+
+
+def app_on(home: Path, **settings: Any) -> tuple[Any, EchoEngine]:
+    app, engine = make(home, EchoEngine(), **settings)
+    return app, engine  # type: ignore[return-value]
+
+
+async def job_of(client: Any, job_id: str) -> dict[str, Any]:
+    r = await client.get(f"/api/vectors/jobs/{job_id}")
+    assert r.status_code == 200, await r.get_data()
+    body: dict[str, Any] = await r.get_json()
+    return body
+
+
+async def until(client: Any, job_id: str, *statuses: str, within: float = 60.0) -> dict[str, Any]:
+    """The job once its status is one of ``statuses`` (polled, bounded)."""
+    deadline = time.monotonic() + within
+    while (job := await job_of(client, job_id))["status"] not in statuses:
+        assert time.monotonic() < deadline, f"job {job_id} never became {statuses}: {job}"
+        await asyncio.sleep(0.02)
+    return job
+
+
+async def started(client: Any, body: dict[str, Any]) -> str:
+    r = await client.post("/api/vectors/learn", json=body)
+    assert r.status_code == 202, await r.get_data()
+    job_id: str = (await r.get_json())["id"]
+    await until(client, job_id, "running")
+    return job_id
+
+
+async def set_names(client: Any) -> list[str]:
+    return [s["id"] for s in (await (await client.get("/api/vectors")).get_json())["data"]]
+
+
+def test_an_unload_past_its_graceful_timeout_cancels_a_learning_job_at_once(tmp_path):
+    app, engine = app_on(tmp_path, graceful_unload_timeout=0.5)
+
+    async def scenario(client):
+        job_id = await started(client, LONG)
+        t0 = time.monotonic()
+        r = await client.post("/api/models/fake/unload")
+        took = time.monotonic() - t0
+        assert r.status_code == 200, await r.get_data()
+        job = await until(client, job_id, "cancelled", "failed", "succeeded", within=5)
+        return took, job, await set_names(client)
+
+    took, job, names = run(app, scenario)
+    assert took < 3.0, f"the unload took {took:.1f} s with a 0.5 s graceful timeout"
+    assert job["status"] == "cancelled" and job["vector_sets"] is None, job
+    assert job["error"]["error"]["code"] == "model_busy" and "nothing was stored" in job["progress"].lower(), job
+    assert names == [] and engine.closed
+
+
+def test_a_chat_sent_while_a_job_learns_is_answered_between_two_slices(tmp_path):
+    app, _ = app_on(tmp_path)
+
+    async def scenario(client):
+        job_id = await started(client, LONG)
+        t0 = time.monotonic()
+        r = await client.post("/v1/chat/completions", json={
+            "model": "fake", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]})
+        took = time.monotonic() - t0
+        status = (await job_of(client, job_id))["status"]
+        await client.delete(f"/api/vectors/jobs/{job_id}")
+        return r.status_code, took, status
+
+    code, took, status = run(app, scenario)
+    assert code == 200 and status == "running", (code, status)
+    assert took < 5.0, f"the chat waited {took:.1f} s for the learning job"
+
+
+def test_delete_cancels_a_job_that_stores_nothing_and_says_so(tmp_path):
+    app, engine = app_on(tmp_path)
+
+    async def scenario(client):
+        job_id = await started(client, LONG)
+        r = await client.delete(f"/api/vectors/jobs/{job_id}")
+        cancelled = r.status_code, await r.get_json()
+        steps = engine.steps
+        await asyncio.sleep(0.5)  # the slice running ends at its next decode step
+        stopped = engine.steps - steps
+        later = await job_of(client, job_id)
+        again = await client.delete(f"/api/vectors/jobs/{job_id}")
+        unknown = await client.delete("/api/vectors/jobs/job_nosuch")
+        done = await client.post("/api/vectors/learn", json={"name": "wet", "layer": 10, "positive": POSITIVE,
+                                                              "negative": NEGATIVE})
+        assert done.status_code == 202, await done.get_data()  # the cancelled job holds nothing up
+        done_id = (await done.get_json())["id"]
+        await until(client, done_id, "succeeded", "failed")
+        finished = await client.delete(f"/api/vectors/jobs/{done_id}")
+        return (cancelled, stopped, later, (again.status_code, await again.get_json()),
+                (unknown.status_code, await unknown.get_json()), (finished.status_code, await finished.get_json()),
+                await set_names(client))
+
+    cancelled, stopped, later, again, unknown, finished, names = run(app, scenario)
+    code, job = cancelled
+    assert code == 200 and job["status"] == "cancelled" and job["vector_sets"] is None, job
+    assert "nothing was stored" in job["progress"] and job["error"]["error"]["code"] == "job_cancelled", job
+    assert stopped <= 2, f"the engine ran {stopped} more steps after the cancel"
+    assert later["status"] == "cancelled" and later["progress"] == job["progress"], later
+    assert again == (200, later)
+    assert unknown[0] == 404 and unknown[1]["error"]["code"] == "job_not_found"
+    assert finished[0] == 409 and finished[1]["error"]["code"] == "job_finished", finished
+    assert names == ["wet"]
+
+
+def test_job_records_outlive_a_restart_and_a_job_it_was_running_reads_interrupted(tmp_path):
+    first, _ = app_on(tmp_path)
+
+    async def before(client):
+        r = await client.post("/api/vectors/learn", json={"name": "wet", "layer": 10, "positive": POSITIVE,
+                                                           "negative": NEGATIVE})
+        done = (await r.get_json())["id"]
+        await until(client, done, "succeeded")
+        running = await started(client, LONG)
+
+        second, _ = app_on(tmp_path)  # a server started on the same home once this one died
+
+        async def after(client2):
+            listed = (await (await client2.get("/api/vectors/jobs")).get_json())["data"]
+            return listed, await job_of(client2, running)
+
+        async with second.test_app():
+            listed, interrupted = await after(second.test_client())
+        await client.delete(f"/api/vectors/jobs/{running}")
+        return done, running, listed, interrupted
+
+    done, running, listed, interrupted = run(first, before)
+    assert [j["id"] for j in listed] == [running, done]  # newest first
+    assert listed[1]["status"] == "succeeded" and listed[1]["vector_sets"] == ["wet"]
+    assert interrupted["status"] == "failed" and interrupted["error"]["error"]["code"] == "interrupted", interrupted
+    assert interrupted["progress"].startswith("failed: interrupted") and interrupted["finished"] is not None
+
+
+def test_a_record_left_running_by_a_dead_process_reads_interrupted(tmp_path):
+    """A job record written by a process that no longer exists (as a crash leaves it) reads failed: interrupted."""
+    from millm.server.vector_jobs import KIND, Job, Jobs, Plan
+    from millm.store import Store
+
+    store = Store(tmp_path / "millm.db")
+    job = Job.of(Plan("v", (4, 5), "diffmean", "mean", concepts=("x",)))
+    job.status = "running"
+    store.save_job(job.id, KIND, job.created, True, "999999999:dead", {**job.view(), "planned": list(job.sets)})
+    [seen] = Jobs(store).table.values()
+    assert (seen.status, seen.error and seen.error["error"]["code"]) == ("failed", "interrupted")
+    [again] = Jobs(store).table.values()  # and so it is stored
+    assert again.view() == seen.view() and again.view()["layers"] == [4, 5]
+
+
+@pytest.mark.parametrize("tokens,device,answers", [(4, "cpu", 64), (48, "cpu", 5), (128, "cpu", 2), (256, "cpu", 1),
+                                                    (48, "cuda:0", 64), (256, "cuda", 16)])
+def test_a_writing_slice_is_bounded_by_its_answers_tokens(tokens, device, answers):
+    from millm.vectors.learn import answers_per_slice
+
+    assert answers_per_slice(tokens, device) == answers
