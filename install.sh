@@ -44,3 +44,13 @@ if ! python -m millm.engine.llama_check >/dev/null 2>&1; then
     CMAKE_ARGS="$PORTABLE" pip install --force-reinstall --no-deps --no-cache-dir "llama-cpp-python==$version"
     python -m millm.engine.llama_check
 fi
+
+# The console's browser tests drive the system's Chromium (a browser download does not work here): the test
+# install adds Debian's chromium when it is missing.
+if [ "${1:-}" = "test" ] && ! command -v chromium >/dev/null 2>&1; then
+    echo "installing Debian's chromium for the console's browser tests"
+    sudo=""
+    if [ "$(id -u)" != 0 ]; then sudo="sudo -n"; fi
+    export DEBIAN_FRONTEND=noninteractive
+    $sudo apt-get install -y chromium || { $sudo apt-get update && $sudo apt-get install -y chromium; }
+fi

@@ -276,8 +276,10 @@ def serve(
     model: Annotated[str | None, typer.Option(help="Model to load at start (default: the bundled one).")] = None,
     batching: Annotated[bool, typer.Option("--batching", help="Continuous batching of generations (as "
                                            "MILLM_BATCHING=true).")] = False,
+    no_console: Annotated[bool, typer.Option("--no-console", help="Serve no web console at / (as "
+                                             "MILLM_CONSOLE=false).")] = False,
 ) -> None:
-    """Serve the OpenAI-compatible /v1 API and the management API with Hypercorn."""
+    """Serve the OpenAI-compatible /v1 API, the management API and the web console with Hypercorn."""
     import logging
 
     from millm.server.app import create_app
@@ -287,11 +289,15 @@ def serve(
     settings = get_settings()
     if batching:
         settings = settings.model_copy(update={"batching": True})
+    if no_console:
+        settings = settings.model_copy(update={"console": False})
     engine = engine_for(model)
     app = create_app(settings, engine)
     shown = f"[{host}]" if ":" in host else host
     err.print(f"miLLM serving [bold]{engine.model_id}[/] ({engine.fingerprint}) at http://{shown}:{port}/v1"
               f"{' - API key required' if settings.api_key else ''}")
+    if settings.console:
+        err.print(f"console: http://{shown}:{port}/", markup=False)
     if not is_loopback(host) and not settings.api_key:
         err.print(f"[yellow]warning:[/] bound to {host} beyond loopback with no MILLM_API_KEY: anyone who can "
                   "reach this port can use the API.")

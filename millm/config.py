@@ -64,6 +64,8 @@ class Settings(BaseSettings):
     # MILLM_GGUF_STEERING: SAEs attach to GGUF models and steer llama.cpp through its control vectors (profile and
     # steering_intensity honoured on GGUF chat); off, the spec's table refuses them (docs/gguf.md)
     gguf_steering: bool = False
+    # MILLM_CONSOLE: the web console at / (docs/console.md); false (or serve --no-console) leaves / a 404
+    console: bool = True
 
     @model_validator(mode="after")
     def _dial_floors_below_max(self) -> Settings:

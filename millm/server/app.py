@@ -18,6 +18,7 @@ from millm.server import (
     api,
     auth,
     body_limits,
+    console,
     health,
     metrics,
     models_api,
@@ -59,6 +60,8 @@ def create_app(settings: Settings, engine: Engine | None = None, loader: Loader 
     app.register_blueprint(steering_docs.bp)
     app.register_blueprint(models_api.bp)
     app.register_blueprint(vectors_api.bp)
+    if settings.console:  # MILLM_CONSOLE / serve --no-console: the web console at /
+        app.register_blueprint(console.bp)
 
     async def openapi_document() -> Any:
         """This server's OpenAPI document."""

@@ -29,7 +29,7 @@ def build(app: Quart) -> dict[str, Any]:
     paths: dict[str, dict[str, Any]] = {}
     schemas: dict[str, Any] = {"Error": ERROR}
     for rule in app.url_map.iter_rules():
-        if rule.endpoint in ("static", "openapi"):
+        if rule.endpoint in ("static", "openapi") or rule.endpoint.startswith("console."):  # files, not API
             continue
         view = app.view_functions[rule.endpoint]
         path = re.sub(r"<(?:[^:<>]+:)?([^<>]+)>", r"{\1}", rule.rule)

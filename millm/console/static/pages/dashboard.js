@@ -1,0 +1,79 @@
+// Dashboard: the loaded model, the serving backend, attached SAEs, the steering now in force and the
+// server's own request and token rates (from /metrics), refreshed every two seconds.
+
+import { get, request, headers, read } from "../api.js";
+import { fill, h, num, section, table } from "../dom.js";
+import { rates, totals } from "../metrics.js";
+
+const COUNTERS = ["millm_prompt_tokens_total", "millm_completion_tokens_total", "process_resident_memory_bytes"];
+const V1 = 'route="/v1/'; // requests counted: the OpenAI routes' (not the console's own reads)
+const EVERY_MS = 2000;
+
+function pairs(rows) {
+  return h("dl", { class: "pairs" }, rows.map(([k, v]) => [h("dt", null, k), h("dd", null, v)]));
+}
+
+async function metricsText() {
+  const response = await fetch("/metrics", { headers: headers(false), cache: "no-store" });
+  return read(response);
+}
+
+export async function render(root, ctx) {
+  const model = h("div", { id: "dash-model" });
+  const traffic = h("div", { id: "dash-traffic" });
+  const saes = h("div", { id: "dash-saes" });
+  const steer = h("div", { id: "dash-steering" });
+  root.append(h("div", { class: "grid" },
+    section("Model and backend", model), section("Traffic", traffic),
+    section("Attached SAEs", saes), section("Steering", steer)));
+  let last = null;
+
+  async function refresh() {
+    const inference = await get("/api/health/inference");
+    const [saeList, steering, circuit, text] = await Promise.all([
+      get("/api/saes"),
+      request("GET", "/api/steering").catch((err) => ({ error: err })),
+      get("/api/circuits/active").catch(() => null),
+      metricsText().catch(() => ""),
+    ]);
+    fill(model, pairs([
+      ["model", inference.model || "none loaded"],
+      ["engine", inference.engine || "–"],
+      ["state", inference.state || (inference.model ? "loaded" : "–")],
+      ["backend", inference.backend],
+      ["in flight", String(inference.in_flight)],
+      ["queue", `${inference.queue_depth} of ${inference.max_queue}`],
+    ]));
+    const values = { ...totals(text, COUNTERS), ...totals(text, ["millm_requests_total"], V1) };
+    const now = { at: performance.now(), values };
+    const rate = last ? rates(last.values, now.values, (now.at - last.at) / 1000) : {};
+    last = now;
+    const rss = now.values.process_resident_memory_bytes;
+    fill(traffic, pairs([
+      ["/v1 requests", num(now.values.millm_requests_total, 0)],
+      ["requests/s", num(rate.millm_requests_total, 2)],
+      ["completion tokens", num(now.values.millm_completion_tokens_total, 0)],
+      ["tokens/s", num(rate.millm_completion_tokens_total, 1)],
+      ["memory (RSS)", rss ? `${(rss / 2 ** 20).toFixed(0)} MiB` : "not reported"],
+    ]));
+    const attached = saeList.data.filter((sae) => sae.attached_layer !== null);
+    fill(saes, attached.length
+      ? table(["SAE", "layer", "features"], attached.map((s) => [s.id, String(s.attached_layer), String(s.d_sae)]))
+      : h("p", { class: "muted" }, "No SAE attached."));
+    if (steering.error) {
+      fill(steer, h("p", { class: "muted" }, steering.error.message));
+    } else {
+      const count = Object.values(steering.saes).reduce((n, s) => n + Object.keys(s.values).length, 0);
+      fill(steer, pairs([
+        ["steering", steering.enabled ? "on" : "off"],
+        ["features set", String(count)],
+        ["active profile", steering.active_profile || "none"],
+        ["active circuit", circuit && circuit.active ? String(circuit.active) : "none"],
+      ]));
+    }
+  }
+
+  await refresh();
+  const timer = setInterval(() => refresh().catch(ctx.fail), EVERY_MS);
+  return () => clearInterval(timer);
+}

@@ -1,0 +1,123 @@
+// Profiles, clusters and circuits: list, create a profile from the live values, import and export JSON
+// (upload and download), activate and deactivate, delete; a cluster's dial λ as a slider, a circuit's rung
+// and how it would serve now.
+
+import { del, get, post, put, seg } from "../api.js";
+import { field, fill, h, num, section, table } from "../dom.js";
+import { download, upload } from "../files.js";
+
+function importer(kind, ctx, refresh) {
+  const file = h("input", { type: "file", accept: "application/json,.json", id: `${kind}-file` });
+  const overwrite = h("input", { type: "checkbox", id: `${kind}-overwrite` });
+  const route = kind === "profile" ? "/api/profiles/import" : `/api/${kind}s/import`;
+  return h("form", { class: "inline", onsubmit: async (e) => {
+    e.preventDefault();
+    await ctx.attempt(async () => post(`${route}${overwrite.checked ? "?overwrite=true" : ""}`, await upload(file)),
+      (d) => `Imported ${kind} "${d.name}".`);
+    await refresh().catch(ctx.fail);
+  } }, field(`import a ${kind} (JSON)`, file), h("label", { class: "toggle" }, overwrite, " overwrite"),
+  h("button", { type: "submit", id: `${kind}-import` }, "Import"));
+}
+
+function button(label, action, attrs = {}) {
+  return h("button", { type: "button", "data-action": label, onclick: action, ...attrs }, label);
+}
+
+async function renderProfiles(root, ctx) {
+  const list = h("div", { id: "profile-list" });
+  const name = h("input", { id: "new-profile", placeholder: "name" });
+  const description = h("input", { id: "new-profile-description", placeholder: "description", size: 30 });
+
+  async function refresh() {
+    const { data, active } = await get("/api/profiles");
+    fill(list, data.length ? table(["profile", "description", "entries", "active", ""], data.map((p) => [
+      p.name, p.description || "", String((p.entries || []).length), p.name === active ? "active" : "",
+      h("span", { "data-profile": p.name },
+        p.name === active
+          ? button("deactivate", () => act(post("/api/profiles/deactivate"), "Deactivated."))
+          : button("activate", () => act(post(`/api/profiles/${seg(p.name)}/activate`), `Activated "${p.name}".`)),
+        button("export", () => ctx.attempt(async () => download(`${p.name}.json`,
+          await get(`/api/profiles/${seg(p.name)}/export`)), `Exported "${p.name}".`)),
+        button("delete", () => act(del(`/api/profiles/${seg(p.name)}`), `Deleted "${p.name}".`), { class: "danger" })),
+    ]), { id: "profiles-table" }) : h("p", { class: "muted" }, "No profile saved."));
+  }
+
+  async function act(promise, message) {
+    await ctx.attempt(() => promise, message);
+    await refresh().catch(ctx.fail);
+  }
+
+  root.append(
+    section("Profiles", list),
+    section("New profile from the live values", h("form", { class: "inline", onsubmit: (e) => {
+      e.preventDefault();
+      act(post("/api/profiles", { name: name.value.trim(), description: description.value, from_current: true }),
+        `Saved "${name.value.trim()}".`);
+    } }, field("name", name), field("description", description), h("button", { type: "submit", id: "profile-create" },
+      "Save"))),
+    section("Import", importer("profile", ctx, refresh)));
+  await refresh();
+}
+
+async function renderClusters(root, ctx) {
+  const list = h("div", { id: "cluster-list" });
+
+  function dial(c) {
+    const top = (c.intensity_range && c.intensity_range[1]) || 2;
+    const shown = h("output", null, num(c.intensity, 2));
+    const slider = h("input", { type: "range", min: 0, max: top, step: 0.05, value: c.intensity ?? 1,
+                                class: "dial", "aria-label": `dial of ${c.name}` });
+    slider.addEventListener("input", () => { shown.textContent = num(slider.value, 2); });
+    slider.addEventListener("change", () => act(put(`/api/clusters/${seg(c.name)}/intensity`,
+      { lambda: Number(slider.value) }), `${c.name}: λ ${num(slider.value, 2)}.`));
+    return h("span", { class: "dial-cell" }, slider, shown);
+  }
+
+  async function refresh() {
+    const { data } = await get("/api/clusters");
+    fill(list, data.length ? table(["cluster", "SAE layer", "members", "λ", "active", ""], data.map((c) => [
+      c.name, String(c.sae && c.sae.layer !== undefined ? c.sae.layer : "–"), String((c.members || []).length),
+      dial(c), c.active ? "active" : "",
+      h("span", { "data-cluster": c.name },
+        c.active ? button("deactivate", () => act(post("/api/profiles/deactivate"), "Deactivated."))
+          : button("activate", () => act(post(`/api/profiles/${seg(c.name)}/activate`), `Activated "${c.name}".`)),
+        button("delete", () => act(del(`/api/clusters/${seg(c.name)}`), `Deleted "${c.name}".`), { class: "danger" })),
+    ]), { id: "clusters-table" }) : h("p", { class: "muted" }, "No cluster imported."));
+  }
+
+  async function act(promise, message) {
+    await ctx.attempt(() => promise, message);
+    await refresh().catch(ctx.fail);
+  }
+
+  root.append(section("Clusters", list), section("Import", importer("cluster", ctx, refresh)));
+  await refresh();
+}
+
+async function renderCircuits(root, ctx) {
+  const list = h("div", { id: "circuit-list" });
+
+  async function refresh() {
+    const { data } = await get("/api/circuits");
+    fill(list, data.length ? table(["circuit", "members", "rung", "would serve", "active", ""], data.map((c) => [
+      c.name, String((c.members || []).length), String(c.evidence ? c.evidence.rung : "–"),
+      c.steering ? String(c.steering.mode || JSON.stringify(c.steering)) : "–", c.active ? "active" : "",
+      h("span", { "data-circuit": c.name },
+        c.active ? button("deactivate", () => act(post("/api/profiles/deactivate"), "Deactivated."))
+          : button("activate", () => act(post(`/api/circuits/${seg(c.name)}/activate`), `Activated "${c.name}".`)),
+        button("delete", () => act(del(`/api/circuits/${seg(c.name)}`), `Deleted "${c.name}".`), { class: "danger" })),
+    ]), { id: "circuits-table" }) : h("p", { class: "muted" }, "No circuit imported."));
+  }
+
+  async function act(promise, message) {
+    await ctx.attempt(() => promise, message);
+    await refresh().catch(ctx.fail);
+  }
+
+  root.append(section("Circuits", list), section("Import", importer("circuit", ctx, refresh)));
+  await refresh();
+}
+
+export const profiles = { render: renderProfiles };
+export const clusters = { render: renderClusters };
+export const circuits = { render: renderCircuits };

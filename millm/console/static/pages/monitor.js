@@ -1,0 +1,100 @@
+// Monitor: switch monitoring on and off for chosen features of an attached SAE, and watch the running
+// statistics (a bar chart of the top features by mean activation and the table GET /api/monitoring/stats
+// answers) and the per-request history. Updated by polling the stats route once a second.
+
+import { del, get, put } from "../api.js";
+import { bars } from "../chart.js";
+import { field, fill, h, num, section, table } from "../dom.js";
+import { card, resolve } from "../features.js";
+
+const EVERY_MS = 1000;
+const TOP = 10;
+const DIGITS = 4;
+
+export async function render(root, ctx) {
+  const enabled = h("input", { type: "checkbox", id: "mon-enabled" });
+  const pick = h("select", { id: "mon-sae" });
+  const features = h("input", { id: "mon-features", placeholder: "2375, weather, 17", size: 30 });
+  const summary = h("p", { id: "mon-summary", class: "muted" });
+  const chart = h("div", { id: "mon-chart" });
+  const stats = h("div", { id: "mon-table" });
+  const history = h("div", { id: "mon-history" });
+  const labels = new Map();
+
+  async function configure(on) {
+    const sae = pick.value;
+    const indices = [];
+    for (const name of features.value.split(",").map((t) => t.trim()).filter(Boolean)) {
+      indices.push(await resolve(sae, name));
+    }
+    return put("/api/monitoring", on ? { enabled: true, sae, features: indices } : { enabled: false });
+  }
+
+  function label(sae, index) {
+    const key = `${sae}:${index}`;
+    if (!labels.has(key)) {
+      labels.set(key, "");
+      card(sae, index).then((c) => labels.set(key, c.label || "")).catch(() => {});
+    }
+    return labels.get(key);
+  }
+
+  async function refresh() {
+    const [config, now, past] = await Promise.all([
+      get("/api/monitoring"), get("/api/monitoring/stats"), get("/api/monitoring/history")]);
+    enabled.checked = config.enabled;
+    summary.textContent = `${config.enabled ? "Monitoring" : "Not monitoring"}${config.sae ? ` ${config.sae}` : ""}: `
+      + `${now.positions} positions read, ${now.requests_in_history} requests in the history.`;
+    const rows = Object.entries(now.features).map(([index, f]) => ({ index, ...f }));
+    const top = [...rows].sort((a, b) => b.mean - a.mean).slice(0, TOP);
+    fill(chart, rows.length ? bars(top.map((r) => ({ name: `${r.index} ${label(now.sae, r.index)}`.trim(),
+                                                      value: r.mean })))
+      : h("p", { class: "muted" }, "No features monitored."));
+    fill(stats, table(["feature", "label", "positions", "mean", "max", "active fraction"],
+      rows.map((r) => [r.index, label(now.sae, r.index), String(now.positions), num(r.mean, DIGITS),
+                       num(r.max, DIGITS), num(r.active_fraction, DIGITS)]), { id: "mon-stats" }));
+    const recent = past.data.slice(-10).reverse();
+    fill(history, recent.length
+      ? table(["time", "request", "positions", "top feature (mean)"], recent.map((r) => {
+        const best = Object.entries(r.features).sort((a, b) => b[1].mean - a[1].mean)[0];
+        return [new Date(r.time * 1000).toLocaleTimeString(), r.id, String(r.positions),
+                best ? `${best[0]} (${num(best[1].mean, DIGITS)})` : "–"];
+      }))
+      : h("p", { class: "muted" }, "No request recorded yet."));
+  }
+
+  const attached = (await get("/api/saes")).data.filter((sae) => sae.attached_layer !== null);
+  fill(pick, attached.map((sae) => h("option", { value: sae.id }, sae.id)));
+  const config = await get("/api/monitoring").catch(() => null);
+  if (config && config.sae) {
+    pick.value = config.sae;
+    features.value = config.features.join(", ");
+  }
+  enabled.addEventListener("change", async () => {
+    const done = await ctx.attempt(() => configure(enabled.checked),
+      enabled.checked ? "Monitoring on." : "Monitoring off.");
+    if (!done) enabled.checked = !enabled.checked;
+    await refresh().catch(ctx.fail);
+  });
+
+  root.append(
+    section("Configuration",
+      h("div", { class: "inline" }, h("label", { class: "toggle" }, enabled, " monitoring on"), field("SAE", pick),
+        field("features", features),
+        h("button", { type: "button", id: "mon-apply", onclick: async () => {
+          await ctx.attempt(() => configure(true), "Monitoring these features.");
+          await refresh().catch(ctx.fail);
+        } }, "Apply"),
+        h("button", { type: "button", id: "mon-clear", onclick: async () => {
+          await ctx.attempt(() => del("/api/monitoring/history"), "History cleared (statistics stay).");
+          await refresh().catch(ctx.fail);
+        } }, "Clear history")),
+      summary),
+    section(`Top ${TOP} features by mean activation`, chart),
+    section("Running statistics", stats),
+    section("Recent requests", history));
+  if (!attached.length) ctx.say("No SAE attached: attach one on the SAEs page to monitor its features.");
+  await refresh();
+  const timer = setInterval(() => refresh().catch(ctx.fail), EVERY_MS);
+  return () => clearInterval(timer);
+}

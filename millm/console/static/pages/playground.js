@@ -1,0 +1,101 @@
+// Playground: a chat against /v1/chat/completions, streamed, with sampling settings and a seed, showing the
+// steering each answer ran under (the X-miLLM-Steering header). Model text is shown as text, never markup.
+
+import { ApiError, get, headers, read } from "../api.js";
+import { field, fill, h } from "../dom.js";
+
+/** The data lines of server-sent events in ``buffer``: [complete payloads, the unfinished rest]. */
+export function frames(buffer) {
+  const parts = buffer.split("\n\n");
+  const rest = parts.pop();
+  const payloads = parts.flatMap((frame) => frame.split("\n").filter((l) => l.startsWith("data:"))
+    .map((l) => l.slice(5).trim()));
+  return [payloads, rest];
+}
+
+async function stream(body, onText) {
+  const response = await fetch("/v1/chat/completions", {
+    method: "POST", headers: headers(true), body: JSON.stringify(body), cache: "no-store",
+  });
+  if (!response.ok) await read(response); // throws the refusal
+  const steering = response.headers.get("X-miLLM-Steering") || "not reported";
+  const reader = response.body.getReader();
+  const decoder = new TextDecoder();
+  let buffer = "";
+  let finish = null;
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    buffer += decoder.decode(value, { stream: true });
+    const [payloads, rest] = frames(buffer);
+    buffer = rest;
+    for (const payload of payloads) {
+      if (payload === "[DONE]") continue;
+      const chunk = JSON.parse(payload);
+      if (chunk.error) throw new ApiError(500, chunk.error.code || "error", chunk.error.message);
+      for (const choice of chunk.choices || []) {
+        if (choice.delta && choice.delta.content) onText(choice.delta.content);
+        if (choice.finish_reason) finish = choice.finish_reason;
+      }
+    }
+  }
+  return { steering, finish };
+}
+
+export async function render(root, ctx) {
+  const transcript = h("div", { id: "transcript", class: "transcript" });
+  const prompt = h("textarea", { id: "prompt", rows: 3, placeholder: "Say something…" });
+  const model = h("input", { id: "pg-model", size: 28 });
+  const temperature = h("input", { id: "pg-temperature", type: "number", min: 0, max: 2, step: 0.1, value: 0.7 });
+  const maxTokens = h("input", { id: "pg-max-tokens", type: "number", min: 1, step: 1, value: 64 });
+  const seed = h("input", { id: "pg-seed", type: "number", step: 1, placeholder: "none" });
+  const steering = h("p", { id: "pg-steering", class: "muted" }, "X-miLLM-Steering: (no answer yet)");
+  const send = h("button", { type: "submit", id: "pg-send" }, "Send");
+  const messages = [];
+
+  const inference = await get("/api/health/inference").catch(() => ({}));
+  model.value = inference.model || "";
+
+  function bubble(role, text) {
+    const node = h("div", { class: `msg ${role}` }, h("b", null, role), h("span", { class: "text" }, text));
+    transcript.append(node);
+    return node.querySelector(".text");
+  }
+
+  async function ask() {
+    const text = prompt.value.trim();
+    if (!text) return;
+    prompt.value = "";
+    messages.push({ role: "user", content: text });
+    bubble("user", text);
+    const out = bubble("assistant", "");
+    out.parentElement.dataset.state = "streaming";
+    const body = { model: model.value.trim(), messages: [...messages], stream: true,
+                   temperature: Number(temperature.value), max_tokens: Number(maxTokens.value) };
+    if (seed.value !== "") body.seed = Number(seed.value);
+    send.disabled = true;
+    try {
+      const result = await stream(body, (piece) => { out.textContent += piece; });
+      messages.push({ role: "assistant", content: out.textContent });
+      steering.textContent = `X-miLLM-Steering: ${result.steering}`;
+      out.parentElement.dataset.state = `done:${result.finish}`;
+    } catch (err) {
+      messages.pop();
+      out.parentElement.dataset.state = "failed";
+      ctx.fail(err);
+    } finally {
+      send.disabled = false;
+    }
+  }
+
+  root.append(h("section", { class: "card" },
+    h("div", { class: "inline" }, field("model", model), field("temperature", temperature),
+      field("max tokens", maxTokens), field("seed", seed),
+      h("button", { type: "button", id: "pg-reset", onclick: () => {
+        messages.length = 0;
+        fill(transcript);
+      } }, "New chat")),
+    transcript, steering,
+    h("form", { class: "chat", onsubmit: (e) => { e.preventDefault(); ask(); } }, prompt, send)));
+  return null;
+}
