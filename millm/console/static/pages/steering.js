@@ -53,10 +53,30 @@ export async function render(root, ctx) {
   const profileName = h("input", { id: "profile-name", placeholder: "profile name" });
   let state = null;
 
+  // the rows' identity: while the same features are set, a change updates values in place (a slider being
+  // dragged or stepped with the keyboard keeps its focus)
+  const signature = (st) => JSON.stringify(Object.entries(st.saes).map(([id, s]) => [id, Object.keys(s.values)]));
+
+  function update(next) {
+    for (const [id, sae] of Object.entries(next.saes)) {
+      for (const [index, value] of Object.entries(sae.values)) {
+        const tr = rows.querySelector(`tr[data-sae="${CSS.escape(id)}"][data-feature="${CSS.escape(index)}"]`);
+        for (const input of tr ? tr.querySelectorAll("input") : []) {
+          if (input !== document.activeElement) input.value = value;
+        }
+      }
+    }
+  }
+
   function show(next) {
+    const same = state !== null && signature(state) === signature(next);
     state = next;
     toggle.checked = next.enabled;
     live.textContent = liveLine(next);
+    if (same) {
+      update(next);
+      return;
+    }
     const ids = Object.keys(next.saes);
     fill(saePick, ids.map((id) => h("option", { value: id }, id)));
     if (!ids.length) {

@@ -1,0 +1,145 @@
+"""The SAEs and Steering pages driven in a browser on the scripted engine: attach the bundled L10 SAE, find a
+feature by label (with its firing rate and recommended strength) and its card, set strengths with the slider, the
+number box (clamped to ±200) and batch add, turn steering off and on (the values kept), save a profile, clear;
+each checked against what GET /api/steering then answers, and the playground's answer steered by them."""
+
+from __future__ import annotations
+
+import httpx
+
+from tests.console.browser import row
+
+SAE = "smollm2-135m-res-L10"
+MUSIC = 2375  # "music, melody": the bundled SAE's measured music feature
+
+
+def steering(base: str) -> dict:
+    return httpx.get(base + "/api/steering").json()
+
+
+def attach_from_the_page(console) -> None:
+    page = console.open("saes")
+    row(page, "#sae-table", SAE).locator("button[data-action='attach']").click()
+    page.wait_for_selector(f"#sae-table tr:has(td:text-is('{SAE}')) button[data-action='detach']")
+    assert "layer 10" in row(page, "#sae-table", SAE).text_content()
+
+
+def test_attach_search_and_read_a_card(console):
+    attach_from_the_page(console)
+    page = console.page
+    assert httpx.get(f"{console.base}/api/saes/{SAE}").json()["attached_layer"] == 10
+    page.select_option("#search-sae", SAE)
+    page.fill("#search-q", "music")
+    page.click("#search-go")
+    found = row(page, "#search-table", str(MUSIC))
+    card = httpx.get(f"{console.base}/api/saes/{SAE}/features/{MUSIC}").json()
+    assert found.locator("td").nth(1).text_content() == "music, melody"
+    page.wait_for_function("() => !document.querySelector('#search-table').textContent.includes('…')")
+    assert found.locator("td").nth(2).text_content() == f"{card['frequency']:.5f}"
+    assert card["recommended_strength"] is not None  # measured: the bundled SAE records it
+    assert float(found.locator("td").nth(3).text_content()) == card["recommended_strength"]
+    found.locator("button[data-action='card']").click()
+    shown = page.locator("#feature-card")
+    shown.wait_for()
+    assert shown.locator(".label").text_content() == card["label"]
+    first = card["examples"][0]["text"]
+    marked = first.split("«")[1].split("»")[0]
+    assert shown.locator("ol li").first.locator("mark").text_content() == marked  # the firing token highlighted
+    assert shown.locator("ol li").first.locator(".example").text_content() == first.replace("«", "").replace("»", "")
+    found.locator("button[data-action='steer']").click()
+    console.notice().filter(has_text=f"Feature {MUSIC} set to").wait_for()
+    expected = card["recommended_strength"] or 20
+    assert steering(console.base)["saes"][SAE]["values"] == {str(MUSIC): float(expected)}
+
+
+def test_slider_number_box_toggle_batch_profile_and_clear(console):
+    attach_from_the_page(console)
+    page = console.open("steering")
+    page.fill("#batch", f"{MUSIC}=40, 17=-5")
+    page.click("#batch-add")
+    slider = page.locator(f"tr[data-feature='{MUSIC}'] input.slider")
+    slider.wait_for()
+    assert steering(console.base)["saes"][SAE]["values"] == {str(MUSIC): 40.0, "17": -5.0}
+
+    slider.focus()
+    for _ in range(5):
+        page.keyboard.press("ArrowRight")  # each step is a change the page sends at once
+    page.wait_for_function(f"() => document.querySelector(\"tr[data-feature='{MUSIC}'] input.strength\").value == '45'")
+    _wait_value(console.base, MUSIC, 45.0)
+    assert page.locator(f"tr[data-feature='{MUSIC}'] .label").text_content() == "music, melody"
+
+    box = page.locator("tr[data-feature='17'] input.strength")
+    box.fill("250")
+    box.press("Enter")
+    _wait_value(console.base, 17, 200.0)  # clamped to the ±200 the server applies
+    assert page.locator("tr[data-feature='17'] input.strength").input_value() == "200"
+
+    page.uncheck("#steering-enabled")
+    page.locator("#steering-live").filter(has_text="Steering is off").wait_for()
+    state = steering(console.base)
+    assert state["enabled"] is False and state["saes"][SAE]["values"][str(MUSIC)] == 45.0  # values kept
+    page.check("#steering-enabled")
+    page.locator("#steering-live").filter(has_text="Live").wait_for()
+    assert steering(console.base)["enabled"] is True
+
+    page.fill("#profile-name", "from-the-page")
+    page.click("#profile-save")
+    console.notice().filter(has_text='Saved profile "from-the-page"').wait_for()
+    profile = httpx.get(console.base + "/api/profiles/from-the-page").json()
+    assert {(e["feature"], e["strength"]) for e in profile["entries"]} == {(MUSIC, 45.0), (17, 200.0)}
+
+    page.locator("tr[data-feature='17'] button").click()  # remove: a strength of 0
+    page.locator("tr[data-feature='17']").wait_for(state="detached")
+    assert steering(console.base)["saes"][SAE]["values"] == {str(MUSIC): 45.0}
+    page.click("#steering-clear")
+    page.locator("#steering-rows").filter(has_text="No features set").wait_for()
+    assert steering(console.base)["saes"][SAE]["values"] == {}
+
+
+def test_a_name_in_batch_add_resolves_by_label_or_says_why_not(console):
+    attach_from_the_page(console)
+    page = console.open("steering")
+    page.fill("#batch", "music=20")
+    page.click("#batch-add")
+    page.locator(f"tr[data-feature='{MUSIC}']").wait_for()
+    assert steering(console.base)["saes"][SAE]["values"] == {str(MUSIC): 20.0}
+    page.fill("#batch", "no-such-label-anywhere=3")
+    page.click("#batch-add")
+    console.notice().filter(has_text="matches no feature label").wait_for()
+    page.fill("#batch", "music")
+    page.click("#batch-add")
+    console.notice().filter(has_text="is not FEATURE=STRENGTH").wait_for()
+    assert steering(console.base)["saes"][SAE]["values"] == {str(MUSIC): 20.0}
+
+
+def test_the_playground_streams_and_shows_the_steering_it_ran_under(console):
+    page = console.open("playground")
+    page.fill("#pg-max-tokens", "12")
+    page.fill("#prompt", "Hello?")
+    page.click("#pg-send")
+    answer = page.locator(".msg.assistant[data-state^='done']")
+    answer.wait_for()
+    assert answer.locator(".text").text_content() == "Hello from t"  # the scripted answer, 12 tokens
+    assert answer.get_attribute("data-state") == "done:length"
+    assert page.locator("#pg-steering").text_content() == "X-miLLM-Steering: none"
+
+    attach_from_the_page(console)
+    httpx.patch(console.base + "/api/steering", json={"sae": SAE, "values": {str(MUSIC): 40}}).raise_for_status()
+    page = console.open("playground")
+    page.fill("#pg-max-tokens", "7")
+    page.fill("#prompt", "Again?")
+    page.click("#pg-send")
+    answer = page.locator(".msg.assistant[data-state^='done']")
+    answer.wait_for()
+    assert answer.locator(".text").text_content() == "Steered"  # the scripted engine's steered answer
+    assert page.locator("#pg-steering").text_content() == "X-miLLM-Steering: live"
+
+
+def _wait_value(base: str, feature: int, value: float) -> None:
+    """Until GET /api/steering holds ``value`` for ``feature`` (the page sends changes as they happen)."""
+    import time
+
+    deadline = time.monotonic() + 30
+    while steering(base)["saes"][SAE]["values"].get(str(feature)) != value:
+        assert time.monotonic() < deadline, steering(base)
+        time.sleep(0.05)
