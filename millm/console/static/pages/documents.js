@@ -19,6 +19,11 @@ function importer(kind, ctx, refresh) {
   h("button", { type: "submit", id: `${kind}-import` }, "Import"));
 }
 
+/** An imported cluster's or circuit's document (the API nests it under ``document``). */
+function doc(row) {
+  return row.document || row;
+}
+
 function button(label, action, attrs = {}) {
   return h("button", { type: "button", "data-action": label, onclick: action, ...attrs }, label);
 }
@@ -63,7 +68,7 @@ async function renderClusters(root, ctx) {
   const list = h("div", { id: "cluster-list" });
 
   function dial(c) {
-    const top = (c.intensity_range && c.intensity_range[1]) || 2;
+    const top = (doc(c).intensity_range && doc(c).intensity_range[1]) || 2;
     const shown = h("output", null, num(c.intensity, 2));
     const slider = h("input", { type: "range", min: 0, max: top, step: 0.05, value: c.intensity ?? 1,
                                 class: "dial", "aria-label": `dial of ${c.name}` });
@@ -76,8 +81,8 @@ async function renderClusters(root, ctx) {
   async function refresh() {
     const { data } = await get("/api/clusters");
     fill(list, data.length ? table(["cluster", "SAE layer", "members", "λ", "active", ""], data.map((c) => [
-      c.name, String(c.sae && c.sae.layer !== undefined ? c.sae.layer : "–"), String((c.members || []).length),
-      dial(c), c.active ? "active" : "",
+      c.name, String(doc(c).sae && doc(c).sae.layer !== undefined ? doc(c).sae.layer : "–"),
+      String((doc(c).members || []).length), dial(c), c.active ? "active" : "",
       h("span", { "data-cluster": c.name },
         c.active ? button("deactivate", () => act(post("/api/profiles/deactivate"), "Deactivated."))
           : button("activate", () => act(post(`/api/profiles/${seg(c.name)}/activate`), `Activated "${c.name}".`)),
@@ -99,9 +104,10 @@ async function renderCircuits(root, ctx) {
 
   async function refresh() {
     const { data } = await get("/api/circuits");
-    fill(list, data.length ? table(["circuit", "members", "rung", "would serve", "active", ""], data.map((c) => [
-      c.name, String((c.members || []).length), String(c.evidence ? c.evidence.rung : "–"),
-      c.steering ? String(c.steering.mode || JSON.stringify(c.steering)) : "–", c.active ? "active" : "",
+    fill(list, data.length ? table(["circuit", "members", "rung", "would serve", "why", "active", ""], data.map((c) => [
+      c.name, String((doc(c).members || []).length), String(doc(c).evidence ? doc(c).evidence.rung : "–"),
+      c.steering ? String(c.steering.mode) : "–", c.steering ? String(c.steering.reason || "") : "",
+      c.active ? "active" : "",
       h("span", { "data-circuit": c.name },
         c.active ? button("deactivate", () => act(post("/api/profiles/deactivate"), "Deactivated."))
           : button("activate", () => act(post(`/api/circuits/${seg(c.name)}/activate`), `Activated "${c.name}".`)),
