@@ -1,0 +1,117 @@
+"""The console on the real bundled model (the session's ``millm serve``, marked ``model``): attach the bundled L10
+SAE, find the music feature by its label, set it with the slider, and see ``X-miLLM-Steering: live`` on the next
+playground answer and the slider's value in GET /api/steering; then monitor features while requests sent from the
+OpenAI SDK run, the page's table changing with them and equal to GET /api/monitoring/stats. A few tokens each."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.console.browser import Watched, row
+
+SAE = "smollm2-135m-res-L10"
+MUSIC = 2375
+TOKENS = 4
+
+
+@pytest.fixture
+def real(browser: Any, server: str) -> Iterator[Watched]:
+    """A watched page on the session's real server, its steering and monitoring put back afterwards."""
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    try:
+        watched = Watched(context.new_page(), server)
+        yield watched
+        watched.clean()
+    finally:
+        context.close()
+        httpx.put(server + "/api/monitoring", json={"enabled": False})
+        httpx.delete(server + "/api/steering")
+        if httpx.get(f"{server}/api/saes/{SAE}").json()["attached_layer"] is not None:
+            httpx.post(f"{server}/api/saes/{SAE}/detach")
+
+
+def values(base: str) -> dict[str, float]:
+    return httpx.get(base + "/api/steering").json()["saes"].get(SAE, {}).get("values", {})
+
+
+def until(condition: Any, what: str) -> None:
+    deadline = time.monotonic() + 60
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def test_find_a_feature_set_it_with_the_slider_and_the_next_answer_is_steered(real):
+    page = real.open("saes")
+    row(page, "#sae-table", SAE).locator("button[data-action='attach']").click()
+    page.wait_for_selector(f"#sae-table tr:has(td:text-is('{SAE}')) button[data-action='detach']")
+    page.select_option("#search-sae", SAE)
+    page.fill("#search-q", "music")
+    page.click("#search-go")
+    found = row(page, "#search-table", str(MUSIC))
+    assert found.locator(".label").text_content() == "music, melody"
+    found.locator("button[data-action='steer']").click()
+    real.notice().filter(has_text=f"Feature {MUSIC} set to").wait_for()
+    start = values(real.base)[str(MUSIC)]
+
+    page = real.open("steering")
+    slider = page.locator(f"tr[data-feature='{MUSIC}'] input.slider")
+    slider.focus()
+    for _ in range(3):
+        page.keyboard.press("ArrowLeft")
+    until(lambda: values(real.base).get(str(MUSIC)) == start - 3, "the slider's value reaches the server")
+    assert page.locator(f"tr[data-feature='{MUSIC}'] input.strength").input_value() == str(int(start - 3))
+
+    page = real.open("playground")
+    page.fill("#pg-temperature", "0")
+    page.fill("#pg-max-tokens", str(TOKENS))
+    page.fill("#prompt", "Tell me about your day.")
+    page.click("#pg-send")
+    answer = page.locator(".msg.assistant[data-state^='done']")
+    answer.wait_for()
+    assert answer.locator(".text").text_content() != ""
+    assert page.locator("#pg-steering").text_content() == "X-miLLM-Steering: live"
+    assert values(real.base) == {str(MUSIC): start - 3}
+
+
+def test_the_monitor_follows_requests_from_the_sdk_and_equals_the_stats(real, client):
+    httpx.post(f"{real.base}/api/saes/{SAE}/attach", json={}).raise_for_status()
+    page = real.open("monitor")
+    page.select_option("#mon-sae", SAE)
+    page.fill("#mon-features", "music, 17, 1604")  # a label resolves as batch add resolves it
+    page.click("#mon-apply")
+    real.notice().filter(has_text="Monitoring these features").wait_for()
+    config = httpx.get(real.base + "/api/monitoring").json()
+    assert config["enabled"] is True and config["features"] == [MUSIC, 17, 1604]
+    page.locator("#mon-summary").filter(has_text="0 positions read").wait_for()
+
+    shown = []
+    for n in (1, 2):
+        client.chat.completions.create(model="SmolLM2-135M-Instruct", max_tokens=TOKENS, temperature=0,
+                                       messages=[{"role": "user", "content": f"Sing me song number {n}."}])
+        stats = httpx.get(real.base + "/api/monitoring/stats").json()
+        page.locator("#mon-summary").filter(has_text=f"{stats['positions']} positions read").wait_for()
+        page.locator("#mon-summary").filter(has_text=f"{n} requests in the history").wait_for()
+        table = table_of(page)
+        assert table == expected(stats)  # the page's table is the stats route's, to the digits it shows
+        shown.append(table)
+    assert shown[0] != shown[1]  # it changed as the second request ran, without a reload
+    assert page.locator("#mon-chart rect.chart-bar").count() == 3
+    assert page.locator("#mon-history tbody tr").count() == 2
+
+
+def table_of(page: Any) -> list[list[str]]:
+    """The page's statistics table, without its label column (labels arrive on their own)."""
+    return [[c.text_content() for i, c in enumerate(r.locator("td").all()) if i != 1]
+            for r in page.locator("#mon-stats tbody tr").all()]
+
+
+def expected(stats: dict[str, Any]) -> list[list[str]]:
+    """The rows the page draws from a stats body: feature, positions, mean, max, active fraction."""
+    return [[index, str(stats["positions"]), f"{f['mean']:.4f}", f"{f['max']:.4f}", f"{f['active_fraction']:.4f}"]
+            for index, f in sorted(stats["features"].items(), key=lambda kv: int(kv[0]))]  # JS orders index keys
