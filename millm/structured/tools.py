@@ -121,6 +121,11 @@ class ToolConstraint:
         lead, and the only text stop sequences apply to."""
         return self.choice == "auto" and self.text is None
 
+    @property
+    def several(self) -> bool:
+        """Whether another call may follow a call (not with a named function or parallel_tool_calls false)."""
+        return self.parallel and self.forced is None
+
     def parser(self) -> ToolCallParser:
         """A parser for a row's text under this constraint: a call may follow text only under "auto" without a
         response_format, and under "required" or a forced function the text is calls alone."""
@@ -140,8 +145,7 @@ class ToolConstraint:
             rules += [f"start: answer | {lit(OPEN)} calls", f"answer: %json {_inline(self.text.generated)}"]
         else:
             rules += [f"start: {lit(OPEN)} calls"]
-        many = self.parallel and self.forced is None
-        rules += [f"calls: call ({lit(BETWEEN)} call)* END?" if many else "calls: call END?",
+        rules += [f"calls: call ({lit(BETWEEN)} call)* END?" if self.several else "calls: call END?",
                   f"END: /[ \\t\\r\\n]{{1,{BLANKS}}}/"]
         tools = self.callable()
         rules += [f"call: {lit(HEAD)} ({' | '.join(f'fn{i}' for i in range(len(tools)))}) {lit(TAIL)}"]
@@ -357,6 +361,17 @@ class ToolCallParser:
             out.append(Piece("content", self._buffer))
         self._buffer = ""
         return out
+
+    @property
+    def state(self) -> str:
+        """Where the parse stands: ``tail`` once a call's arguments object closed, ``between`` once its markup
+        closed (another call or the end may follow); ``millm.structured.endings`` reads it."""
+        return self._state
+
+    @property
+    def held(self) -> str:
+        """The text held back where the parse stands (after a closed call: what followed it)."""
+        return self._buffer
 
     def _expect(self, literal: str, then: str) -> bool:
         if len(self._buffer) < len(literal):

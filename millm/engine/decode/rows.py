@@ -28,11 +28,14 @@ class Row:
         return self.output.finish_reason is not None
 
 
-def emit(row: Row, token: int, closes: Callable[[int], bool] | None = None) -> list[Event]:
+def emit(row: Row, token: int, closes: Callable[[int], bool] | None = None,
+         complete: Callable[[str], bool] | None = None) -> list[Event]:
     """Feed one sampled token to ``row``: the text now safe to show, and its Finish when it ends.
 
     ``closes(token)`` is asked (only while the row is still open) whether the token completes a
-    constrained document, which ends the row with "stop". Reaching ``max_tokens`` ends it with "length".
+    constrained document, which ends the row with "stop". Reaching ``max_tokens`` ends it with "length",
+    unless ``complete(text)`` says the text is a complete answer all the same (tool calls whose arguments
+    closed, with only blanks after the last): that ends with "stop", as if the model had ended it.
     """
     out = row.output
     piece = out.feed(token)
@@ -40,6 +43,8 @@ def emit(row: Row, token: int, closes: Callable[[int], bool] | None = None) -> l
         piece += out.close("stop")
     if out.finish_reason is None and out.tokens >= row.max_tokens:
         piece += out.close("length")
+        if out.finish_reason == "length" and complete is not None and complete(out.text):
+            out.finish_reason = "stop"
     events: list[Event] = [Delta(row.index, piece)] if piece else []
     if out.finish_reason is not None:
         events.append(Finish(row.index, out.finish_reason, out.tokens))

@@ -58,6 +58,7 @@ from millm.steering.target import (
     Steering,
 )
 from millm.structured.constraint import RowGuides, stop_scope, validate
+from millm.structured.endings import endings
 
 if TYPE_CHECKING:
     from millm.engine.base import StepControl
@@ -465,12 +466,20 @@ class Scheduler:
 
     def _emit(self, lane: Lane, r: BatchRow, token: int) -> None:
         """Feed ``token`` to the row; a constrained row that closed its document is validated before any of
-        its events go out (a document that does not validate is never reported complete)."""
+        its events go out (a document that does not validate is never reported complete). A tool-call row ends
+        once nothing but blanks can follow its calls, and whole calls the budget cut end it "stop", not
+        "length" (``millm.structured.endings``)."""
         r.next_token = token
         guide = r.guide
-        closes = None if guide is None else (lambda t: bool(guide.advance(0, t)))
-        events = emit(r.row, token, closes)
         constraint = r.plan.constraint
+        rules = endings(constraint) if guide is not None else None
+        output = r.row.output
+
+        def closes(t: int) -> bool:  # the matcher stopped, or tool calls that nothing but blanks can follow
+            assert guide is not None
+            return bool(guide.advance(0, t)) or (rules is not None and rules.ended(output.text))
+
+        events = emit(r.row, token, None if guide is None else closes, None if rules is None else rules.complete)
         if guide is not None and constraint is not None and r.row.output.finish_reason == "stop":
             validate(constraint, r.row.output.text)
         for event in events:
