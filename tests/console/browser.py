@@ -18,7 +18,9 @@ from urllib.parse import urlsplit
 
 import pytest
 
-PAGES = ["dashboard", "models", "saes", "steering", "monitor", "profiles", "clusters", "circuits", "playground"]
+PAGES = [
+    "dashboard", "models", "saes", "vectors", "steering", "monitor", "profiles", "clusters", "circuits", "playground",
+]
 TIMEOUT_MS = 30_000  # how long an expectation waits (a loaded CI machine; nothing is measured by it)
 
 

@@ -115,3 +115,33 @@ def expected(stats: dict[str, Any]) -> list[list[str]]:
     """The rows the page draws from a stats body: feature, positions, mean, max, active fraction."""
     return [[index, str(stats["positions"]), f"{f['mean']:.4f}", f"{f['max']:.4f}", f"{f['active_fraction']:.4f}"]
             for index, f in sorted(stats["features"].items(), key=lambda kv: int(kv[0]))]  # JS orders index keys
+
+
+POSITIVE = ["I am so happy today!", "What a joyful, wonderful surprise.", "We laughed and celebrated all night.",
+            "This is the best day of my life."]
+NEGATIVE = ["I am so sad today.", "What a miserable, awful shock.", "We cried and mourned all night.",
+            "This is the worst day of my life."]
+
+
+def test_learn_a_vector_from_the_page_follow_its_job_and_attach_it(real):
+    name = "console-joy"
+    try:
+        page = real.open("vectors")
+        page.fill("#learn-name", name)
+        page.fill("#learn-layer", "6")
+        page.fill("#learn-positive", "\n".join(POSITIVE))
+        page.fill("#learn-negative", "\n".join(NEGATIVE))
+        page.click("#learn-go")
+        real.notice().filter(has_text=f"Learning {name}: job").wait_for()
+        page.wait_for_selector("#learn-job[data-status='succeeded']", timeout=240_000)
+        jobs = httpx.get(real.base + "/api/vectors/jobs").json()["data"]
+        assert jobs[0]["name"] == name and jobs[0]["status"] == "succeeded"
+        assert page.locator("#learn-job").text_content().startswith(f"{jobs[0]['id']} {name}: succeeded")
+        listed = row(page, "#vectors-table", name)
+        listed.wait_for()
+        assert listed.locator("td").nth(1).text_content() == "6"
+        listed.locator("button[data-action='attach']").click()
+        row(page, "#vectors-table", name).locator("button[data-action='detach']").wait_for()
+        assert httpx.get(f"{real.base}/api/vectors/{name}").json()["attached_layer"] == 6
+    finally:
+        httpx.delete(f"{real.base}/api/vectors/{name}")

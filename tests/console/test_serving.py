@@ -114,3 +114,33 @@ def test_the_console_answers_only_to_loopback_names(tmp_path):
         return rebound.status_code, own.status_code
 
     assert run(app, scenario) == (421, 200)
+
+
+def test_the_docs_state_the_payload_the_package_ships():
+    """docs/console.md's figure is what the console's files weigh now (bench/console.py prints the same)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_console", ROOT.parents[1] / "bench" / "console.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    files, raw, packed = bench.payload()
+    page = (ROOT.parents[1] / "docs" / "console.md").read_text()
+    stated = re.search(r"Static payload: (\d+) files, ([\d,]+) bytes \(([\d.]+) KiB; ([\d,]+) bytes gzipped\)", page)
+    assert stated is not None
+    assert (int(stated[1]), int(stated[2].replace(",", "")), int(stated[4].replace(",", ""))) == (files, raw, packed)
+    assert stated[3] == f"{raw / 1024:.1f}"
+
+
+def test_the_package_data_ships_every_file_the_console_has():
+    """pyproject.toml's globs for millm.console match every console file, so an installed wheel serves them all."""
+    import fnmatch
+    import tomllib
+
+    config = tomllib.loads((ROOT.parents[1] / "pyproject.toml").read_text())
+    globs = config["tool"]["setuptools"]["package-data"]["millm.console"]
+    files = [str(p.relative_to(ROOT)) for p in ROOT.rglob("*")
+             if p.is_file() and p.suffix not in (".py", ".pyc") and "__pycache__" not in p.parts]
+    assert "static/pages/steering.js" in files
+    for name in files:
+        assert any(fnmatch.fnmatch(name, g) and name.count("/") == g.count("/") for g in globs), name

@@ -127,12 +127,18 @@ def test_the_playground_streams_and_shows_the_steering_it_ran_under(console):
     httpx.patch(console.base + "/api/steering", json={"sae": SAE, "values": {str(MUSIC): 40}}).raise_for_status()
     page = console.open("playground")
     page.fill("#pg-max-tokens", "7")
+    page.fill("#pg-seed", "11")
+    page.select_option("#pg-scope", "generated")
     page.fill("#prompt", "Again?")
-    page.click("#pg-send")
+    with page.expect_request("**/v1/chat/completions") as sent:
+        page.click("#pg-send")
+    body = sent.value.post_data_json
+    assert body["seed"] == 11 and body["steering_scope"] == "generated" and body["stream"] is True
+    assert body["messages"] == [{"role": "user", "content": "Again?"}]
     answer = page.locator(".msg.assistant[data-state^='done']")
     answer.wait_for()
     assert answer.locator(".text").text_content() == "Steered"  # the scripted engine's steered answer
-    assert page.locator("#pg-steering").text_content() == "X-miLLM-Steering: live"
+    assert page.locator("#pg-steering").text_content() == "X-miLLM-Steering: live;scope=generated"
 
 
 def _wait_value(base: str, feature: int, value: float) -> None:

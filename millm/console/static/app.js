@@ -10,11 +10,13 @@ import * as monitor from "./pages/monitor.js";
 import * as playground from "./pages/playground.js";
 import * as saes from "./pages/saes.js";
 import * as steering from "./pages/steering.js";
+import * as vectors from "./pages/vectors.js";
 
 export const PAGES = [
   ["dashboard", "Dashboard", dashboard],
   ["models", "Models", models],
   ["saes", "SAEs", saes],
+  ["vectors", "Vectors", vectors],
   ["steering", "Steering", steering],
   ["monitor", "Monitor", monitor],
   ["profiles", "Profiles", documents.profiles],

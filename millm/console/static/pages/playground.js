@@ -49,6 +49,8 @@ export async function render(root, ctx) {
   const temperature = h("input", { id: "pg-temperature", type: "number", min: 0, max: 2, step: 0.1, value: 0.7 });
   const maxTokens = h("input", { id: "pg-max-tokens", type: "number", min: 1, step: 1, value: 64 });
   const seed = h("input", { id: "pg-seed", type: "number", step: 1, placeholder: "none" });
+  const scope = h("select", { id: "pg-scope" }, ["", "all", "generated", "prompt"].map(
+    (v) => h("option", { value: v }, v || "server's default")));
   const steering = h("p", { id: "pg-steering", class: "muted" }, "X-miLLM-Steering: (no answer yet)");
   const send = h("button", { type: "submit", id: "pg-send" }, "Send");
   const messages = [];
@@ -73,6 +75,7 @@ export async function render(root, ctx) {
     const body = { model: model.value.trim(), messages: [...messages], stream: true,
                    temperature: Number(temperature.value), max_tokens: Number(maxTokens.value) };
     if (seed.value !== "") body.seed = Number(seed.value);
+    if (scope.value) body.steering_scope = scope.value; // where the steering applies: every, generated or prompt positions
     send.disabled = true;
     try {
       const result = await stream(body, (piece) => { out.textContent += piece; });
@@ -90,7 +93,7 @@ export async function render(root, ctx) {
 
   root.append(h("section", { class: "card" },
     h("div", { class: "inline" }, field("model", model), field("temperature", temperature),
-      field("max tokens", maxTokens), field("seed", seed),
+      field("max tokens", maxTokens), field("seed", seed), field("steering scope", scope),
       h("button", { type: "button", id: "pg-reset", onclick: () => {
         messages.length = 0;
         fill(transcript);
