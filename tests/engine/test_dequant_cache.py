@@ -8,10 +8,6 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-import torch
-
-from millm.engine.loader import CACHE_FORMAT, _cache_is_complete, _write_dequant_cache
-
 
 class Saver:
     """What _write_dequant_cache reads of a model and a tokenizer."""
@@ -20,7 +16,9 @@ class Saver:
         self.value = value
         self.config = SimpleNamespace(tie_word_embeddings=False, to_dict=lambda: {"model_type": "llama"})
 
-    def state_dict(self) -> dict[str, torch.Tensor]:
+    def state_dict(self) -> dict[str, Any]:
+        import torch
+
         return {"w": torch.full((2, 2), self.value)}
 
     def save_pretrained(self, folder: Any) -> None:
@@ -34,6 +32,8 @@ def weight(folder: Path) -> float:
 
 
 def test_a_cache_another_process_finished_first_is_kept(tmp_path):
+    from millm.engine.loader import _cache_is_complete, _write_dequant_cache  # torch: imported when a test runs
+
     target = tmp_path / "cache" / "model"
     _write_dequant_cache(Saver(1.0), Saver(1.0), target)
     _write_dequant_cache(Saver(2.0), Saver(2.0), target)  # the second process, finishing later
@@ -42,6 +42,8 @@ def test_a_cache_another_process_finished_first_is_kept(tmp_path):
 
 
 def test_a_folder_of_another_cache_format_is_replaced(tmp_path):
+    from millm.engine.loader import CACHE_FORMAT, _cache_is_complete, _write_dequant_cache
+
     target = tmp_path / "cache" / "model"
     target.mkdir(parents=True)
     (target / "millm-cache.json").write_text(json.dumps({"format": CACHE_FORMAT + 1}))
