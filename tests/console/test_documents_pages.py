@@ -61,6 +61,13 @@ def test_save_export_reimport_and_activate_a_profile(open_console, tmp_path):
         row(page, "#profiles-table", "mine").locator("button[data-action='deactivate']").click()
         row(page, "#profiles-table", "mine").locator("button[data-action='activate']").wait_for()
         assert httpx.get(f"{base}/api/profiles").json()["active"] is None
+
+        httpx.put(f"{base}/api/steering", json={"sae": L10, "values": {"1604": 12}}).raise_for_status()
+        row(page, "#profiles-table", "mine").locator("button[data-action='update']").click()
+        console.notice().filter(has_text='Updated "mine"').wait_for()
+        updated = httpx.get(f"{base}/api/profiles/mine").json()
+        assert [(e["feature"], e["strength"]) for e in updated["entries"]] == [(1604, 12.0)]
+        assert updated["description"] == "made on the page"
         console.clean()
 
 

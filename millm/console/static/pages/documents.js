@@ -28,6 +28,14 @@ function button(label, action, attrs = {}) {
   return h("button", { type: "button", "data-action": label, onclick: action, ...attrs }, label);
 }
 
+/** PUT a profile's entries to the live values (its description kept). */
+async function updateFromLive(profile) {
+  const live = await get("/api/steering");
+  const entries = Object.entries(live.saes).flatMap(([sae, s]) => Object.entries(s.values).map(
+    ([feature, strength]) => ({ sae, feature: Number(feature), strength })));
+  return put(`/api/profiles/${seg(profile.name)}`, { description: profile.description || "", entries });
+}
+
 async function renderProfiles(root, ctx) {
   const list = h("div", { id: "profile-list" });
   const name = h("input", { id: "new-profile", placeholder: "name" });
@@ -41,6 +49,7 @@ async function renderProfiles(root, ctx) {
         p.name === active
           ? button("deactivate", () => act(post("/api/profiles/deactivate"), "Deactivated."))
           : button("activate", () => act(post(`/api/profiles/${seg(p.name)}/activate`), `Activated "${p.name}".`)),
+        button("update", () => act(updateFromLive(p), `Updated "${p.name}" to the live values.`)),
         button("export", () => ctx.attempt(async () => download(`${p.name}.json`,
           await get(`/api/profiles/${seg(p.name)}/export`)), `Exported "${p.name}".`)),
         button("delete", () => act(del(`/api/profiles/${seg(p.name)}`), `Deleted "${p.name}".`), { class: "danger" })),
