@@ -21,13 +21,18 @@ from millm.structured.bounded import bounded
 # disjoint (a discriminator: it then compiles it as anyOf, and refuses any other) (tests/structured/test_formats.py)
 ENFORCED = {"type", "properties", "required", "additionalProperties", "items", "minItems", "maxItems", "enum",
             "const", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "minLength", "maxLength",
-            "pattern", "anyOf", "oneOf", "prefixItems", "format", "$ref", "$defs"}
+            "pattern", "anyOf", "oneOf", "prefixItems", "format", "$ref", "$defs", "$schema"}
 # every format llguidance 1.9 implements; the closed document is checked again with jsonschema's format checker
 # (which is stricter on calendar dates: the grammar lets 2023-02-29 through, validation then refuses it)
 FORMATS = {"date", "date-time", "time", "duration", "uuid", "email", "hostname", "ipv4", "ipv6", "uri"}
 # "discriminator" (OpenAPI's, written by Pydantic beside oneOf) only names the property whose const already
 # tells the branches apart; the oneOf itself is what is enforced
-ANNOTATIONS = {"title", "description", "default", "examples", "discriminator"}
+ANNOTATIONS = {"title", "description", "default", "examples", "discriminator", "$id", "$comment", "readOnly",
+               "writeOnly", "deprecated"}
+# "$schema" names the dialect: those in which every enforced keyword means what it means in 2020-12 (zod 4 writes
+# draft-07's, Pydantic none); another (draft-04's boolean exclusiveMinimum, say) is refused
+DIALECTS = {f"{scheme}://json-schema.org/{draft}/schema{end}" for scheme in ("http", "https")
+            for draft in ("draft/2020-12", "draft/2019-09", "draft-07") for end in ("", "#")}
 TYPES = {"object", "array", "string", "number", "integer", "boolean", "null"}
 MAX_SCHEMA_BYTES = 64 * 1024
 MAX_DEPTH = 32
@@ -146,6 +151,12 @@ def _type(value: Any, here: list[str], w: _Walk, depth: int) -> None:
                           f"{', '.join(sorted(TYPES))})")
 
 
+def _dialect(value: Any, here: list[str], w: _Walk, depth: int) -> None:
+    if value not in DIALECTS:
+        w.problems.append(f"'$schema' {_shown(value)} at '{_pointer(here)}' (the dialects taken: JSON Schema "
+                          "2020-12, 2019-09 and draft-07)")
+
+
 def _format(value: Any, here: list[str], w: _Walk, depth: int) -> None:
     if not isinstance(value, str) or value not in FORMATS:
         w.problems.append(f"'format' {value!r} at '{_pointer(here)}' (enforced: {', '.join(sorted(FORMATS))})")
@@ -189,7 +200,7 @@ def _schema_list(value: Any, here: list[str], w: _Walk, depth: int) -> None:
 
 # the keywords whose values _walk checks itself (the others' shapes are jsonschema's check)
 KEYWORDS: dict[str, Callable[[Any, list[str], _Walk, int], None]] = {
-    "type": _type, "format": _format, "pattern": _pattern, "$ref": _ref,
+    "type": _type, "format": _format, "pattern": _pattern, "$ref": _ref, "$schema": _dialect,
     "items": _schema, "additionalProperties": _schema,
     "anyOf": _schema_list, "oneOf": _schema_list, "prefixItems": _schema_list,
     "properties": _named_schemas(MAX_PROPERTIES, "properties", " per object"),

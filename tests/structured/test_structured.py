@@ -29,7 +29,7 @@ def rf(schema, name="s"):
      "'format' 'colour' at '/properties/d/format'"),
     ({"type": "object", "patternProperties": {"^a": {}}}, "'patternProperties'"),
     ({"type": "object", "dependentRequired": {"a": ["b"]}}, "'dependentRequired'"),
-    ({"$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object"}, "'$schema' at '/$schema'"),
+    ({"$schema": "http://json-schema.org/draft-04/schema#", "type": "object"}, "'$schema' "),
     ({"type": "object", "properties": {"a": {"$ref": "https://example.com/s.json"}}}, "'$ref'"),
     ({"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}, "'$ref'"),
 ])
@@ -37,6 +37,16 @@ def test_refused_keywords_name_pointer(schema, pointer):
     with pytest.raises(ResponseFormatUnsupported) as exc:
         check_response_format(rf(schema))
     assert pointer in exc.value.message and exc.value.param == "response_format"
+
+
+@pytest.mark.parametrize("dialect", ["https://json-schema.org/draft/2020-12/schema",
+                                     "http://json-schema.org/draft-07/schema#"])
+def test_a_schema_naming_its_dialect_and_annotations_is_taken(dialect):
+    """zod 4 (openai-node's zodResponseFormat) writes '$schema'; editors write '$id', '$comment', readOnly."""
+    schema = {"$schema": dialect, "$id": "https://example.com/capital.json", "$comment": "by hand",
+              "type": "object", "properties": {"city": {"type": "string", "readOnly": True, "deprecated": False}},
+              "required": ["city"]}
+    check_response_format(rf(schema))
 
 
 def test_every_refused_keyword_is_listed():
