@@ -199,6 +199,13 @@ class EngineWorker:
         for control in controls:
             control.stop(reason)
 
+    def serving_others(self, own_leases: int = 0) -> bool:
+        """Whether other work than the caller's holds the engine: a job queued or running, or a request between its
+        model check and its admission (a lease; ``own_leases`` of them are the caller's). A background job that
+        yields to requests (learning) waits while this holds."""
+        with self._lock:
+            return self._pending > 0 or self._leases > own_leases
+
     @contextmanager
     def stoppable(self, control: StepControl) -> Iterator[StepControl]:
         """Count ``control`` among the admitted work that ``cancel_all`` stops while the block runs: a job made of

@@ -53,6 +53,7 @@ TOKENS = (4, 256, EXAMPLE_TOKENS)  # tokens per generated example
 EXTENSION = "millm.vector_jobs"  # where an app keeps its job table
 KIND = "vectors.learn"  # the job records' kind in the store
 QUEUE_RETRY = 0.2  # seconds a slice refused for a full queue waits before it asks again
+YIELD_POLL = 0.02  # seconds between two looks at whether requests still hold the engine, before a slice
 NOTHING_STORED = "nothing was stored"
 
 
@@ -387,14 +388,26 @@ async def run_job(job: Job, engine: Engine, release: Callable[[], None]) -> None
             return work()
         return step
 
+    last = [0.0]  # seconds the last slice took
+
     def run(work: Callable[[], T]) -> T:
-        """One slice as an engine job, awaited from the program's thread; a full queue is waited out."""
+        """One slice as an engine job, awaited from the program's thread, once the requests holding the engine
+        are served (waiting at most as long as the last slice took, so under constant traffic the job still
+        gets about half the engine); a full queue is waited out."""
+        yielding = time.monotonic() + last[0]
+        while svc.worker.serving_others(own_leases=1) and time.monotonic() < yielding:
+            stopped(control)
+            time.sleep(YIELD_POLL)
         while True:
             stopped(control)
+            began = time.monotonic()
             try:
-                return asyncio.run_coroutine_threadsafe(svc.worker.call(on_engine(work)), loop).result()
+                done = asyncio.run_coroutine_threadsafe(svc.worker.call(on_engine(work)), loop).result()
             except QueueFull:
                 time.sleep(QUEUE_RETRY)
+                continue
+            last[0] = time.monotonic() - began
+            return done
 
     def program() -> list[VectorSet]:
         examples = plan.texts

@@ -47,12 +47,13 @@ OTHER_TOPICS = ("history", "mathematics", "computers", "music", "the ocean", "fr
 DEFAULT_DEPTH = 0.47
 EXAMPLES_MAX_BYTES = 16 * 2**20  # an example file (the learn route's body holds at most 1024 texts of 8192 a side)
 # the engine work is done in slices, each one engine job of bounded size, so a request waiting for the engine, or
-# an unload, gets its turn between two (and the job can be stopped there): a writing slice's answers times their
-# tokens at most SLICE_TOKENS of its device (a few answers on a CPU, where each row adds to a step's time; many on
-# a GPU, where rows batch nearly free), between 1 and SLICE_ANSWERS answers; a reading slice's texts at most
-# READ_SLICE (a multiple of the engine's read batch, so sliced reads are the reads one job makes). Fixed by the
-# request and the device, never by timing: a seeded learn writes the same examples on every run.
-SLICE_TOKENS, SLICE_ANSWERS, READ_SLICE = {"cpu": 256, "cuda": 4096}, 64, 64
+# an unload, gets its turn between two (and the job can be stopped there). A writing slice's answers times their
+# tokens are at most SLICE_TOKENS of its device, its answers at most SLICE_ANSWERS: on a CPU a decode step's fixed
+# cost is about that of 18 rows, so fewer rows buy little latency for much throughput (slices of 8 rows took 2.4
+# times as long as one batch of 64, bench/learn_swap.py); on a GPU rows batch nearly free. A reading slice's texts
+# are at most READ_SLICE (a multiple of the engine's read batch, so sliced reads are the reads one job makes).
+# Fixed by the request and the device, never by timing: a seeded learn writes the same examples on every run.
+SLICE_TOKENS, SLICE_ANSWERS, READ_SLICE = {"cpu": 1024, "cuda": 4096}, {"cpu": 32, "cuda": 64}, 64
 T = TypeVar("T")
 
 
@@ -75,7 +76,8 @@ def stopped(control: StepControl | None) -> None:
 
 def answers_per_slice(tokens: int, device: str = "cpu") -> int:
     """How many answers of ``tokens`` tokens one writing slice samples on ``device``."""
-    return max(1, min(SLICE_ANSWERS, SLICE_TOKENS["cuda" if device.startswith("cuda") else "cpu"] // tokens))
+    kind = "cuda" if device.startswith("cuda") else "cpu"
+    return max(1, min(SLICE_ANSWERS[kind], SLICE_TOKENS[kind] // tokens))
 
 
 def diffmean(positive: torch.Tensor, negative: torch.Tensor) -> torch.Tensor:
