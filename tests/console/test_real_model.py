@@ -143,5 +143,13 @@ def test_learn_a_vector_from_the_page_follow_its_job_and_attach_it(real):
         listed.locator("button[data-action='attach']").click()
         row(page, "#vectors-table", name).locator("button[data-action='detach']").wait_for()
         assert httpx.get(f"{real.base}/api/vectors/{name}").json()["attached_layer"] == 6
+
+        page = real.open("steering")  # an attached set steers like an SAE, its vectors for features
+        page.select_option("#batch-sae", name)
+        page.fill("#batch", "0=8")
+        page.click("#batch-add")
+        vector = httpx.get(f"{real.base}/api/vectors/{name}").json()["vectors"][0]["name"]
+        page.locator(f"tr[data-sae='{name}'][data-feature='0'] .label").filter(has_text=f"vector {vector}").wait_for()
+        assert httpx.get(real.base + "/api/steering").json()["saes"][name]["values"] == {"0": 8.0}
     finally:
         httpx.delete(f"{real.base}/api/vectors/{name}")

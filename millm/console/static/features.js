@@ -18,6 +18,13 @@ export function card(sae, index) {
   return cards.get(key);
 }
 
+/** A vector set's vector as a card: its name for a label (a set has no SAE card), no recommended strength. */
+export async function vectorCard(sae, index) {
+  const set = await get(`/api/vectors/${seg(sae)}`);
+  const vector = (set.vectors || []).find((v) => v.index === Number(index));
+  return { label: vector ? `vector ${vector.name}` : "", recommended_strength: null };
+}
+
 /** A strength within the ±200 clamp the server applies. */
 export function clamp(value) {
   return Math.max(-CLAMP, Math.min(CLAMP, Number(value)));

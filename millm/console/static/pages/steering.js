@@ -4,7 +4,7 @@
 
 import { del, get, patch, post } from "../api.js";
 import { fill, field, h, section } from "../dom.js";
-import { CLAMP, card, clamp, parseBatch, resolve } from "../features.js";
+import { CLAMP, card, clamp, parseBatch, resolve, vectorCard } from "../features.js";
 
 function liveLine(state) {
   if (state.live === false) {
@@ -14,7 +14,7 @@ function liveLine(state) {
     : "Steering is off: the values are kept and steer nothing until it is turned on.";
 }
 
-function row(sae, index, strength, apply) {
+function row(sae, index, strength, apply, isVectorSet) {
   const label = h("span", { class: "label" }, "…");
   const rec = h("span", { class: "rec muted" });
   const listId = `rec-${sae}-${index}`.replace(/[^a-zA-Z0-9_-]/g, "_");
@@ -31,7 +31,7 @@ function row(sae, index, strength, apply) {
     slider.value = value;
     apply(sae, index, value);
   });
-  card(sae, index).then((c) => {
+  (isVectorSet ? vectorCard(sae, index) : card(sae, index)).then((c) => {
     label.textContent = c.label || "(no label)";
     if (c.recommended_strength !== null && c.recommended_strength !== undefined) {
       rec.textContent = `recommended ${c.recommended_strength}`;
@@ -52,6 +52,8 @@ export async function render(root, ctx) {
   const batch = h("input", { id: "batch", placeholder: "123=40, music=20", size: 30 });
   const profileName = h("input", { id: "profile-name", placeholder: "profile name" });
   let state = null;
+  // vector sets steer like SAEs; their rows are labelled by the vectors' names (a set has no feature cards)
+  const vectorSets = new Set((await get("/api/saes")).data.filter((x) => x.format === "vectors").map((x) => x.id));
 
   // the rows' identity: while the same features are set, a change updates values in place (a slider being
   // dragged or stepped with the keyboard keeps its focus)
@@ -91,7 +93,8 @@ export async function render(root, ctx) {
           ? h("table", { class: "steer" },
             h("thead", null, h("tr", null, ["feature", "label", `strength (±${CLAMP})`, "", "", ""].map(
               (c) => h("th", null, c)))),
-            h("tbody", null, entries.map(([index, value]) => row(id, Number(index), value, apply))))
+            h("tbody", null, entries.map(([index, value]) => row(id, Number(index), value, apply,
+              vectorSets.has(id)))))
           : h("p", { class: "muted" }, "No features set on this SAE."));
     }));
   }
