@@ -33,6 +33,7 @@ def test_save_export_reimport_and_activate_a_profile(open_console, tmp_path):
         mine = row(page, "#profiles-table", "mine")
         mine.wait_for()
         assert mine.locator("td").nth(1).text_content() == "made on the page"
+        assert mine.locator("td").nth(3).text_content() == "all"  # its steering_scope
 
         with page.expect_download() as download:
             mine.locator("button[data-action='export']").click()

@@ -38,3 +38,8 @@ def test_the_dashboard_shows_the_model_and_the_servers_own_counts(console):
     # the completion counter the dashboard reads from /metrics reaches the three tokens just generated
     page.wait_for_function("() => Number(document.querySelectorAll('#dash-traffic dd')[2].textContent) >= 3")
     assert int(traffic.locator("dd").first.text_content()) >= 1  # the /v1 request just sent
+    page.request.post(console.base + "/api/saes/smollm2-135m-res-L10/attach", data={})
+    attached = page.locator("#dash-saes tbody tr")
+    attached.first.wait_for()
+    assert [c.text_content() for c in attached.first.locator("td").all()] == [
+        "smollm2-135m-res-L10", "SAE (topk)", "10", "4096"]

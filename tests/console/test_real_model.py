@@ -102,6 +102,11 @@ def test_the_monitor_follows_requests_from_the_sdk_and_equals_the_stats(real, cl
         shown.append(table)
     assert shown[0] != shown[1]  # it changed as the second request ran, without a reload
     assert page.locator("#mon-chart rect.chart-bar").count() == 3
+    page.fill("#mon-topk", "2")
+    page.wait_for_function("() => document.querySelectorAll('#mon-chart rect.chart-bar').length === 2")
+    means = {i: f["mean"] for i, f in httpx.get(real.base + "/api/monitoring/stats").json()["features"].items()}
+    names = [r.get_attribute("data-name").split(" ")[0] for r in page.locator("#mon-chart rect.chart-bar").all()]
+    assert [means[n] for n in names] == sorted(means.values(), reverse=True)[:2]  # the top two by mean, largest first
     assert page.locator("#mon-history tbody tr").count() == 2
 
 

@@ -1,7 +1,7 @@
 // Dashboard: the loaded model, the serving backend, attached SAEs, the steering now in force and the
 // server's own request and token rates (from /metrics), refreshed every two seconds.
 
-import { get, request, headers, read } from "../api.js";
+import { get, headers, read, request, seg } from "../api.js";
 import { fill, h, num, section, table } from "../dom.js";
 import { rates, totals } from "../metrics.js";
 
@@ -25,20 +25,22 @@ export async function render(root, ctx) {
   const steer = h("div", { id: "dash-steering" });
   root.append(h("div", { class: "grid" },
     section("Model and backend", model), section("Traffic", traffic),
-    section("Attached SAEs", saes), section("Steering", steer)));
+    section("Attached SAEs and vector sets", saes), section("Steering", steer)));
   let last = null;
 
   async function refresh() {
     const inference = await get("/api/health/inference");
-    const [saeList, steering, circuit, text] = await Promise.all([
+    const [saeList, steering, circuit, text, entry] = await Promise.all([
       get("/api/saes"),
       request("GET", "/api/steering").catch((err) => ({ error: err })),
       get("/api/circuits/active").catch(() => null),
       metricsText().catch(() => ""),
+      inference.model ? get(`/api/models/${seg(inference.model)}`).catch(() => null) : null,
     ]);
     fill(model, pairs([
       ["model", inference.model || "none loaded"],
       ["engine", inference.engine || "–"],
+      ["weights", entry ? `${entry.source}${entry.quantization ? `, ${entry.quantization}` : ""}` : "–"],
       ["state", inference.state || (inference.model ? "loaded" : "–")],
       ["backend", inference.backend],
       ["in flight", String(inference.in_flight)],
@@ -58,8 +60,10 @@ export async function render(root, ctx) {
     ]));
     const attached = saeList.data.filter((sae) => sae.attached_layer !== null);
     fill(saes, attached.length
-      ? table(["SAE", "layer", "features"], attached.map((s) => [s.id, String(s.attached_layer), String(s.d_sae)]))
-      : h("p", { class: "muted" }, "No SAE attached."));
+      ? table(["attached", "kind", "layer", "width"], attached.map((s) => [
+        s.id, s.format === "vectors" ? "vector set" : `SAE (${s.architecture})`, String(s.attached_layer),
+        String(s.d_sae)]))
+      : h("p", { class: "muted" }, "No SAE or vector set attached."));
     if (steering.error) {
       fill(steer, h("p", { class: "muted" }, steering.error.message));
     } else {

@@ -43,8 +43,9 @@ async function renderProfiles(root, ctx) {
 
   async function refresh() {
     const { data, active } = await get("/api/profiles");
-    fill(list, data.length ? table(["profile", "description", "entries", "active", ""], data.map((p) => [
-      p.name, p.description || "", String((p.entries || []).length), p.name === active ? "active" : "",
+    fill(list, data.length ? table(["profile", "description", "entries", "scope", "active", ""], data.map((p) => [
+      p.name, p.description || "", String((p.entries || []).length), p.steering_scope || "all",
+      p.name === active ? "active" : "",
       h("span", { "data-profile": p.name },
         p.name === active
           ? button("deactivate", () => act(post("/api/profiles/deactivate"), "Deactivated."))
@@ -82,8 +83,12 @@ async function renderClusters(root, ctx) {
     const slider = h("input", { type: "range", min: 0, max: top, step: 0.05, value: c.intensity ?? 1,
                                 class: "dial", "aria-label": `dial of ${c.name}` });
     slider.addEventListener("input", () => { shown.textContent = num(slider.value, 2); });
-    slider.addEventListener("change", () => act(put(`/api/clusters/${seg(c.name)}/intensity`,
-      { lambda: Number(slider.value) }), `${c.name}: λ ${num(slider.value, 2)}.`));
+    // the answer updates this row in place: the slider keeps its focus while it is dragged or stepped
+    slider.addEventListener("change", async () => {
+      const row = await ctx.attempt(() => put(`/api/clusters/${seg(c.name)}/intensity`,
+        { lambda: Number(slider.value) }), (r) => `${c.name}: λ ${num(r.intensity, 2)}.`);
+      if (row) shown.textContent = num(row.intensity, 2);
+    });
     return h("span", { class: "dial-cell" }, slider, shown);
   }
 

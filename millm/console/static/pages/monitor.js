@@ -8,7 +8,7 @@ import { field, fill, h, num, section, table } from "../dom.js";
 import { card, resolve } from "../features.js";
 
 const EVERY_MS = 1000;
-const TOP = 10;
+const TOP = 10; // bars in the chart unless the page's "top" box says otherwise
 const DIGITS = 4;
 
 export async function render(root, ctx) {
@@ -16,6 +16,7 @@ export async function render(root, ctx) {
   const pick = h("select", { id: "mon-sae" });
   const features = h("input", { id: "mon-features", placeholder: "2375, weather, 17", size: 30 });
   const summary = h("p", { id: "mon-summary", class: "muted" });
+  const topK = h("input", { id: "mon-topk", type: "number", min: 1, max: 1024, step: 1, value: TOP, class: "layer" });
   const chart = h("div", { id: "mon-chart" });
   const stats = h("div", { id: "mon-table" });
   const history = h("div", { id: "mon-history" });
@@ -46,7 +47,7 @@ export async function render(root, ctx) {
     summary.textContent = `${config.enabled ? "Monitoring" : "Not monitoring"}${config.sae ? ` ${config.sae}` : ""}: `
       + `${now.positions} positions read, ${now.requests_in_history} requests in the history.`;
     const rows = Object.entries(now.features).map(([index, f]) => ({ index, ...f }));
-    const top = [...rows].sort((a, b) => b.mean - a.mean).slice(0, TOP);
+    const top = [...rows].sort((a, b) => b.mean - a.mean).slice(0, Math.max(1, Number(topK.value) || TOP));
     fill(chart, rows.length ? bars(top.map((r) => ({ name: `${r.index} ${label(now.sae, r.index)}`.trim(),
                                                       value: r.mean })))
       : h("p", { class: "muted" }, "No features monitored."));
@@ -90,7 +91,7 @@ export async function render(root, ctx) {
           await refresh().catch(ctx.fail);
         } }, "Clear history")),
       summary),
-    section(`Top ${TOP} features by mean activation`, chart),
+    section("Top features by mean activation", h("div", { class: "inline" }, field("top", topK)), chart),
     section("Running statistics", stats),
     section("Recent requests", history));
   if (!attached.length) ctx.say("No SAE attached: attach one on the SAEs page to monitor its features.");
