@@ -116,6 +116,7 @@ def test_with_an_api_key_the_pages_say_a_key_is_needed(open_console):
         page.goto(console.base + "/#/dashboard")
         console.notice().filter(has_text="401 ").wait_for()
         assert "enter the key above" in console.notice().text_content()
+        assert page.evaluate("() => document.activeElement.id") == "key"  # the page asks for the key
         assert page.locator("#dash-model dd").count() == 0  # nothing read without the key
         page.fill("#key", "the-api-key")
         page.click("#key-use")

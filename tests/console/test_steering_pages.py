@@ -149,3 +149,49 @@ def _wait_value(base: str, feature: int, value: float) -> None:
     while steering(base)["saes"][SAE]["values"].get(str(feature)) != value:
         assert time.monotonic() < deadline, steering(base)
         time.sleep(0.05)
+
+
+def test_stop_ends_a_streaming_answer_and_keeps_what_came(open_console):
+    from tests.support.fakes import SCRIPT, FakeEngine
+
+    with open_console(FakeEngine(steerable=True, pace=0.05)) as console:
+        page = console.open("playground")
+        page.fill("#pg-max-tokens", "500")
+        page.fill("#prompt", "Go on.")
+        page.click("#pg-send")
+        text = page.locator(".msg.assistant .text")
+        page.wait_for_function("() => document.querySelector('.msg.assistant .text').textContent.length >= 5")
+        page.click("#pg-stop")
+        page.locator(".msg.assistant[data-state='stopped']").wait_for()
+        kept = text.text_content()
+        assert 5 <= len(kept) < len(SCRIPT) and SCRIPT.startswith(kept)
+        assert page.locator("#pg-send").is_enabled() and page.locator("#pg-stop").is_disabled()
+        console.clean()
+
+
+def test_add_an_sae_by_path_and_delete_it(console, tmp_path):
+    import shutil
+    from pathlib import Path
+
+    import millm.sae
+
+    folder = tmp_path / "copy-of-l10"
+    shutil.copytree(Path(millm.sae.__file__).parent / "bundled" / SAE, folder)
+    page = console.open("saes")
+    page.fill("#sae-path", str(tmp_path / "nothing-here"))
+    page.click("#sae-add")
+    console.notice().filter(has_text="400").wait_for()
+    error = httpx.post(console.base + "/api/saes", json={"path": str(tmp_path / "nothing-here")}).json()["error"]
+    assert console.notice().text_content() == f"400 {error['code']}: {error['message']}"
+
+    page.fill("#sae-path", str(folder))
+    page.click("#sae-add")
+    console.notice().filter(has_text="Registered.").wait_for()
+    added = [s for s in httpx.get(console.base + "/api/saes").json()["data"] if s["path"] == str(folder)]
+    assert len(added) == 1 and added[0]["d_sae"] == 4096
+    listed = row(page, "#sae-table", added[0]["id"])
+    assert listed.locator("td").nth(4).text_content() == "10"  # its layer hint
+    listed.locator("button[data-action='delete']").click()
+    console.notice().filter(has_text=f"Deleted {added[0]['id']}.").wait_for()
+    assert page.locator("#sae-table").filter(has_text=added[0]["id"]).count() == 0
+    assert httpx.get(f"{console.base}/api/saes/{added[0]['id']}").status_code == 404

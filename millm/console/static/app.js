@@ -38,6 +38,7 @@ export function say(message, kind = "info") {
 /** Show an error: a server's refusal with its status and code, anything else as its message. */
 export function fail(err) {
   say(err instanceof ApiError ? err.describe() : String(err && err.message ? err.message : err), "error");
+  if (err instanceof ApiError && err.status === 401) document.getElementById("key").focus(); // the page asks for it
 }
 
 function quiet() {

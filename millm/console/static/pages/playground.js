@@ -13,9 +13,9 @@ export function frames(buffer) {
   return [payloads, rest];
 }
 
-async function stream(body, onText) {
+async function stream(body, onText, signal) {
   const response = await fetch("/v1/chat/completions", {
-    method: "POST", headers: headers(true), body: JSON.stringify(body), cache: "no-store",
+    method: "POST", headers: headers(true), body: JSON.stringify(body), cache: "no-store", signal,
   });
   if (!response.ok) await read(response); // throws the refusal
   const steering = response.headers.get("X-miLLM-Steering") || "not reported";
@@ -53,7 +53,10 @@ export async function render(root, ctx) {
     (v) => h("option", { value: v }, v || "server's default")));
   const steering = h("p", { id: "pg-steering", class: "muted" }, "X-miLLM-Steering: (no answer yet)");
   const send = h("button", { type: "submit", id: "pg-send" }, "Send");
+  const stop = h("button", { type: "button", id: "pg-stop", disabled: true, onclick: () => running && running.abort() },
+    "Stop");
   const messages = [];
+  let running = null; // the AbortController of the answer streaming now
 
   const inference = await get("/api/health/inference").catch(() => ({}));
   model.value = inference.model || "";
@@ -77,17 +80,26 @@ export async function render(root, ctx) {
     if (seed.value !== "") body.seed = Number(seed.value);
     if (scope.value) body.steering_scope = scope.value; // where the steering applies: every, generated or prompt positions
     send.disabled = true;
+    stop.disabled = false;
+    running = new AbortController();
     try {
-      const result = await stream(body, (piece) => { out.textContent += piece; });
+      const result = await stream(body, (piece) => { out.textContent += piece; }, running.signal);
       messages.push({ role: "assistant", content: out.textContent });
       steering.textContent = `X-miLLM-Steering: ${result.steering}`;
       out.parentElement.dataset.state = `done:${result.finish}`;
     } catch (err) {
-      messages.pop();
-      out.parentElement.dataset.state = "failed";
-      ctx.fail(err);
+      if (err.name === "AbortError") {
+        messages.push({ role: "assistant", content: out.textContent }); // what came before Stop stays
+        out.parentElement.dataset.state = "stopped";
+      } else {
+        messages.pop();
+        out.parentElement.dataset.state = "failed";
+        ctx.fail(err);
+      }
     } finally {
       send.disabled = false;
+      stop.disabled = true;
+      running = null;
     }
   }
 
@@ -99,6 +111,6 @@ export async function render(root, ctx) {
         fill(transcript);
       } }, "New chat")),
     transcript, steering,
-    h("form", { class: "chat", onsubmit: (e) => { e.preventDefault(); ask(); } }, prompt, send)));
-  return null;
+    h("form", { class: "chat", onsubmit: (e) => { e.preventDefault(); ask(); } }, prompt, send, stop)));
+  return () => running && running.abort();
 }
