@@ -195,3 +195,15 @@ def test_add_an_sae_by_path_and_delete_it(console, tmp_path):
     console.notice().filter(has_text=f"Deleted {added[0]['id']}.").wait_for()
     assert page.locator("#sae-table").filter(has_text=added[0]["id"]).count() == 0
     assert httpx.get(f"{console.base}/api/saes/{added[0]['id']}").status_code == 404
+
+
+def test_the_steering_page_follows_changes_made_by_other_clients(console):
+    httpx.post(f"{console.base}/api/saes/{SAE}/attach", json={}).raise_for_status()
+    page = console.open("steering")
+    page.locator("#steering-rows").filter(has_text="No features set").wait_for()
+    httpx.patch(console.base + "/api/steering", json={"sae": SAE, "values": {str(MUSIC): 33}}).raise_for_status()
+    page.locator(f"tr[data-feature='{MUSIC}'] input.strength").wait_for()  # no reload: the page reads it again
+    assert page.locator(f"tr[data-feature='{MUSIC}'] input.strength").input_value() == "33"
+    httpx.post(console.base + "/api/steering/disable").raise_for_status()
+    page.locator("#steering-live").filter(has_text="Steering is off").wait_for()
+    assert not page.is_checked("#steering-enabled")

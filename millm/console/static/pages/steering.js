@@ -6,6 +6,8 @@ import { del, get, patch, post } from "../api.js";
 import { fill, field, h, section } from "../dom.js";
 import { CLAMP, card, clamp, parseBatch, resolve, vectorCard } from "../features.js";
 
+const FOLLOW_MS = 2000;
+
 function liveLine(state) {
   if (state.live === false) {
     return "Pending: a running request restores its own values first; these apply when it ends.";
@@ -80,7 +82,9 @@ export async function render(root, ctx) {
       return;
     }
     const ids = Object.keys(next.saes);
+    const picked = saePick.value;
     fill(saePick, ids.map((id) => h("option", { value: id }, id)));
+    if (ids.includes(picked)) saePick.value = picked;
     if (!ids.length) {
       fill(rows, h("p", { class: "muted" }, "No SAE attached: attach one on the SAEs page to steer by its features."));
       return;
@@ -138,6 +142,8 @@ export async function render(root, ctx) {
         field("SAE", saePick), field("features", batch), h("button", { type: "submit", id: "batch-add" }, "Add"))),
     section("Keep", h("div", { class: "inline" }, clearButton, profileName, saveButton)));
   show(await get("/api/steering"));
-  return null;
+  // another client (the TUI, a script, a profile activated elsewhere) may change steering: follow it
+  const timer = setInterval(() => get("/api/steering").then(show).catch(ctx.fail), FOLLOW_MS);
+  return () => clearInterval(timer);
 }
 
