@@ -27,6 +27,17 @@ def test_the_registry_lock_unlock_and_refusals_verbatim(console, tmp_path):
     row(page, "#models-table", BUNDLED).locator("button[data-action='lock']").wait_for()
     assert httpx.get(f"{console.base}/api/models/{BUNDLED}").json()["locked"] is False
 
+    row(page, "#models-table", "fake").locator("button[data-action='lock']").click()
+    row(page, "#models-table", "fake").locator("button[data-action='unlock']").wait_for()
+    row(page, "#models-table", BUNDLED).locator("button[data-action='load']").click()  # the lock refuses a swap
+    console.notice().filter(has_text="409").wait_for()
+    error = httpx.post(f"{console.base}/api/models/{BUNDLED}/load").json()["error"]
+    assert error["code"] == "model_locked"
+    assert console.notice().text_content() == f"409 {error['code']}: {error['message']}"
+    assert httpx.get(console.base + "/api/health/inference").json()["model"] == "fake"  # still loaded
+    row(page, "#models-table", "fake").locator("button[data-action='unlock']").click()
+    row(page, "#models-table", "fake").locator("button[data-action='lock']").wait_for()
+
     row(page, "#models-table", BUNDLED).locator("button[data-action='delete']").click()
     console.notice().filter(has_text="400").wait_for()
     error = httpx.delete(f"{console.base}/api/models/{BUNDLED}").json()["error"]
