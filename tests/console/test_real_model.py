@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -22,7 +23,7 @@ TOKENS = 4
 @pytest.fixture
 def real(browser: Any, server: str) -> Iterator[Watched]:
     """A watched page on the session's real server, its steering and monitoring put back afterwards."""
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    context = browser.new_context(viewport={"width": 1280, "height": 900}, accept_downloads=True)
     try:
         watched = Watched(context.new_page(), server)
         yield watched
@@ -148,6 +149,11 @@ def test_learn_a_vector_from_the_page_follow_its_job_and_attach_it(real):
         listed.locator("button[data-action='attach']").click()
         row(page, "#vectors-table", name).locator("button[data-action='detach']").wait_for()
         assert httpx.get(f"{real.base}/api/vectors/{name}").json()["attached_layer"] == 6
+        with page.expect_download() as download:
+            row(page, "#vectors-table", name).locator("button[data-action='export']").click()
+        assert download.value.suggested_filename == f"{name}.gguf"
+        exported = Path(download.value.path()).read_bytes()
+        assert exported[:4] == b"GGUF" and exported == httpx.get(f"{real.base}/api/vectors/{name}/export").content
 
         page = real.open("steering")  # an attached set steers like an SAE, its vectors for features
         page.select_option("#batch-sae", name)
