@@ -28,6 +28,7 @@ PACE, TOKENS, COUNT = 0.002, 128, 32  # the whole generation: 2 * COUNT * TOKENS
 POSITIVE = ["The rain fell all day.", "Dark clouds and heavy rain.", "It is raining again.", "Rain on the roof."]
 NEGATIVE = ["The desk is made of oak.", "She counted the coins.", "A train left at noon.", "He read the letter."]
 LONG = {"name": "rainy", "concepts": ["rain"], "examples": COUNT, "tokens": TOKENS, "layer": 10}
+WHOLE_JOB = 2 * COUNT * TOKENS  # decode steps of the job's answers: what one engine job would make a request wait for
 
 
 class EchoEngine(FakeEngine):
@@ -90,36 +91,34 @@ def test_an_unload_past_its_graceful_timeout_cancels_a_learning_job_at_once(tmp_
 
     async def scenario(client):
         job_id = await started(client, LONG)
-        t0 = time.monotonic()
         r = await client.post("/api/models/fake/unload")
-        took = time.monotonic() - t0
+        steps = engine.steps  # decode steps run when the unload answered
         assert r.status_code == 200, await r.get_data()
         job = await until(client, job_id, "cancelled", "failed", "succeeded", within=5)
-        return took, job, await set_names(client)
+        return steps, job, await set_names(client)
 
-    took, job, names = run(app, scenario)
-    assert took < 3.0, f"the unload took {took:.1f} s with a 0.5 s graceful timeout"
+    steps, job, names = run(app, scenario)
+    assert steps < WHOLE_JOB, f"the unload waited for {steps} of the job's {WHOLE_JOB} steps"
     assert job["status"] == "cancelled" and job["vector_sets"] is None, job
     assert job["error"]["error"]["code"] == "model_busy" and "nothing was stored" in job["progress"].lower(), job
     assert names == [] and engine.closed
 
 
 def test_a_chat_sent_while_a_job_learns_is_answered_between_two_slices(tmp_path):
-    app, _ = app_on(tmp_path)
+    app, engine = app_on(tmp_path)
 
     async def scenario(client):
         job_id = await started(client, LONG)
-        t0 = time.monotonic()
         r = await client.post("/v1/chat/completions", json={
             "model": "fake", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]})
-        took = time.monotonic() - t0
+        steps = engine.steps  # decode steps run when the chat was answered (its own 8 among them)
         status = (await job_of(client, job_id))["status"]
         await client.delete(f"/api/vectors/jobs/{job_id}")
-        return r.status_code, took, status
+        return r.status_code, steps, status
 
-    code, took, status = run(app, scenario)
+    code, steps, status = run(app, scenario)
     assert code == 200 and status == "running", (code, status)
-    assert took < 5.0, f"the chat waited {took:.1f} s for the learning job"
+    assert steps < WHOLE_JOB // 2, f"the chat waited for {steps} of the learning job's {WHOLE_JOB} steps"
 
 
 def test_delete_cancels_a_job_that_stores_nothing_and_says_so(tmp_path):
