@@ -35,6 +35,7 @@ from millm.vectors.learn import (
     EXAMPLE_TOKENS,
     Examples,
     check_choices,
+    check_concepts,
     check_negatives,
     default_layer,
     generated,
@@ -298,9 +299,7 @@ def check_sources(concepts: Any, positive: Any, negative: Any) -> Any:
 
 def generated_examples(data: dict[str, Any]) -> dict[str, Any]:
     """A body's asks for examples the model writes (``concepts``), checked: the plan's fields for them."""
-    words = tuple(_strings(data, "concepts", MAX_CONCEPTS, MAX_CONCEPT_CHARS))
-    if not all(w.strip() for w in words):
-        raise InvalidParameter("'concepts' must not hold a blank word.", param="concepts")
+    words = tuple(check_concepts(_strings(data, "concepts", MAX_CONCEPTS, MAX_CONCEPT_CHARS)))
     negatives = data.get("negatives", "topics")
     check_negatives(negatives)
     return {"concepts": words, "negatives": negatives,

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import logging
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,6 @@ from millm.steering.target import SteeringTarget
 from millm.vectors import catalog, files, gguf
 from millm.vectors.files import VectorSet
 
-log = logging.getLogger(__name__)
 bp = Blueprint("vectors_api", __name__, url_prefix="/api/vectors")
 use_names(bp)
 

@@ -218,3 +218,14 @@ def test_cancelling_is_an_admin_mutation(tmp_path):
 
     refused, allowed, path = run(app, scenario)
     assert (refused, allowed) == (401, 404) and {"get", "delete"} <= set(path)
+
+
+def test_a_blank_concept_is_refused_by_the_rule_the_cli_uses(tmp_path):
+    app, _ = app_on(tmp_path)
+
+    async def scenario(client):
+        r = await client.post("/api/vectors/learn", json={**LONG, "concepts": ["rain", "  "]})
+        return r.status_code, await r.get_json(), (await (await client.get("/api/vectors/jobs")).get_json())
+    status, body, listed = run(app, scenario)
+    assert status == 400 and body["error"]["param"] == "concepts" and "blank word" in body["error"]["message"]
+    assert listed["data"] == []
