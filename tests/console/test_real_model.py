@@ -109,6 +109,15 @@ def test_the_monitor_follows_requests_from_the_sdk_and_equals_the_stats(real, cl
     names = [r.get_attribute("data-name").split(" ")[0] for r in page.locator("#mon-chart rect.chart-bar").all()]
     assert [means[n] for n in names] == sorted(means.values(), reverse=True)[:2]  # the top two by mean, largest first
     assert page.locator("#mon-history tbody tr").count() == 2
+    history = httpx.get(real.base + "/api/monitoring/history").json()["data"]
+    lines = page.locator("#mon-trend-table tbody tr")
+    assert lines.count() == 2  # the top two (the page's "top" box), each a line over the two requests
+    for line in lines.all():
+        index = line.locator("td").first.text_content()
+        assert line.locator("circle.spark-dot").count() == len(history) == 2
+        heights = [float(c.get_attribute("cy")) for c in line.locator("circle.spark-dot").all()]
+        means = [q["features"][index]["mean"] for q in history]
+        assert (heights[0] < heights[1]) == (means[0] > means[1]) or means[0] == means[1]  # higher mean, higher dot
 
 
 def table_of(page: Any) -> list[list[str]]:

@@ -25,3 +25,22 @@ export function bars(items, { unit = "" } = {}) {
   });
   return svg;
 }
+
+const SPARK_W = 220;
+const SPARK_H = 36;
+
+/** A sparkline of ``values`` (oldest first) in plain SVG: one polyline scaled to the largest value, its points
+ *  marked so a single value still shows. */
+export function sparkline(values, { label = "" } = {}) {
+  const top = Math.max(...values.map((v) => Math.abs(v)), 1e-9);
+  const step = values.length > 1 ? (SPARK_W - 8) / (values.length - 1) : 0;
+  const points = values.map((v, i) => [4 + i * step, SPARK_H - 4 - ((SPARK_H - 8) * Math.max(0, v)) / top]);
+  const svg = s("svg", { viewBox: `0 0 ${SPARK_W} ${SPARK_H}`, width: SPARK_W, height: SPARK_H, class: "spark",
+                         role: "img", "aria-label": label || "sparkline" });
+  svg.append(s("polyline", { points: points.map(([x, y]) => `${x.toFixed(1)},${y.toFixed(1)}`).join(" "),
+                             class: "spark-line" }));
+  for (const [x, y] of points) {
+    svg.append(s("circle", { cx: x.toFixed(1), cy: y.toFixed(1), r: 2, class: "spark-dot" }));
+  }
+  return svg;
+}

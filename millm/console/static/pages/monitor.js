@@ -3,13 +3,15 @@
 // answers) and the per-request history. Updated by polling the stats route once a second.
 
 import { del, get, put } from "../api.js";
-import { bars } from "../chart.js";
+import { bars, sparkline } from "../chart.js";
 import { field, fill, h, num, section, table } from "../dom.js";
 import { card, resolve } from "../features.js";
 
 const EVERY_MS = 1000;
 const TOP = 10; // bars in the chart unless the page's "top" box says otherwise
 const DIGITS = 4;
+const TREND_REQUESTS = 20; // recent requests the trend lines cover
+const TREND_FEATURES = 3; // features drawn as trend lines (the top ones by mean)
 
 export async function render(root, ctx) {
   const enabled = h("input", { type: "checkbox", id: "mon-enabled" });
@@ -20,6 +22,7 @@ export async function render(root, ctx) {
   const chart = h("div", { id: "mon-chart" });
   const stats = h("div", { id: "mon-table" });
   const history = h("div", { id: "mon-history" });
+  const trends = h("div", { id: "mon-trends" });
   const labels = new Map();
 
   async function configure(on) {
@@ -54,6 +57,12 @@ export async function render(root, ctx) {
     fill(stats, table(["feature", "label", "positions", "mean", "max", "active fraction"],
       rows.map((r) => [r.index, label(now.sae, r.index), String(now.positions), num(r.mean, DIGITS),
                        num(r.max, DIGITS), num(r.active_fraction, DIGITS)]), { id: "mon-stats" }));
+    const span = past.data.slice(-TREND_REQUESTS);
+    fill(trends, span.length ? table(["feature", "label", `mean per request (last ${span.length})`],
+      top.slice(0, TREND_FEATURES).map((r) => {
+        const series = span.map((q) => (q.features[r.index] ? q.features[r.index].mean : 0));
+        return [r.index, label(now.sae, r.index), sparkline(series, { label: `feature ${r.index}` })];
+      }), { id: "mon-trend-table" }) : h("p", { class: "muted" }, "No request recorded yet."));
     const recent = past.data.slice(-10).reverse();
     fill(history, recent.length
       ? table(["time", "request", "positions", "top feature (mean)"], recent.map((r) => {
@@ -93,6 +102,7 @@ export async function render(root, ctx) {
       summary),
     section("Top features by mean activation", h("div", { class: "inline" }, field("top", topK)), chart),
     section("Running statistics", stats),
+    section("Recent requests, top features", trends),
     section("Recent requests", history));
   if (!attached.length) ctx.say("No SAE attached: attach one on the SAEs page to monitor its features.");
   await refresh();

@@ -78,7 +78,7 @@ export async function render(root, ctx) {
     const body = { model: model.value.trim(), messages: [...messages], stream: true,
                    temperature: Number(temperature.value), max_tokens: Number(maxTokens.value) };
     if (seed.value !== "") body.seed = Number(seed.value);
-    if (scope.value) body.steering_scope = scope.value; // where the steering applies: every, generated or prompt positions
+    if (scope.value) body.steering_scope = scope.value; // steer every position, the generated or the prompt's
     send.disabled = true;
     stop.disabled = false;
     running = new AbortController();

@@ -110,7 +110,8 @@ export async function render(root, ctx) {
       body.positive = lines(positive.value);
       body.negative = lines(negative.value);
     }
-    const started = await ctx.attempt(() => post("/api/vectors/learn", body), (j) => `Learning ${j.name}: job ${j.id}.`);
+    const started = await ctx.attempt(() => post("/api/vectors/learn", body),
+      (j) => `Learning ${j.name}: job ${j.id}.`);
     if (started) {
       job.textContent = progressText(started);
       job.dataset.status = started.status;
