@@ -92,6 +92,11 @@ def test_import_a_cluster_and_turn_its_dial(open_console):
         expected = round(before + 0.2, 2)
         console.notice().filter(has_text=f"λ {expected:.2f}").wait_for()
         assert httpx.get(f"{base}/api/clusters/weather-cluster").json()["intensity"] == expected
+        with page.expect_download() as download:
+            row(page, "#clusters-table", "weather-cluster").locator("button[data-action='export']").click()
+        exported = json.loads(Path(download.value.path()).read_text())
+        assert exported == httpx.get(f"{base}/api/clusters/weather-cluster").json()["document"]
+        assert exported["members"] == document["members"] and exported["kind"] == "cluster"
         row(page, "#clusters-table", "weather-cluster").locator("button[data-action='activate']").click()
         row(page, "#clusters-table", "weather-cluster").locator("button[data-action='deactivate']").wait_for()
         assert httpx.get(f"{base}/api/profiles").json()["active"] == "weather-cluster"
@@ -112,6 +117,18 @@ def test_import_and_activate_a_circuit(open_console):
         assert circuit.locator("td").nth(1).text_content() == "3"
         assert circuit.locator("td").nth(2).text_content() == str(served["document"]["evidence"]["rung"])
         assert circuit.locator("td").nth(3).text_content() == served["steering"]["mode"]
+        with page.expect_download() as download:
+            circuit.locator("button[data-action='export']").click()
+        exported = json.loads(Path(download.value.path()).read_text())
+        assert exported == json.loads((EXAMPLES / "weather-circuit.json").read_text())  # what was imported
+        httpx.delete(f"{base}/api/circuits/weather-circuit").raise_for_status()
+        page.reload()
+        page.locator("#circuit-list").filter(has_text="No circuit imported").wait_for()
+        exported_file = Path(download.value.path())
+        page.set_input_files("#circuit-file", str(exported_file))  # the export imports back
+        page.click("#circuit-import")
+        circuit = row(page, "#circuits-table", "weather-circuit")
+        circuit.wait_for()
         circuit.locator("button[data-action='activate']").click()
         row(page, "#circuits-table", "weather-circuit").locator("button[data-action='deactivate']").wait_for()
         assert httpx.get(f"{base}/api/profiles").json()["active"] == "weather-circuit"

@@ -28,6 +28,14 @@ function button(label, action, attrs = {}) {
   return h("button", { type: "button", "data-action": label, onclick: action, ...attrs }, label);
 }
 
+/** "export": an imported cluster's or circuit's document as it is stored now, downloaded as JSON (import takes it). */
+function exporter(kind, row, ctx) {
+  return button("export", () => ctx.attempt(async () => {
+    const now = await get(`/api/${kind}s/${seg(row.name)}`);
+    download(`${row.name}.json`, doc(now));
+  }, `Exported "${row.name}".`));
+}
+
 /** PUT a profile's entries to the live values (its description kept). */
 async function updateFromLive(profile) {
   const live = await get("/api/steering");
@@ -100,6 +108,7 @@ async function renderClusters(root, ctx) {
       h("span", { "data-cluster": c.name },
         c.active ? button("deactivate", () => act(post("/api/profiles/deactivate"), "Deactivated."))
           : button("activate", () => act(post(`/api/profiles/${seg(c.name)}/activate`), `Activated "${c.name}".`)),
+        exporter("cluster", c, ctx),
         button("delete", () => act(del(`/api/clusters/${seg(c.name)}`), `Deleted "${c.name}".`), { class: "danger" })),
     ]), { id: "clusters-table" }) : h("p", { class: "muted" }, "No cluster imported."));
   }
@@ -125,6 +134,7 @@ async function renderCircuits(root, ctx) {
       h("span", { "data-circuit": c.name },
         c.active ? button("deactivate", () => act(post("/api/profiles/deactivate"), "Deactivated."))
           : button("activate", () => act(post(`/api/circuits/${seg(c.name)}/activate`), `Activated "${c.name}".`)),
+        exporter("circuit", c, ctx),
         button("delete", () => act(del(`/api/circuits/${seg(c.name)}`), `Deleted "${c.name}".`), { class: "danger" })),
     ]), { id: "circuits-table" }) : h("p", { class: "muted" }, "No circuit imported."));
   }
