@@ -30,6 +30,7 @@ from millm.engine.params import (
     prompt_names,
 )
 from millm.engine.plan import Plan, check_characters, token_budget, tool_listing
+from millm.engine.reproducible import ensure_reproducible_mkl
 from millm.engine.scoring import (
     ScoreRequest,
     ScoreResult,
@@ -124,6 +125,9 @@ class TransformersEngine:
 
     @classmethod
     def load(cls, entry: ModelEntry, settings: Settings) -> TransformersEngine:
+        """Load ``entry``; MKL is put in its reproducible mode first if nothing has (``millm.engine.reproducible``:
+        on the CPU, a forward's numbers then do not depend on how many threads compute it)."""
+        ensure_reproducible_mkl()
         model, tokenizer, device, dtype = loader.load(entry, settings)
         return cls(entry, model, tokenizer, device, dtype, settings.default_max_tokens)
 
