@@ -30,7 +30,7 @@ from millm.engine.params import (
     prompt_names,
 )
 from millm.engine.plan import Plan, check_characters, token_budget, tool_listing
-from millm.engine.reproducible import ensure_reproducible_mkl
+from millm.engine.reproducible import ensure_reproducible_cpu
 from millm.engine.scoring import (
     ScoreRequest,
     ScoreResult,
@@ -125,9 +125,9 @@ class TransformersEngine:
 
     @classmethod
     def load(cls, entry: ModelEntry, settings: Settings) -> TransformersEngine:
-        """Load ``entry``; MKL is put in its reproducible mode first if nothing has (``millm.engine.reproducible``:
-        on the CPU, a forward's numbers then do not depend on how many threads compute it)."""
-        ensure_reproducible_mkl()
+        """Load ``entry``; MKL is put in its reproducible mode and OpenMP's dynamic mode turned off first where nothing
+        has (``millm.engine.reproducible``: on the CPU, a forward's numbers then do not depend on its threads)."""
+        ensure_reproducible_cpu()
         model, tokenizer, device, dtype = loader.load(entry, settings)
         return cls(entry, model, tokenizer, device, dtype, settings.default_max_tokens)
 

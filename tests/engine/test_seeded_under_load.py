@@ -3,7 +3,8 @@ idle, beside processes that keep the cores busy, and at any number of threads (i
 
 The cause was the CPU attention kernel: MKL, in its default mode, rounded a head differently on a thread whose
 scratch was aligned differently, so a decode step's logits depended on the thread count (and OpenMP's dynamic mode
-sizes a region by the machine's load). ``millm.engine.reproducible`` puts MKL in its reproducible mode.
+sizes a region by the machine's load, which for oneDNN's packed products is worse: part of them unwritten).
+``millm.engine.reproducible`` puts MKL in its reproducible mode and keeps OpenMP's dynamic mode off.
 """
 
 from __future__ import annotations
@@ -101,6 +102,33 @@ def test_an_empty_mkl_cbwr_is_left_to_mkl():
     out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "MKL_CBWR": ""}, capture_output=True,
                          text=True, check=True)
     assert out.stdout.strip() == repr("")
+
+
+def test_importing_millm_turns_openmp_dynamic_mode_off():
+    """OMP_DYNAMIC=true sizes parallel regions by the load average, which leaves part of a packed product unwritten
+    on a busy machine: importing millm before torch turns it off."""
+    import os
+
+    code = ("import ctypes, millm, torch\n"
+            "from millm.engine.reproducible import _GOMP, _loaded\n"
+            "print([lib.omp_get_dynamic() for lib in _loaded(_GOMP) if hasattr(lib, 'omp_get_dynamic')][:1])")
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "OMP_DYNAMIC": "true"},
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.strip() in ("[0]", "[]")  # []: no OpenMP runtime in this torch
+
+
+def test_loading_turns_openmp_dynamic_mode_off_for_its_thread_when_torch_read_it_first():
+    from millm.engine.reproducible import _GOMP, _loaded, ensure_static_openmp
+
+    runtimes = [lib for lib in _loaded(_GOMP) if hasattr(lib, "omp_set_dynamic")]
+    if not runtimes:
+        pytest.skip("no OpenMP runtime in this torch")
+    runtimes[0].omp_set_dynamic(1)
+    try:
+        assert not ensure_static_openmp()  # it was on: turned off, with a warning
+        assert runtimes[0].omp_get_dynamic() == 0 and ensure_static_openmp()
+    finally:
+        runtimes[0].omp_set_dynamic(0)
 
 
 Run = tuple[str, list[Any], list[Any]]  # the text, the ids fed to each forward, the output layer's logits
