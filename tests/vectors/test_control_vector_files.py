@@ -27,6 +27,7 @@ from millm.engine.events import Delta
 from millm.engine.params import GenerationRequest, SamplingParams, TextPrompt
 from millm.errors import FieldNotHonoured, InvalidParameter
 from millm.store.db import Store
+from tests.support.malformed import gguf_file
 from tests.support.saes import random_sae, write_saelens
 
 if TYPE_CHECKING:
@@ -46,20 +47,7 @@ def unit(d: int = D, seed: int = 0) -> torch.Tensor:
     return v / v.norm()
 
 
-def raw_file(path: Path, tensors: dict[str, np.ndarray], arch: str = "controlvector") -> Path:
-    """A GGUF written by gguf-py directly, as repeng's export_gguf writes one."""
-    import gguf as gguf_py
-
-    writer = gguf_py.GGUFWriter(str(path), arch)
-    writer.add_string(f"{arch}.model_hint", "llama")
-    writer.add_uint32(f"{arch}.layer_count", len(tensors))
-    for name, values in tensors.items():
-        writer.add_tensor(name, values)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+raw_file = gguf_file  # a GGUF written by gguf-py directly, as repeng's export_gguf writes one
 
 
 def one_set(name: str, layer: int, seed: int = 0, d: int = D) -> VectorSet:
