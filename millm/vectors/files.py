@@ -119,13 +119,20 @@ def check_layer(layer: object, where: str, param: str, n_layers: int | None = No
     return layer
 
 
+def _is_matrix(vectors: torch.Tensor, rows: int | None) -> bool:
+    """Whether ``vectors`` is a floating-point ``[rows, d_model]`` matrix with at least one row and one column (any
+    number of rows when ``rows`` is None)."""
+    if not vectors.is_floating_point() or vectors.ndim != 2 or vectors.shape[1] < 1 or vectors.shape[0] < 1:
+        return False
+    return rows is None or vectors.shape[0] == rows
+
+
 def unit_rows(vectors: torch.Tensor, where: str, param: str, rows: int | None = None) -> torch.Tensor:
     """``vectors`` (``[rows, d_model]``, floating point) as float32 unit rows: every value finite and no row zero
     (a zero row has no direction; a NaN or infinite one steers every answer into non-finite logits). A row's
     norm is taken in float64 after scaling by its largest value, so no finite direction overflows; a row
     within ``UNIT_TOLERANCE`` of unit norm is kept as it is."""
-    if not vectors.is_floating_point() or vectors.ndim != 2 or vectors.shape[1] < 1 \
-            or (rows is not None and vectors.shape[0] != rows) or vectors.shape[0] < 1:
+    if not _is_matrix(vectors, rows):
         want = f"{rows} " if rows is not None else ""
         raise InvalidParameter(f"{where} must hold {want}floating-point vectors (a [vectors, d_model] matrix), "
                                f"not a {vectors.dtype} tensor of shape {list(vectors.shape)}.", param=param)
@@ -207,14 +214,8 @@ def shown_file(shown: str | Path, name: str) -> str:
     return str(Path(shown) / name)
 
 
-def read_meta(folder: Path, shown: str | Path | None = None, param: str = "path",
-              n_layers: int | None = None) -> dict[str, Any]:
-    """The set's ``vectors.json``, every key checked, with ``d_model`` from ``vectors.safetensors``'s header
-    (which must hold the ``vectors`` its names count); no tensor is read. ``shown`` is the folder as refusals
-    name it (default: ``folder``)."""
-    shown = folder if shown is None else shown
-    where = shown_file(shown, META_FILE)
-    raw = read_capped(folder / META_FILE, where, META_MAX_BYTES, param)
+def _json_object(raw: bytes, where: str, param: str) -> dict[str, Any]:
+    """``raw`` decoded as a UTF-8 JSON object; else a 400 naming ``where`` and what is wrong with it."""
     try:
         meta = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
@@ -226,69 +227,145 @@ def read_meta(folder: Path, shown: str | Path | None = None, param: str = "path"
         raise InvalidParameter(f"{where}: nests too deep to read.", param=param) from None
     if not isinstance(meta, dict):
         raise InvalidParameter(f"{where}: must hold a JSON object, not {type(meta).__name__}.", param=param)
-    key = f"{where}: key"
+    return meta
+
+
+def _check_format(meta: dict[str, Any], key: str, param: str) -> None:
+    """``vectors.json``'s 'format' and 'version' say it is a miLLM vector set of version 1 (a boolean is no
+    version, though ``True == 1``)."""
     if meta.get("format") != FORMAT:
         raise InvalidParameter(f"{key} 'format' must be {FORMAT!r}: not a miLLM vector set.", param=param)
     if meta.get("version", 1) != 1 or isinstance(meta.get("version"), bool):
         raise InvalidParameter(f"{key} 'version' must be 1.", param=param)
-    names = check_names(meta.get("names"), f"{key} 'names'", param)
-    out: dict[str, Any] = {"names": names, "layer": check_layer(meta.get("layer"), f"{key} 'layer'", param, n_layers)}
+
+
+def _texts(meta: dict[str, Any], key: str, param: str) -> dict[str, str]:
+    """'model', 'method' and 'sha256': each a string of at most ``TEXT_MAX_CHARS`` (default empty)."""
+    out: dict[str, str] = {}
     for text in ("model", "method", "sha256"):
         value = meta.get(text, "")
         if not isinstance(value, str) or len(value) > TEXT_MAX_CHARS:
             raise InvalidParameter(f"{key} '{text}' must be a string of at most {TEXT_MAX_CHARS} characters.",
                                    param=param)
         out[text] = value
-    out["position"] = meta.get("position", "mean")
-    if out["position"] not in POSITIONS:
-        raise InvalidParameter(f"{key} 'position' must be one of {', '.join(POSITIONS)}.", param=param)
-    out["examples"] = meta.get("examples", {})
-    if not isinstance(out["examples"], dict) or not all(
-            k in ("positive", "negative") and not isinstance(v, bool) and isinstance(v, int) and 0 <= v <= COUNT_MAX
-            for k, v in out["examples"].items()):
-        raise InvalidParameter(f"{key} 'examples' must be an object of 'positive' and 'negative' counts.",
-                               param=param)
-    out["source"] = meta.get("source", {})
-    if not isinstance(out["source"], dict):
-        raise InvalidParameter(f"{key} 'source' must be a JSON object.", param=param)
-    shape = _weights_shape(folder / WEIGHTS_FILE, shown_file(shown, WEIGHTS_FILE), param)
-    if shape[0] != len(names):
-        raise InvalidParameter(f"{shown_file(shown, WEIGHTS_FILE)}: tensor 'vectors' holds {shape[0]} vectors; "
-                               f"{where} key 'names' names {len(names)}.", param=param)
-    d_model = meta.get("d_model", shape[1])
-    if isinstance(d_model, bool) or d_model != shape[1]:
-        raise InvalidParameter(f"{key} 'd_model' must be the vectors' width, {shape[1]}.", param=param)
-    out["d_model"] = shape[1]
     return out
 
 
-def _weights_shape(file: Path, shown: str, param: str) -> tuple[int, int]:
-    """The shape of the ``vectors`` tensor ``file``'s safetensors header declares, the header checked as the
-    format lays it out (a length, then that many bytes of JSON, then the data it places) before any is read."""
-    size = regular_file(file, shown, WEIGHTS_MAX_BYTES, param)
+def _is_count(name: object, value: object) -> bool:
+    """Whether ``name: value`` is an example count: 'positive' or 'negative', an integer (not a boolean) from 0 to
+    ``COUNT_MAX``."""
+    if name not in ("positive", "negative") or isinstance(value, bool) or not isinstance(value, int):
+        return False
+    return 0 <= value <= COUNT_MAX
+
+
+def _position(meta: dict[str, Any], key: str, param: str) -> str:
+    """'position', one of ``POSITIONS`` (default 'mean')."""
+    position = meta.get("position", "mean")
+    if position not in POSITIONS:
+        raise InvalidParameter(f"{key} 'position' must be one of {', '.join(POSITIONS)}.", param=param)
+    return position
+
+
+def _examples(meta: dict[str, Any], key: str, param: str) -> dict[str, int]:
+    """'examples', an object of 'positive' and 'negative' counts (default empty)."""
+    examples = meta.get("examples", {})
+    if not isinstance(examples, dict) or not all(_is_count(k, v) for k, v in examples.items()):
+        raise InvalidParameter(f"{key} 'examples' must be an object of 'positive' and 'negative' counts.",
+                               param=param)
+    return examples
+
+
+def _source(meta: dict[str, Any], key: str, param: str) -> dict[str, Any]:
+    """'source', a JSON object (default empty)."""
+    source = meta.get("source", {})
+    if not isinstance(source, dict):
+        raise InvalidParameter(f"{key} 'source' must be a JSON object.", param=param)
+    return source
+
+
+def _d_model(meta: dict[str, Any], names: tuple[str, ...], shape: tuple[int, int], where: str, weights: str,
+             param: str) -> int:
+    """The vectors' width: the ``vectors`` tensor (shape ``shape``, in the file shown as ``weights``) must hold one
+    row per name, and 'd_model', when given, must be its width."""
+    if shape[0] != len(names):
+        raise InvalidParameter(f"{weights}: tensor 'vectors' holds {shape[0]} vectors; "
+                               f"{where} key 'names' names {len(names)}.", param=param)
+    d_model = meta.get("d_model", shape[1])
+    if isinstance(d_model, bool) or d_model != shape[1]:
+        raise InvalidParameter(f"{where}: key 'd_model' must be the vectors' width, {shape[1]}.", param=param)
+    return shape[1]
+
+
+def read_meta(folder: Path, shown: str | Path | None = None, param: str = "path",
+              n_layers: int | None = None) -> dict[str, Any]:
+    """The set's ``vectors.json``, every key checked, with ``d_model`` from ``vectors.safetensors``'s header
+    (which must hold the ``vectors`` its names count); no tensor is read. ``shown`` is the folder as refusals
+    name it (default: ``folder``)."""
+    shown = folder if shown is None else shown
+    where = shown_file(shown, META_FILE)
+    meta = _json_object(read_capped(folder / META_FILE, where, META_MAX_BYTES, param), where, param)
+    key = f"{where}: key"
+    _check_format(meta, key, param)
+    names = check_names(meta.get("names"), f"{key} 'names'", param)
+    out: dict[str, Any] = {"names": names, "layer": check_layer(meta.get("layer"), f"{key} 'layer'", param, n_layers)}
+    out.update(_texts(meta, key, param))
+    out["position"] = _position(meta, key, param)
+    out["examples"] = _examples(meta, key, param)
+    out["source"] = _source(meta, key, param)
+    weights = shown_file(shown, WEIGHTS_FILE)
+    shape = _weights_shape(folder / WEIGHTS_FILE, weights, param)
+    out["d_model"] = _d_model(meta, names, shape, where, weights, param)
+    return out
+
+
+def _read_header(file: Path, shown: str, size: int, param: str) -> tuple[object, int]:
+    """The JSON header of the safetensors file ``file`` (``size`` bytes) and its length, the length checked to fit
+    the file (and ``HEADER_MAX_BYTES``) before the header is read."""
     try:
         with file.open("rb") as f:
             length = int.from_bytes(f.read(8), "little")
             if not 2 <= length <= min(HEADER_MAX_BYTES, size - 8):
                 raise InvalidParameter(f"{shown}: is not a safetensors file (its header length, {length} bytes, "
                                        f"does not fit a {size}-byte file).", param=param)
-            header = json.loads(f.read(length).decode("utf-8"))
+            return json.loads(f.read(length).decode("utf-8")), length
     except OSError as exc:
         raise InvalidParameter(f"{shown}: cannot be read ({exc.strerror}).", param=param) from None
     except (ValueError, RecursionError):
         raise InvalidParameter(f"{shown}: is not a safetensors file (its header is not JSON).", param=param) \
             from None
+
+
+def _is_float_matrix(info: dict[str, Any]) -> bool:
+    """Whether a header's tensor entry declares a float dtype and a 2-D shape of positive integers."""
+    shape = info.get("shape")
+    if info.get("dtype") not in FLOAT_DTYPES or not isinstance(shape, list) or len(shape) != 2:
+        return False
+    return all(isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in shape)
+
+
+def _offsets_fit(offsets: object, data_bytes: int) -> bool:
+    """Whether a header's tensor entry's 'data_offsets' are two integers ending within the ``data_bytes`` that
+    follow the header."""
+    if not isinstance(offsets, list) or len(offsets) != 2 or not all(isinstance(o, int) for o in offsets):
+        return False
+    return offsets[1] <= data_bytes
+
+
+def _weights_shape(file: Path, shown: str, param: str) -> tuple[int, int]:
+    """The shape of the ``vectors`` tensor ``file``'s safetensors header declares, the header checked as the
+    format lays it out (a length, then that many bytes of JSON, then the data it places) before any is read."""
+    size = regular_file(file, shown, WEIGHTS_MAX_BYTES, param)
+    header, length = _read_header(file, shown, size, param)
     info = header.get("vectors") if isinstance(header, dict) else None
     if not isinstance(info, dict):
         raise InvalidParameter(f"{shown}: holds no tensor 'vectors'.", param=param)
-    shape, offsets = info.get("shape"), info.get("data_offsets")
-    if info.get("dtype") not in FLOAT_DTYPES or not isinstance(shape, list) or len(shape) != 2 \
-            or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in shape):
+    if not _is_float_matrix(info):
         raise InvalidParameter(f"{shown}: tensor 'vectors' must be a [vectors, d_model] matrix of floats "
                                f"({', '.join(FLOAT_DTYPES)}).", param=param)
-    if not isinstance(offsets, list) or len(offsets) != 2 or not all(isinstance(o, int) for o in offsets) \
-            or offsets[1] > size - 8 - length:
+    if not _offsets_fit(info.get("data_offsets"), size - 8 - length):
         raise InvalidParameter(f"{shown}: tensor 'vectors' lies past the end of the file.", param=param)
+    shape = info["shape"]
     return shape[0], shape[1]
 
 
