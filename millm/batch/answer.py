@@ -23,7 +23,7 @@ from millm.engine.events import steered_label
 from millm.errors import InvalidParameter, MillmError
 from millm.registry import ModelEntry, resolve
 from millm.render.bodies import embeddings_body, score_body, whole_body
-from millm.render.headers import miLLM_headers
+from millm.render.headers import miLLM_headers, prepared_headers
 from millm.render.shapes import CompletionShape
 from millm.requests.builder import Built, build_chat, build_completion, build_embedding
 from millm.requests.generation import Prepared, prepare
@@ -143,4 +143,4 @@ class Answerer:
             body: dict[str, Any] = whole_body(gen.shape, gen.job.events)
         except Exception as exc:
             return error_answer(gen.line, exc)
-        return Answer(gen.line, 200, body, gen.prepared.headers(gen.built, steered_label(gen.job.events)))
+        return Answer(gen.line, 200, body, prepared_headers(gen.prepared, gen.built, steered_label(gen.job.events)))

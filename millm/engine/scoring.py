@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 
 from millm.engine.params import Forced, Prompt
 from millm.errors import InvalidParameter, InvalidScoringRequest, NonFiniteLogits
-from millm.requests.validation import check_scoring_temperature
 
 if TYPE_CHECKING:
     import torch
@@ -81,11 +80,6 @@ class ScoreResult:
     echo: list[PromptToken] | None = None
     prompt_ids: tuple[int, ...] = ()
     readout: dict[str, Any] | None = None  # the request's read-out body, on the row it read
-
-
-def check_temperature(value: float | None) -> float:
-    """The scoring temperature (absent: 1); its range and floor are written once, in validation."""
-    return 1.0 if value is None else check_scoring_temperature(value)
 
 
 def check_allowed(ids: Any) -> tuple[int, ...]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from millm.sfv import sf_string
@@ -10,6 +11,7 @@ from millm.steering.rung import CIRCUIT_RUNG_HEADER, rung_header
 
 if TYPE_CHECKING:
     from millm.requests.builder import Built
+    from millm.requests.generation import Prepared
     from millm.steering.bases import RequestSteering
 
 INTENSITY_HEADER = "X-miLLM-Steering-Intensity"
@@ -51,3 +53,12 @@ def miLLM_headers(built: Built, steering: str = "none", steer: RequestSteering |
     if built.constraint is not None:
         headers["X-miLLM-Constrained"] = built.constraint.header()
     return {k: v for k, v in headers.items() if v is not None}
+
+
+def prepared_headers(prepared: Prepared, built: Built, bound: str | None = None) -> dict[str, str]:
+    """A prepared generation's miLLM headers. ``bound`` is the steering label read when the request's rows were
+    bound (the engine's ``Steered`` event), the truth where an operator changed steering after prepare; a
+    circuit's rung is not claimed for a response that nothing steered."""
+    label = prepared.label if bound is None else bound
+    steer = prepared.steer if label != "none" or prepared.steer.rung is None else replace(prepared.steer, rung=None)
+    return miLLM_headers(built, label, steer, prepared.scope)

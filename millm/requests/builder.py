@@ -20,14 +20,20 @@ from millm.engine.scoring import (
     ScoringParams,
     check_allowed,
     check_scoring_shape,
-    check_temperature,
     check_top_n,
 )
 from millm.engine.templates import TOOLS_KWARG
 from millm.errors import InvalidParameter, ResponseFormatUnsupported, UnusedFieldsRefused
 from millm.requests.fields import NESTED_KEYS, TOOLS_REFUSED, check_fields, is_no_change, template_messages
 from millm.requests.limits import Limits, check_embedding_inputs, check_prompt_tokens, check_prompts, check_rows
-from millm.requests.validation import check_messages, check_number, check_prompt_text, max_tokens_of, sampling_params
+from millm.requests.validation import (
+    check_messages,
+    check_number,
+    check_prompt_text,
+    check_scoring_temperature,
+    max_tokens_of,
+    sampling_params,
+)
 from millm.requests.wire import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, parse
 from millm.steering.intensity import Dial, parse_intensity
 from millm.steering.readout import ReadoutAsk, check_readout, check_readout_rows
@@ -115,7 +121,7 @@ def scoring_common(fields: Mapping[str, Any]) -> tuple[tuple[int, ...] | None, f
     if temperature is not None:
         check_number("temperature", temperature)
     allowed = check_allowed(fields["allowed_token_ids"]) if fields.get("allowed_token_ids") is not None else None
-    return allowed, check_temperature(temperature), _bool(fields, "return_tokens_as_token_ids", False)
+    return allowed, check_scoring_temperature(temperature), _bool(fields, "return_tokens_as_token_ids", False)
 
 
 def completion_scoring_params(fields: Mapping[str, Any]) -> ScoringParams:

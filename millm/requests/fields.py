@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from millm.errors import FieldNotHonoured
+from millm.steering.readout import READOUT_KEYS  # return_sae_activations
 from millm.structured.tools import tool_locations
 
 USE, REFUSE, PENDING, REPORT = "use", "refuse", "pending", "report"
@@ -78,8 +79,6 @@ NO_CHANGE: dict[str, list[Any]] = {
     "repetition_penalty": [1, 1.0],
 }
 
-# return_sae_activations
-READOUT_KEYS = {"sae_id", "features", "top_k", "positions", "read_point", "token_text", "labels"}
 MESSAGE_KEYS = ("role", "content")  # what a chat template receives of each message; any other key is reported
 # and on the transformers engine, by role: the calls and results of tool calling (rendered by millm.engine.templates)
 TOOL_MESSAGE_KEYS = {"assistant": ("tool_calls",), "tool": ("tool_call_id", "name"), "function": ("name",)}

@@ -12,7 +12,6 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from millm.errors import FieldNotHonoured
-from millm.render.headers import miLLM_headers
 from millm.requests.limits import Limits, check_prompt_tokens, prompt_tokens
 from millm.steering.bases import RequestSteering
 from millm.steering.scope import ALL, Scope
@@ -27,21 +26,14 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class Prepared:
     """A generation ready to run: its plans, its steering, the X-miLLM-Steering label, and the check to
-    run between decode steps (None: nothing an operator does can invalidate it)."""
+    run between decode steps (None: nothing an operator does can invalidate it). Its response headers are
+    ``millm.render.headers.prepared_headers``."""
 
     plans: list[Plan]
     steer: RequestSteering
     label: str
     check: Callable[[], None] | None
     scope: Scope = ALL  # where its steering applies (the request's steering_scope, else its profile's)
-
-    def headers(self, built: Built, bound: str | None = None) -> dict[str, str]:
-        """The response's miLLM headers. ``bound`` is the steering label read when the request's rows were
-        bound (the engine's ``Steered`` event), the truth where an operator changed steering after prepare;
-        a circuit's rung is not claimed for a response that nothing steered."""
-        label = self.label if bound is None else bound
-        steer = self.steer if label != "none" or self.steer.rung is None else replace(self.steer, rung=None)
-        return miLLM_headers(built, label, steer, self.scope)
 
 
 def refuse_unsteerable(engine: Engine, built: Built) -> None:

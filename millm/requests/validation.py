@@ -39,8 +39,10 @@ def check_number(name: str, value: Any) -> float:
 
 
 def check_scoring_temperature(value: Any) -> float:
-    """A scoring temperature: the generation range, and 0 or at least MIN_SCORING_TEMPERATURE (scoring
+    """A scoring temperature (absent: 1): the generation range, and 0 or at least MIN_SCORING_TEMPERATURE (scoring
     divides the logits themselves, and reports their log-probabilities)."""
+    if value is None:
+        return 1.0
     temperature = check_number("temperature", value)
     if 0 < temperature < MIN_SCORING_TEMPERATURE:
         raise InvalidParameter(f"'temperature' {value!r} would overflow the logits; use 0 (greedy, no scaling) or "

@@ -14,7 +14,7 @@ from millm.engine.events import Event, Steered
 from millm.errors import ModelNotFound
 from millm.registry import ModelEntry
 from millm.render.bodies import embeddings_body, score_body, whole_body
-from millm.render.headers import miLLM_headers
+from millm.render.headers import miLLM_headers, prepared_headers
 from millm.render.shapes import CompletionShape
 from millm.render.stream import sse_events
 from millm.requests.builder import (
@@ -100,7 +100,7 @@ async def respond(shape: CompletionShape, events: AsyncIterator[Event], built: B
                   prepared: Prepared) -> Response | tuple[dict[str, Any], int, dict[str, str]]:
     """The response, its headers saying what steered the request when its rows were bound."""
     label, events = await opened(events)
-    headers = prepared.headers(built, label)
+    headers = prepared_headers(prepared, built, label)
     if built.stream:
         response = Response(sse_events(shape, events, built.choices, built.include_usage), mimetype="text/event-stream",
                             headers={**headers, "Cache-Control": "no-cache"})

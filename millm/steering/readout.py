@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from millm.errors import InvalidFeatureIndex, InvalidParameter
-from millm.requests.fields import READOUT_KEYS
 
 if TYPE_CHECKING:
     import torch
@@ -21,6 +20,8 @@ POSITION_MODES = ("last", "prompt", "completion", "all")
 READ_POINTS = ("post_steering", "pre_steering")
 FLAGS = ("token_text", "labels")  # opt-in additions to each position (token) and each feature (label)
 FIELD = "return_sae_activations"
+# the keys a return_sae_activations object may hold (the field table reports or refuses any other)
+READOUT_KEYS = {"sae_id", "features", "top_k", "positions", "read_point", "token_text", "labels"}
 UNSTEERED = "unsteered"  # the read point of a scoring pass: every SAE's steering suppressed
 NOTES = {
     "post_steering": "post_steering is what the model computed at this layer for this request; it is not an "

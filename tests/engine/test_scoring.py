@@ -6,8 +6,9 @@ import httpx
 import pytest
 
 from millm.engine.params import ChatPrompt
-from millm.engine.scoring import ScoringParams, check_allowed, check_in_vocab, check_temperature, score_row
+from millm.engine.scoring import ScoringParams, check_allowed, check_in_vocab, score_row
 from millm.errors import InvalidParameter, InvalidScoringRequest, NonFiniteLogits
+from millm.requests.validation import check_scoring_temperature
 
 MODEL = "SmolLM2-135M-Instruct"
 
@@ -37,8 +38,8 @@ def test_temperature_divides_and_zero_means_unscaled():
     assert score_row(logits, params(temperature=0.0)).chosen.logprob == pytest.approx(
         score_row(logits, params(temperature=1.0)).chosen.logprob)
     with pytest.raises(InvalidParameter, match="overflow"):
-        check_temperature(0.0005)
-    assert check_temperature(0.001) == 0.001 and check_temperature(None) == 1.0
+        check_scoring_temperature(0.0005)
+    assert check_scoring_temperature(0.001) == 0.001 and check_scoring_temperature(None) == 1.0
 
 
 def test_non_finite_logits():

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from millm.engine.events import Delta, Steered
+from millm.render.headers import prepared_headers
 from millm.requests.builder import build_chat
 from millm.requests.limits import Limits
 from millm.store import Store
@@ -70,7 +71,7 @@ def test_off_runs_unsteered_whatever_the_operator_does_after_prepare(steered_eng
         prepared = ask(engine, service, steering_intensity=dial)  # no live values: the dial changes nothing now
         operator_steers(engine)
         text, label = run(engine, prepared)
-        assert (text, label, prepared.headers(prepared_built(engine, dial))["X-miLLM-Steering"]) == \
+        assert (text, label, prepared_headers(prepared, prepared_built(engine, dial))["X-miLLM-Steering"]) == \
             (unsteered, "none", "none")
         engine.steering_target().steering.clear()
     engine.steering_target().steering.set_enabled(False)

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from millm.errors import ContextLengthExceeded, FieldNotHonoured, InvalidFeatureIndex, InvalidParameter, ProfileNotFound
+from millm.render.headers import prepared_headers
 from millm.requests.builder import build_chat, build_completion
 from millm.requests.limits import Limits
 from tests.support.fakes import FakeEngine
@@ -77,7 +78,7 @@ def test_an_unsteerable_engine_runs_unsteered_and_says_none():
     prepared = prepare(FakeEngine(), chat(), LIMITS)
     assert prepared.label == "none" and prepared.check is None and prepared.scope == "all"
     assert prepared.steer.override is None and prepared.plans[0].override is None
-    assert prepared.headers(chat())["X-miLLM-Steering"] == "none"
+    assert prepared_headers(prepared, chat())["X-miLLM-Steering"] == "none"
 
 
 # what it refuses
@@ -133,7 +134,7 @@ def test_a_profile_resolves_to_an_override_on_every_plan_pinned_to_its_sae(steer
     override = prepared.steer.override
     assert override is not None and override.name == "loud" and override.values == {SAE_ID: {3: 20.0}}
     assert all(plan.override is override for plan in prepared.plans)
-    assert prepared.label == "loud" and prepared.headers(chat(profile="loud"))["X-miLLM-Steering"] == '"loud"'
+    assert prepared.label == "loud" and prepared_headers(prepared, chat(profile="loud"))["X-miLLM-Steering"] == '"loud"'
     assert prepared.check is not None
     prepared.check()  # the SAE it steers through is still attached
     steerable.steering.detach(SAE_ID)

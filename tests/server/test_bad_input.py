@@ -5,11 +5,10 @@ import json
 import httpx
 import pytest
 
-from millm.engine.scoring import check_temperature
 from millm.errors import InvalidParameter, ResponseFormatUnsupported
 from millm.requests.builder import build_chat
 from millm.requests.jsonbody import MAX_DEPTH, check_value, decode
-from millm.requests.validation import sampling_params
+from millm.requests.validation import check_scoring_temperature, sampling_params
 from millm.structured.schema import check_response_format
 from tests.support.hostile import hostile_bodies
 
@@ -88,7 +87,7 @@ def test_generation_takes_any_temperature_in_range(t):
 @pytest.mark.parametrize("t", [1e-40, 5e-324, 0.0005])
 def test_scoring_refuses_a_temperature_between_0_and_the_floor(t):
     with pytest.raises(InvalidParameter, match="overflow") as exc:
-        check_temperature(t)
+        check_scoring_temperature(t)
     assert exc.value.param == "temperature"
 
 
