@@ -370,39 +370,46 @@ class TransformersEngine:
     def embed(self, inputs: list[Any]) -> tuple[list[list[float]], int]:
         """Masked mean of the last hidden layer per input (text, or this model's token ids), and the
         total token count. Never steered."""
-        encoded = []
-        vocab = len(self.tokenizer)
-        for i, item in enumerate(inputs):
-            where = "input" if len(inputs) == 1 else f"input[{i}]"
-            if isinstance(item, str):
-                check_characters([TextPrompt(item)], [where], self.context_window, self.max_token_bytes)
-                ids = self.tokenizer(item, add_special_tokens=True)["input_ids"]
-            elif past := [t for t in item if t >= vocab]:
-                # what LangChain's OpenAIEmbeddings sends by default: the text as tiktoken's ids, not this model's
-                raise InvalidParameter(
-                    f"'{where}' holds token id {past[0]}, past this model's vocabulary (0-{vocab - 1}): these look "
-                    "like another tokenizer's ids (for example tiktoken's, which LangChain's OpenAIEmbeddings sends "
-                    "by default), which stand for other tokens here. Send the text itself; with LangChain, pass "
-                    "check_embedding_ctx_length=False to OpenAIEmbeddings.", param=where)
-            elif any(t < 0 for t in item):
-                raise InvalidParameter(f"'{where}' holds a token id outside this model's vocabulary (0-{vocab - 1}).",
-                                       param=where)
-            else:
-                ids = list(item)
-            if not ids:
-                raise InvalidParameter(f"'{where}' is empty.", param=where)
-            if len(ids) > self.context_window:
-                raise ContextLengthExceeded(requested=len(ids), available=self.context_window, param=where)
-            encoded.append(ids)
+        encoded = [self._embedding_ids(item, "input" if len(inputs) == 1 else f"input[{i}]")
+                   for i, item in enumerate(inputs)]
         vectors: list[list[float]] = []
         with self._lock, torch.inference_mode(), self.steering.suppressed():
             decoder = self.model.get_decoder()
             for start in range(0, len(encoded), EMBED_BATCH):
-                chunk = encoded[start:start + EMBED_BATCH]
-                width = max(len(ids) for ids in chunk)
-                ids = torch.tensor([row + [self.pad_id] * (width - len(row)) for row in chunk], device=self.device)
-                mask = torch.tensor([[1] * len(row) + [0] * (width - len(row)) for row in chunk], device=self.device)
-                hidden = decoder(input_ids=ids, attention_mask=mask).last_hidden_state.float()
-                weights = mask.unsqueeze(-1).to(hidden.dtype)
-                vectors += ((hidden * weights).sum(1) / weights.sum(1)).tolist()
+                vectors += self._mean_hidden(decoder, encoded[start:start + EMBED_BATCH])
         return vectors, sum(len(ids) for ids in encoded)
+
+    def _embedding_ids(self, item: Any, where: str) -> list[int]:
+        """One embedding input as this model's token ids: a text tokenized (its characters checked first), or ids
+        checked to lie in this model's vocabulary; never empty, never past the context window."""
+        vocab = len(self.tokenizer)
+        if isinstance(item, str):
+            check_characters([TextPrompt(item)], [where], self.context_window, self.max_token_bytes)
+            ids = self.tokenizer(item, add_special_tokens=True)["input_ids"]
+        elif past := [t for t in item if t >= vocab]:
+            # what LangChain's OpenAIEmbeddings sends by default: the text as tiktoken's ids, not this model's
+            raise InvalidParameter(
+                f"'{where}' holds token id {past[0]}, past this model's vocabulary (0-{vocab - 1}): these look "
+                "like another tokenizer's ids (for example tiktoken's, which LangChain's OpenAIEmbeddings sends "
+                "by default), which stand for other tokens here. Send the text itself; with LangChain, pass "
+                "check_embedding_ctx_length=False to OpenAIEmbeddings.", param=where)
+        elif any(t < 0 for t in item):
+            raise InvalidParameter(f"'{where}' holds a token id outside this model's vocabulary (0-{vocab - 1}).",
+                                   param=where)
+        else:
+            ids = list(item)
+        if not ids:
+            raise InvalidParameter(f"'{where}' is empty.", param=where)
+        if len(ids) > self.context_window:
+            raise ContextLengthExceeded(requested=len(ids), available=self.context_window, param=where)
+        return ids
+
+    def _mean_hidden(self, decoder: Any, chunk: list[list[int]]) -> list[list[float]]:
+        """The masked mean of ``decoder``'s last hidden layer for each row of ``chunk``, the rows right-padded to
+        the longest (the caller holds the lock, in inference mode, steering suppressed)."""
+        width = max(len(ids) for ids in chunk)
+        ids = torch.tensor([row + [self.pad_id] * (width - len(row)) for row in chunk], device=self.device)
+        mask = torch.tensor([[1] * len(row) + [0] * (width - len(row)) for row in chunk], device=self.device)
+        hidden = decoder(input_ids=ids, attention_mask=mask).last_hidden_state.float()
+        weights = mask.unsqueeze(-1).to(hidden.dtype)
+        return ((hidden * weights).sum(1) / weights.sum(1)).tolist()

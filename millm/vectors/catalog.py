@@ -45,6 +45,25 @@ def store(service: SteeringService, home: Path, vs: VectorSet) -> dict[str, Any]
     return store_all(service, home, [vs])[0]
 
 
+def _check_new_names(service: SteeringService, names: list[str]) -> None:
+    """Each name new: none repeated among the sets to store, none taken by a registered SAE or set."""
+    if len(set(names)) != len(names):
+        raise InvalidParameter(f"The sets to store repeat a name: {', '.join(names)}.", param="name")
+    for name in names:
+        check_new_name(service, name)
+
+
+def _move_into_place(staging: Path, home: Path, names: list[str], placed: list[Path]) -> None:
+    """Move each staged set to its folder under ``home``, replacing a folder no registered set holds; every folder
+    moved is appended to ``placed`` as it is, so a caller can remove them when a later step fails."""
+    for name in names:
+        folder = folder_of(home, name)
+        if folder.exists():
+            shutil.rmtree(folder)  # left by a set whose registration was removed, or never committed
+        os.replace(staging / name, folder)
+        placed.append(folder)
+
+
 def store_all(service: SteeringService, home: Path, sets: list[VectorSet]) -> list[dict[str, Any]]:
     """Store and register every set, or none, whatever stops it (an error, or the process killed).
 
@@ -53,10 +72,7 @@ def store_all(service: SteeringService, home: Path, sets: list[VectorSet]) -> li
     moved are removed; after a kill they are left unregistered (folders no set names, replaced when a set of
     their name is stored). Moving before registering means a registered set always has its folder."""
     names = [vs.names[0] for vs in sets]
-    if len(set(names)) != len(names):
-        raise InvalidParameter(f"The sets to store repeat a name: {', '.join(names)}.", param="name")
-    for name in names:
-        check_new_name(service, name)
+    _check_new_names(service, names)
     parent = home / "vectors"
     parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=STAGING, dir=parent))
@@ -64,12 +80,7 @@ def store_all(service: SteeringService, home: Path, sets: list[VectorSet]) -> li
     try:
         for vs in sets:
             files.save(staging / vs.names[0], vs)
-        for name in names:
-            folder = folder_of(home, name)
-            if folder.exists():
-                shutil.rmtree(folder)  # left by a set whose registration was removed, or never committed
-            os.replace(staging / name, folder)
-            placed.append(folder)
+        _move_into_place(staging, home, names, placed)
         with service.store.atomic():
             for name in names:
                 check_new_name(service, name)  # inside the transaction: no other writer has taken it since
