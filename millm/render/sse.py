@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 DONE = "data: [DONE]\n\n"
+COMMENT = ":\n\n"  # a line clients ignore: keeps a quiet stream's connection known to be open
 
 
 def data(payload: dict[str, Any]) -> str:
@@ -15,4 +16,9 @@ def data(payload: dict[str, Any]) -> str:
 
 def error(body: dict[str, Any]) -> str:
     """An error event after the stream has started (the status is already 200 by then)."""
-    return f"event: error\ndata: {json.dumps(body, separators=(',', ':'))}\n\n"
+    return event("error", body)
+
+
+def event(name: str, payload: dict[str, Any]) -> str:
+    """One named event."""
+    return f"event: {name}\ndata: {json.dumps(payload, separators=(',', ':'))}\n\n"

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from quart import Blueprint, request
+from quart import Blueprint, Response, request
 from quart.blueprints import BlueprintSetupState
 from werkzeug.routing import BaseConverter, ValidationError
 
 from millm.errors import InvalidParameter, InvalidSAE, ModelNotLoaded
 from millm.paths import user_path
+from millm.render import sse
 from millm.sae.cards import parse_index, read_card
 from millm.server import api_bodies
 from millm.server.auth import guard_management
@@ -25,6 +27,9 @@ from millm.steering.target import SteeringTarget
 log = logging.getLogger(__name__)
 bp = Blueprint("api", __name__, url_prefix="/api")
 T = TypeVar("T")
+PUSH_GAP_S = 0.25  # the monitoring stream's shortest gap between two events: a burst of requests is one event
+PUSH_HEARTBEAT_S = 15.0  # a comment line this often on a quiet stream, so a gone client is noticed
+PUSH_RECENT = 20  # requests each monitoring event carries (the page's trend lines)
 
 
 class NameConverter(BaseConverter):
@@ -329,7 +334,7 @@ async def get_monitoring() -> Any:
 
 @bp.put("/monitoring")
 async def put_monitoring() -> Any:
-    """Configure monitoring: {"enabled", "sae", "features", "history"}."""
+    """Configure monitoring: {"enabled", "sae", "features" or "top_k", "history"}."""
     data = await body()
     return await command(services().steering.configure_monitor, engine(), data)
 
@@ -344,6 +349,44 @@ async def monitoring_history() -> Any:
 async def monitoring_stats() -> Any:
     """Running statistics over every position monitored."""
     return engine().monitor.stats()
+
+
+@bp.get("/monitoring/events")
+async def monitoring_events() -> Any:
+    """Server-sent events, one ``monitoring`` event now and one after every change (a request recorded, a new
+    configuration, a cleared history), at most one per ``PUSH_GAP_S``: the configuration, the running
+    statistics and the newest ``PUSH_RECENT`` requests. The stream ends when the model is unloaded."""
+    monitor, manager = engine().monitor, services().manager
+    loop = asyncio.get_running_loop()
+
+    def current() -> bool:  # the monitor is still the loaded model's
+        target = manager.engine.steering_target() if manager.engine is not None else None
+        return target is not None and target.monitor is monitor
+    changed = asyncio.Event()
+
+    def wake() -> None:  # called on the thread that changed the monitor
+        with contextlib.suppress(RuntimeError):  # the loop has closed: nobody is listening
+            loop.call_soon_threadsafe(changed.set)
+
+    async def events() -> AsyncIterator[str]:
+        stop = monitor.listen(wake)
+        try:
+            while current():
+                changed.clear()
+                yield sse.event("monitoring", {"config": monitor.describe(), "stats": monitor.stats(),
+                                               "recent": list(monitor.history)[-PUSH_RECENT:]})
+                while not changed.is_set():
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(changed.wait(), PUSH_HEARTBEAT_S)
+                    if not changed.is_set():
+                        yield sse.COMMENT
+                await asyncio.sleep(PUSH_GAP_S)
+        finally:
+            stop()
+
+    response = Response(events(), mimetype="text/event-stream", headers={"Cache-Control": "no-store"})
+    response.timeout = None
+    return response
 
 
 @bp.delete("/monitoring/history")

@@ -56,7 +56,10 @@ BODIES: dict[str, dict[str, Any] | type[BaseModel]] = {
     "api.put_monitoring": {"type": "object", "properties": {
         "enabled": {"type": "boolean"},
         "sae": {"type": ["string", "integer", "null"], "description": "An attached SAE id, or its layer"},
-        "features": {"type": "array", "items": {"type": "integer"}},
+        "features": {"type": "array", "items": {"type": "integer"},
+                     "description": "The features to monitor (or give top_k)"},
+        "top_k": {"type": ["integer", "null"],
+                  "description": "Monitor every feature and report the K with the highest mean"},
         "history": {"type": "integer"}}},
     "models_api.add_model": {"type": "object", "required": ["path"], "properties": {
         "path": {"type": "string", "description": "A checkpoint directory or <repo>.<QUANT>.gguf file"},

@@ -119,6 +119,18 @@ def test_the_monitor_follows_requests_from_the_sdk_and_equals_the_stats(real, cl
         means = [q["features"][index]["mean"] for q in history]
         assert (heights[0] < heights[1]) == (means[0] > means[1]) or means[0] == means[1]  # higher mean, higher dot
 
+    page.fill("#mon-features", "")  # no features named: the server reads every feature and keeps the top K
+    page.fill("#mon-topk", "3")
+    page.click("#mon-apply")
+    page.locator("#mon-summary").filter(has_text="the top 3 of every feature: 0 positions read").wait_for()
+    assert httpx.get(real.base + "/api/monitoring").json()["top_k"] == 3
+    client.chat.completions.create(model="SmolLM2-135M-Instruct", max_tokens=TOKENS, temperature=0,
+                                   messages=[{"role": "user", "content": "Sing me one more."}])
+    stats = httpx.get(real.base + "/api/monitoring/stats").json()
+    page.locator("#mon-summary").filter(has_text=f"{stats['positions']} positions read").wait_for()
+    assert table_of(page) == expected(stats) and len(stats["features"]) == 3
+    assert not [u for u in real.urls if "/api/monitoring/stats" in u or "/api/monitoring/history" in u]  # pushed
+
 
 def table_of(page: Any) -> list[list[str]]:
     """The page's statistics table, without its label column (labels arrive on their own)."""
@@ -127,9 +139,12 @@ def table_of(page: Any) -> list[list[str]]:
 
 
 def expected(stats: dict[str, Any]) -> list[list[str]]:
-    """The rows the page draws from a stats body: feature, positions, mean, max, active fraction."""
-    return [[index, str(stats["positions"]), f"{f['mean']:.4f}", f"{f['max']:.4f}", f"{f['active_fraction']:.4f}"]
-            for index, f in sorted(stats["features"].items(), key=lambda kv: int(kv[0]))]  # JS orders index keys
+    """The rows the page draws from a stats body, strongest mean first: feature, count, mean, std, min, max,
+    active fraction."""
+    rows = sorted(stats["features"].items(), key=lambda kv: int(kv[0]))  # JS orders index keys, then sorts stably
+    rows.sort(key=lambda kv: -kv[1]["mean"])
+    return [[index, str(f["count"]), *(f"{f[k]:.4f}" for k in ("mean", "std", "min", "max", "active_fraction"))]
+            for index, f in rows]
 
 
 POSITIVE = ["I am so happy today!", "What a joyful, wonderful surprise.", "We laughed and celebrated all night.",

@@ -14,6 +14,8 @@ from tests.support.saes import random_sae, write_saelens
 from tests.support.waiting import wait_for, wait_idle, wait_running
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     import torch
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -385,6 +387,43 @@ def test_monitoring(base, sae_id):
         bad = httpx.put(base + "/api/monitoring", json={"enabled": True, "sae": sae_id, "features": [99999]},
                         timeout=10)
         assert bad.status_code == 400
+    finally:
+        httpx.put(base + "/api/monitoring", json={"enabled": False}, timeout=10)
+
+
+def _events(lines) -> "Iterator[dict]":
+    """The payloads of a server-sent events stream's ``monitoring`` events, as they arrive."""
+    name = None
+    for line in lines:
+        if line.startswith("event: "):
+            name = line.removeprefix("event: ")
+        elif line.startswith("data: ") and name == "monitoring":
+            yield json.loads(line.removeprefix("data: "))
+
+
+def test_monitoring_pushes_each_request_and_top_k_reads_every_feature(base, sae_id):
+    from openai import OpenAI
+
+    client = OpenAI(base_url=base + "/v1", api_key="none")
+    httpx.put(base + "/api/monitoring", json={"enabled": True, "sae": sae_id, "top_k": 5}, timeout=10)
+    httpx.delete(base + "/api/monitoring/history", timeout=10)
+    try:
+        with httpx.stream("GET", base + "/api/monitoring/events", timeout=60) as stream:
+            assert stream.headers["content-type"].startswith("text/event-stream")
+            events = _events(stream.iter_lines())
+            first = next(events)
+            assert first["config"]["top_k"] == 5 and first["stats"]["positions"] == 0
+            with ThreadPoolExecutor(1) as pool:
+                pool.submit(client.chat.completions.create, model=MODEL, messages=PROMPT, max_tokens=3,
+                            temperature=0)
+                pushed = next(e for e in events if e["stats"]["positions"])  # sent by the server, not asked for
+        stats = httpx.get(base + "/api/monitoring/stats", timeout=10).json()
+        assert pushed["stats"] == stats and len(stats["features"]) == 5
+        history = httpx.get(base + "/api/monitoring/history", timeout=10).json()["data"]
+        assert pushed["recent"] == history and len(history) == 1  # one request: its top 5 are the running top 5
+        assert set(history[0]["features"]) == set(stats["features"])
+        for f in stats["features"].values():
+            assert f["min"] <= f["mean"] <= f["max"] and f["std"] >= 0 and 0 <= f["count"] <= stats["positions"]
     finally:
         httpx.put(base + "/api/monitoring", json={"enabled": False}, timeout=10)
 

@@ -65,6 +65,34 @@ export async function read(response) {
   return data;
 }
 
+/** The server-sent events of ``response``'s body as they arrive: {event, data}, data as sent (text). */
+export async function* events(response) {
+  const reader = response.body.getReader();
+  const decoder = new TextDecoder();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    buffer += decoder.decode(value, { stream: true });
+    const frames = buffer.split("\n\n");
+    buffer = frames.pop();
+    for (const frame of frames) {
+      const lines = frame.split("\n");
+      const name = lines.find((l) => l.startsWith("event:"));
+      const data = lines.filter((l) => l.startsWith("data:")).map((l) => l.slice(5).trim()).join("\n");
+      if (data) yield { event: name ? name.slice(6).trim() : "message", data };
+    }
+  }
+}
+
+/** A GET route's event stream (fetch, not EventSource, so the key travels in its header, never the URL). */
+export async function subscribe(path, signal) {
+  const response = await fetch(path, { headers: headers(false), credentials: "same-origin", cache: "no-store",
+                                       signal });
+  if (!response.ok) await read(response); // throws the refusal
+  return events(response);
+}
+
 export const get = (path) => request("GET", path);
 export const post = (path, body) => request("POST", path, body);
 export const put = (path, body) => request("PUT", path, body);

@@ -1,22 +1,24 @@
-// Monitor: switch monitoring on and off for chosen features of an attached SAE, and watch the running
-// statistics (a bar chart of the top features by mean activation and the table GET /api/monitoring/stats
-// answers) and the per-request history. Updated by polling the stats route once a second.
+// Monitor: switch monitoring on and off for chosen features of an attached SAE (or its top K), and watch the
+// running statistics (a bar chart of the top features by mean activation and the table GET
+// /api/monitoring/stats answers) and the per-request history. The server pushes every change on
+// GET /api/monitoring/events; the page asks for nothing while it is open.
 
-import { del, get, put } from "../api.js";
+import { del, get, put, subscribe } from "../api.js";
 import { bars, sparkline } from "../chart.js";
 import { field, fill, h, num, section, table } from "../dom.js";
 import { card, resolve } from "../features.js";
 
-const EVERY_MS = 1000;
 const TOP = 10; // bars in the chart unless the page's "top" box says otherwise
 const DIGITS = 4;
-const TREND_REQUESTS = 20; // recent requests the trend lines cover
+const TREND_REQUESTS = 20; // recent requests the trend lines cover (the server sends this many)
 const TREND_FEATURES = 3; // features drawn as trend lines (the top ones by mean)
+const RETRY_MS = 2000; // a closed stream (the model unloaded, the server restarting) is opened again after this
+const COLUMNS = ["feature", "label", "count", "mean", "std", "min", "max", "active fraction"];
 
 export async function render(root, ctx) {
   const enabled = h("input", { type: "checkbox", id: "mon-enabled" });
   const pick = h("select", { id: "mon-sae" });
-  const features = h("input", { id: "mon-features", placeholder: "2375, weather, 17", size: 30 });
+  const features = h("input", { id: "mon-features", placeholder: "2375, weather, 17 (empty: the top K)", size: 34 });
   const summary = h("p", { id: "mon-summary", class: "muted" });
   const topK = h("input", { id: "mon-topk", type: "number", min: 1, max: 1024, step: 1, value: TOP, class: "layer" });
   const chart = h("div", { id: "mon-chart" });
@@ -24,53 +26,73 @@ export async function render(root, ctx) {
   const history = h("div", { id: "mon-history" });
   const trends = h("div", { id: "mon-trends" });
   const labels = new Map();
+  let last = null; // the newest pushed event: redrawn when the "top" box changes
 
   async function configure(on) {
+    if (!on) return put("/api/monitoring", { enabled: false });
     const sae = pick.value;
     const indices = [];
     for (const name of features.value.split(",").map((t) => t.trim()).filter(Boolean)) {
       indices.push(await resolve(sae, name));
     }
-    return put("/api/monitoring", on ? { enabled: true, sae, features: indices } : { enabled: false });
+    const chosen = indices.length ? { features: indices } : { top_k: Math.max(1, Number(topK.value) || TOP) };
+    return put("/api/monitoring", { enabled: true, sae, ...chosen });
   }
 
   function label(sae, index) {
     const key = `${sae}:${index}`;
     if (!labels.has(key)) {
       labels.set(key, "");
-      card(sae, index).then((c) => labels.set(key, c.label || "")).catch(() => {});
+      card(sae, index).then((c) => { labels.set(key, c.label || ""); if (last) draw(last); }).catch(() => {});
     }
     return labels.get(key);
   }
 
-  async function refresh() {
-    const [config, now, past] = await Promise.all([
-      get("/api/monitoring"), get("/api/monitoring/stats"), get("/api/monitoring/history")]);
+  function draw({ config, stats: now, recent }) {
     enabled.checked = config.enabled;
-    summary.textContent = `${config.enabled ? "Monitoring" : "Not monitoring"}${config.sae ? ` ${config.sae}` : ""}: `
-      + `${now.positions} positions read, ${now.requests_in_history} requests in the history.`;
+    const mode = config.top_k ? `, the top ${config.top_k} of every feature` : "";
+    summary.textContent = `${config.enabled ? "Monitoring" : "Not monitoring"}${config.sae ? ` ${config.sae}` : ""}`
+      + `${mode}: ${now.positions} positions read, ${now.requests_in_history} requests in the history.`;
     const rows = Object.entries(now.features).map(([index, f]) => ({ index, ...f }));
-    const top = [...rows].sort((a, b) => b.mean - a.mean).slice(0, Math.max(1, Number(topK.value) || TOP));
+    rows.sort((a, b) => b.mean - a.mean);
+    const top = rows.slice(0, Math.max(1, Number(topK.value) || TOP));
     fill(chart, rows.length ? bars(top.map((r) => ({ name: `${r.index} ${label(now.sae, r.index)}`.trim(),
                                                       value: r.mean })))
       : h("p", { class: "muted" }, "No features monitored."));
-    fill(stats, table(["feature", "label", "positions", "mean", "max", "active fraction"],
-      rows.map((r) => [r.index, label(now.sae, r.index), String(now.positions), num(r.mean, DIGITS),
-                       num(r.max, DIGITS), num(r.active_fraction, DIGITS)]), { id: "mon-stats" }));
-    const span = past.data.slice(-TREND_REQUESTS);
+    fill(stats, table(COLUMNS, rows.map((r) => [r.index, label(now.sae, r.index), String(r.count),
+      num(r.mean, DIGITS), num(r.std, DIGITS), num(r.min, DIGITS), num(r.max, DIGITS),
+      num(r.active_fraction, DIGITS)]), { id: "mon-stats" }));
+    const span = recent.slice(-TREND_REQUESTS);
     fill(trends, span.length ? table(["feature", "label", `mean per request (last ${span.length})`],
       top.slice(0, TREND_FEATURES).map((r) => {
         const series = span.map((q) => (q.features[r.index] ? q.features[r.index].mean : 0));
         return [r.index, label(now.sae, r.index), sparkline(series, { label: `feature ${r.index}` })];
       }), { id: "mon-trend-table" }) : h("p", { class: "muted" }, "No request recorded yet."));
-    const recent = past.data.slice(-10).reverse();
-    fill(history, recent.length
-      ? table(["time", "request", "positions", "top feature (mean)"], recent.map((r) => {
+    const latest = recent.slice(-10).reverse();
+    fill(history, latest.length
+      ? table(["time", "request", "positions", "top feature (mean)"], latest.map((r) => {
         const best = Object.entries(r.features).sort((a, b) => b[1].mean - a[1].mean)[0];
         return [new Date(r.time * 1000).toLocaleTimeString(), r.id, String(r.positions),
                 best ? `${best[0]} (${num(best[1].mean, DIGITS)})` : "–"];
       }))
       : h("p", { class: "muted" }, "No request recorded yet."));
+  }
+
+  const stop = new AbortController();
+  async function follow() {
+    while (!stop.signal.aborted) {
+      try {
+        for await (const { event, data } of await subscribe("/api/monitoring/events", stop.signal)) {
+          if (event !== "monitoring") continue;
+          last = JSON.parse(data);
+          draw(last);
+        }
+      } catch (err) {
+        if (stop.signal.aborted) return;
+        summary.textContent = `Not following: ${err.describe ? err.describe() : err.message}`;
+      }
+      await new Promise((done) => setTimeout(done, RETRY_MS));
+    }
   }
 
   const attached = (await get("/api/saes")).data.filter((sae) => sae.attached_layer !== null);
@@ -79,33 +101,29 @@ export async function render(root, ctx) {
   if (config && config.sae) {
     pick.value = config.sae;
     features.value = config.features.join(", ");
+    if (config.top_k) topK.value = config.top_k;
   }
   enabled.addEventListener("change", async () => {
     const done = await ctx.attempt(() => configure(enabled.checked),
       enabled.checked ? "Monitoring on." : "Monitoring off.");
     if (!done) enabled.checked = !enabled.checked;
-    await refresh().catch(ctx.fail);
   });
+  topK.addEventListener("input", () => last && draw(last));
 
   root.append(
     section("Configuration",
       h("div", { class: "inline" }, h("label", { class: "toggle" }, enabled, " monitoring on"), field("SAE", pick),
         field("features", features),
-        h("button", { type: "button", id: "mon-apply", onclick: async () => {
-          await ctx.attempt(() => configure(true), "Monitoring these features.");
-          await refresh().catch(ctx.fail);
-        } }, "Apply"),
-        h("button", { type: "button", id: "mon-clear", onclick: async () => {
-          await ctx.attempt(() => del("/api/monitoring/history"), "History cleared (statistics stay).");
-          await refresh().catch(ctx.fail);
-        } }, "Clear history")),
+        h("button", { type: "button", id: "mon-apply", onclick: () => ctx.attempt(() => configure(true),
+          features.value.trim() ? "Monitoring these features." : "Monitoring the top features.") }, "Apply"),
+        h("button", { type: "button", id: "mon-clear", onclick: () => ctx.attempt(
+          () => del("/api/monitoring/history"), "History cleared (statistics stay).") }, "Clear history")),
       summary),
     section("Top features by mean activation", h("div", { class: "inline" }, field("top", topK)), chart),
     section("Running statistics", stats),
     section("Recent requests, top features", trends),
     section("Recent requests", history));
   if (!attached.length) ctx.say("No SAE attached: attach one on the SAEs page to monitor its features.");
-  await refresh();
-  const timer = setInterval(() => refresh().catch(ctx.fail), EVERY_MS);
-  return () => clearInterval(timer);
+  follow();
+  return () => stop.abort();
 }

@@ -1,17 +1,8 @@
 // Playground: a chat against /v1/chat/completions, streamed, with sampling settings and a seed, showing the
 // steering each answer ran under (the X-miLLM-Steering header). Model text is shown as text, never markup.
 
-import { ApiError, get, headers, read } from "../api.js";
+import { ApiError, events, get, headers, read } from "../api.js";
 import { field, fill, h } from "../dom.js";
-
-/** The data lines of server-sent events in ``buffer``: [complete payloads, the unfinished rest]. */
-export function frames(buffer) {
-  const parts = buffer.split("\n\n");
-  const rest = parts.pop();
-  const payloads = parts.flatMap((frame) => frame.split("\n").filter((l) => l.startsWith("data:"))
-    .map((l) => l.slice(5).trim()));
-  return [payloads, rest];
-}
 
 async function stream(body, onText, signal) {
   const response = await fetch("/v1/chat/completions", {
@@ -19,24 +10,14 @@ async function stream(body, onText, signal) {
   });
   if (!response.ok) await read(response); // throws the refusal
   const steering = response.headers.get("X-miLLM-Steering") || "not reported";
-  const reader = response.body.getReader();
-  const decoder = new TextDecoder();
-  let buffer = "";
   let finish = null;
-  for (;;) {
-    const { value, done } = await reader.read();
-    if (done) break;
-    buffer += decoder.decode(value, { stream: true });
-    const [payloads, rest] = frames(buffer);
-    buffer = rest;
-    for (const payload of payloads) {
-      if (payload === "[DONE]") continue;
-      const chunk = JSON.parse(payload);
-      if (chunk.error) throw new ApiError(500, chunk.error.code || "error", chunk.error.message);
-      for (const choice of chunk.choices || []) {
-        if (choice.delta && choice.delta.content) onText(choice.delta.content);
-        if (choice.finish_reason) finish = choice.finish_reason;
-      }
+  for await (const { data } of events(response)) {
+    if (data === "[DONE]") continue;
+    const chunk = JSON.parse(data);
+    if (chunk.error) throw new ApiError(500, chunk.error.code || "error", chunk.error.message);
+    for (const choice of chunk.choices || []) {
+      if (choice.delta && choice.delta.content) onText(choice.delta.content);
+      if (choice.finish_reason) finish = choice.finish_reason;
     }
   }
   return { steering, finish };
