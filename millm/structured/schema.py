@@ -51,15 +51,9 @@ ONE_SCHEMA, SCHEMA_LIST, NAMED_SCHEMAS = ("items", "additionalProperties"), \
 OMITTED = ";undeclared=omitted"  # X-miLLM-Constrained's parameter when ``closed`` changed what is generated
 
 
-def closed(schema: Any) -> Any:
-    """The schema as generated: every object that declares ``properties`` and leaves ``additionalProperties``
-    unset gets ``additionalProperties: false``, as xgrammar's strict mode and OpenAI's structured outputs
-    read it (Pydantic and most hand-written schemas leave it unset, and a small model then adds keys the
-    schema never named and runs to max_tokens). What is generated stays valid under the original schema,
-    which is what the document is validated against; an object without ``properties`` (a free-form map)
-    stays open. (The management API's bodies are closed by the same rule: ``millm.server.api_bodies``.)"""
-    if not isinstance(schema, dict):
-        return schema
+def _closed_subschemas(schema: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``schema`` whose nested schemas (``ONE_SCHEMA``, ``SCHEMA_LIST``, ``NAMED_SCHEMAS``) are
+    ``closed``; the object itself is left as it is."""
     out = dict(schema)
     for key in ONE_SCHEMA:
         if key in out:
@@ -70,6 +64,19 @@ def closed(schema: Any) -> Any:
     for key in NAMED_SCHEMAS:
         if isinstance(out.get(key), dict):
             out[key] = {name: closed(sub) for name, sub in out[key].items()}
+    return out
+
+
+def closed(schema: Any) -> Any:
+    """The schema as generated: every object that declares ``properties`` and leaves ``additionalProperties``
+    unset gets ``additionalProperties: false``, as xgrammar's strict mode and OpenAI's structured outputs
+    read it (Pydantic and most hand-written schemas leave it unset, and a small model then adds keys the
+    schema never named and runs to max_tokens). What is generated stays valid under the original schema,
+    which is what the document is validated against; an object without ``properties`` (a free-form map)
+    stays open. (The management API's bodies are closed by the same rule: ``millm.server.api_bodies``.)"""
+    if not isinstance(schema, dict):
+        return schema
+    out = _closed_subschemas(schema)
     if isinstance(out.get("properties"), dict) and "additionalProperties" not in out:
         out["additionalProperties"] = False
     return out
@@ -264,6 +271,29 @@ def _direct_refs(node: Any) -> list[str]:
     return found
 
 
+def _walk_refs(root: str, edges: dict[str, list[str]], chain: dict[str, int], problems: list[str]) -> None:
+    """Walk the direct refs from ``root`` depth first, without recursing: each definition finished gets its longest
+    run of direct refs in ``chain``, and each cycle met is said in ``problems``. Definitions already in ``chain``
+    are not walked again."""
+    trail, on_trail = [root], {root}
+    pending = [iter(edges[root])]
+    while pending:
+        target = next(pending[-1], None)
+        if target is None:
+            done = trail.pop()
+            on_trail.discard(done)
+            pending.pop()
+            chain[done] = 1 + max((chain.get(t, 0) for t in edges[done]), default=0)
+        elif target in on_trail:
+            cycle = trail[trail.index(target):] + [target]
+            problems.append(f"'$ref' cycle {' -> '.join(cycle)} at '{_pointer(['$defs', cycle[0]])}' (a "
+                            "definition that refers to itself without a value between)")
+        elif target not in chain:
+            trail.append(target)
+            on_trail.add(target)
+            pending.append(iter(edges[target]))
+
+
 def _ref_cycles(defs: dict[str, Any]) -> list[str]:
     """$defs that stand for themselves through $ref and anyOf / oneOf alone (``a`` -> ``b`` -> ``a``): no
     value ever decides them, and validating the closed document against them recurses without end (a
@@ -273,25 +303,8 @@ def _ref_cycles(defs: dict[str, Any]) -> list[str]:
     problems: list[str] = []
     chain: dict[str, int] = {}  # definition -> the longest run of direct refs from it (once finished)
     for root in edges:
-        if root in chain:
-            continue
-        trail, on_trail = [root], {root}
-        pending = [iter(edges[root])]
-        while pending:
-            target = next(pending[-1], None)
-            if target is None:
-                done = trail.pop()
-                on_trail.discard(done)
-                pending.pop()
-                chain[done] = 1 + max((chain.get(t, 0) for t in edges[done]), default=0)
-            elif target in on_trail:
-                cycle = trail[trail.index(target):] + [target]
-                problems.append(f"'$ref' cycle {' -> '.join(cycle)} at '{_pointer(['$defs', cycle[0]])}' (a "
-                                "definition that refers to itself without a value between)")
-            elif target not in chain:
-                trail.append(target)
-                on_trail.add(target)
-                pending.append(iter(edges[target]))
+        if root not in chain:
+            _walk_refs(root, edges, chain, problems)
     if not problems and (longest := max(chain.values(), default=0)) > MAX_REF_CHAIN:
         start = max(chain, key=lambda name: chain[name])
         problems.append(f"a chain of {longest} '$ref's from '{_pointer(['$defs', start])}' (at most {MAX_REF_CHAIN} "

@@ -42,6 +42,8 @@ BLANKS = 4  # whitespace characters the model may write after its last call befo
 CHOICES = ("auto", "required")
 TOOL_KEYS = {"type", "function"}
 FUNCTION_KEYS = {"name", "description", "parameters", "strict"}
+# the parse's states that expect a fixed literal of the markup: the literal, and the state after it
+LITERALS = {"head": (HEAD, "name"), "mid": (MID, "args"), "tail": (TAIL, "between"), "between": (BETWEEN, "head")}
 
 
 def call_text(name: str, arguments: str) -> str:
@@ -179,6 +181,43 @@ def _parameters(raw: Any, where: str) -> dict[str, Any]:
     return schema
 
 
+def _tool_function(i: int, raw: Any) -> dict[str, Any]:
+    """``tools[i]``'s ``function`` object, the tool checked to be ``{"type": "function", "function": {...}}``."""
+    if not isinstance(raw, dict) or raw.get("type") != "function":
+        raise InvalidParameter(f"'{_where(i)}' must be an object with \"type\": \"function\".", param=_where(i))
+    function = raw.get("function")
+    if not isinstance(function, dict):
+        raise InvalidParameter(f"'{_where(i, 'function')}' must be an object.", param=_where(i, "function"))
+    return function
+
+
+def _tool_name(i: int, function: dict[str, Any], tools: list[Tool]) -> str:
+    """``tools[i]``'s function name: by OpenAI's rule, and no earlier tool's."""
+    name = function.get("name")
+    if not isinstance(name, str) or not TOOL_NAME.fullmatch(name):
+        raise InvalidParameter(f"'{_where(i, 'function', 'name')}' must be 1-64 letters, digits, '_' or '-' "
+                               "(as OpenAI's API requires).", param=_where(i, "function", "name"))
+    if any(t.name == name for t in tools):
+        raise InvalidParameter(f"'{_where(i, 'function', 'name')}': two tools are named {name!r}.",
+                               param=_where(i, "function", "name"))
+    return name
+
+
+def _check_tool(i: int, raw: Any, tools: list[Tool]) -> Tool:
+    """``tools[i]`` checked (``tools`` are the ones before it, whose names it must not repeat)."""
+    function = _tool_function(i, raw)
+    name = _tool_name(i, function, tools)
+    description = function.get("description")
+    if description is not None and not isinstance(description, str):
+        raise InvalidParameter(f"'{_where(i, 'function', 'description')}' must be a string.",
+                               param=_where(i, "function", "description"))
+    strict = function.get("strict")
+    if strict is not None and not isinstance(strict, bool):
+        raise InvalidParameter(f"'{_where(i, 'function', 'strict')}' must be true or false.",
+                               param=_where(i, "function", "strict"))
+    return Tool(name, description, _parameters(function.get("parameters"), _where(i, "function", "parameters")))
+
+
 def check_tools(value: Any) -> tuple[Tool, ...]:
     """``tools``: a list of ``{"type": "function", "function": {"name", "description"?, "parameters"?,
     "strict"?}}`` with distinct names (strict false is accepted; arguments are enforced either way)."""
@@ -188,44 +227,51 @@ def check_tools(value: Any) -> tuple[Tool, ...]:
         raise InvalidParameter(f"'tools' holds {len(value)} tools; at most {MAX_TOOLS}.", param="tools")
     tools: list[Tool] = []
     for i, raw in enumerate(value):
-        if not isinstance(raw, dict) or raw.get("type") != "function":
-            raise InvalidParameter(f"'{_where(i)}' must be an object with \"type\": \"function\".", param=_where(i))
-        function = raw.get("function")
-        if not isinstance(function, dict):
-            raise InvalidParameter(f"'{_where(i, 'function')}' must be an object.", param=_where(i, "function"))
-        name = function.get("name")
-        if not isinstance(name, str) or not TOOL_NAME.fullmatch(name):
-            raise InvalidParameter(f"'{_where(i, 'function', 'name')}' must be 1-64 letters, digits, '_' or '-' "
-                                   "(as OpenAI's API requires).", param=_where(i, "function", "name"))
-        if any(t.name == name for t in tools):
-            raise InvalidParameter(f"'{_where(i, 'function', 'name')}': two tools are named {name!r}.",
-                                   param=_where(i, "function", "name"))
-        description = function.get("description")
-        if description is not None and not isinstance(description, str):
-            raise InvalidParameter(f"'{_where(i, 'function', 'description')}' must be a string.",
-                                   param=_where(i, "function", "description"))
-        strict = function.get("strict")
-        if strict is not None and not isinstance(strict, bool):
-            raise InvalidParameter(f"'{_where(i, 'function', 'strict')}' must be true or false.",
-                                   param=_where(i, "function", "strict"))
-        tools.append(Tool(name, description, _parameters(function.get("parameters"),
-                                                         _where(i, "function", "parameters"))))
+        tools.append(_check_tool(i, raw, tools))
     return tuple(tools)
+
+
+def _unread_keys(i: int, raw: dict[str, Any]) -> list[str]:
+    """The keys of ``tools[i]`` and of its function object that nothing reads (null ones are not reported)."""
+    found = [f"tools[{i}].{k}" for k, v in raw.items() if k not in TOOL_KEYS and v is not None]
+    if isinstance(raw.get("function"), dict):
+        found += [f"tools[{i}].function.{k}" for k, v in raw["function"].items()
+                  if k not in FUNCTION_KEYS and v is not None]
+    return found
 
 
 def tool_locations(value: Any) -> list[str]:
     """Keys of the tool objects that nothing reads (reported like any unused field)."""
-    found: list[str] = []
     if not isinstance(value, list):
-        return found
-    for i, raw in enumerate(value):
-        if not isinstance(raw, dict):
-            continue
-        found += [f"tools[{i}].{k}" for k, v in raw.items() if k not in TOOL_KEYS and v is not None]
-        if isinstance(raw.get("function"), dict):
-            found += [f"tools[{i}].function.{k}" for k, v in raw["function"].items()
-                      if k not in FUNCTION_KEYS and v is not None]
-    return found
+        return []
+    return [key for i, raw in enumerate(value) if isinstance(raw, dict) for key in _unread_keys(i, raw)]
+
+
+def _choice(choice_value: Any) -> str:
+    """``tool_choice`` given as a string or left out: auto, none or required."""
+    if choice_value is None:
+        return "auto"
+    if not isinstance(choice_value, str):
+        raise InvalidParameter("'tool_choice' must be a string or an object.", param="tool_choice")
+    if choice_value not in (*CHOICES, "none"):
+        raise InvalidParameter("'tool_choice' must be auto, none, required or {\"type\": \"function\", "
+                               f"\"function\": {{\"name\": ...}}}}, got {choice_value!r}.", param="tool_choice")
+    return choice_value
+
+
+def _forced(choice_value: dict[str, Any], tools: tuple[Tool, ...]) -> str:
+    """The name ``tool_choice`` given as an object forces: ``{"type": "function", "function": {"name": ...}}``,
+    the name one of ``tools``."""
+    function = choice_value.get("function")
+    if choice_value.get("type") != "function" or not isinstance(function, dict) \
+            or not isinstance(function.get("name"), str):
+        raise InvalidParameter("'tool_choice' as an object must be {\"type\": \"function\", \"function\": "
+                               "{\"name\": ...}}.", param="tool_choice")
+    forced: str = function["name"]
+    if not any(t.name == forced for t in tools):
+        raise InvalidParameter(f"'tool_choice' names {forced!r}, which is not among 'tools'.",
+                               param="tool_choice.function.name")
+    return forced
 
 
 def tool_constraint(tools_value: Any, choice_value: Any, parallel: Any = None,
@@ -236,29 +282,13 @@ def tool_constraint(tools_value: Any, choice_value: Any, parallel: Any = None,
     if parallel is not None and not isinstance(parallel, bool):
         raise InvalidParameter("'parallel_tool_calls' must be true or false.", param="parallel_tool_calls")
     tools = check_tools(tools_value) if tools_value is not None else ()
-    choice, forced = "auto", None
-    if isinstance(choice_value, str):
-        if choice_value not in (*CHOICES, "none"):
-            raise InvalidParameter("'tool_choice' must be auto, none, required or {\"type\": \"function\", "
-                                   f"\"function\": {{\"name\": ...}}}}, got {choice_value!r}.", param="tool_choice")
-        choice = choice_value
-    elif isinstance(choice_value, dict):
-        function = choice_value.get("function")
-        if not tools:
+    if isinstance(choice_value, dict):
+        if not tools:  # no tool to check the object against, none to call
             return None
-        if choice_value.get("type") != "function" or not isinstance(function, dict) \
-                or not isinstance(function.get("name"), str):
-            raise InvalidParameter("'tool_choice' as an object must be {\"type\": \"function\", \"function\": "
-                                   "{\"name\": ...}}.", param="tool_choice")
-        choice, forced = "function", function["name"]
-        if not any(t.name == forced for t in tools):
-            raise InvalidParameter(f"'tool_choice' names {forced!r}, which is not among 'tools'.",
-                                   param="tool_choice.function.name")
-    elif choice_value is not None:
-        raise InvalidParameter("'tool_choice' must be a string or an object.", param="tool_choice")
-    if choice == "none":
-        return None
-    if not tools:  # nothing to call: the field table reports tool_choice on such a request
+        choice, forced = "function", _forced(choice_value, tools)
+    else:
+        choice, forced = _choice(choice_value), None
+    if choice == "none" or not tools:  # nothing to call: the field table reports tool_choice on such a request
         return None
     constraint = ToolConstraint(tools, choice, forced, parallel is not False, text, undeclared)
     if problem := _grammar_problem(constraint.grammar()):  # before anything generates, not as a 500 after
@@ -280,6 +310,31 @@ def _grammar_problem(grammar: str) -> str | None:
 Constraint = JsonConstraint | ToolConstraint
 
 
+def _check_calls(calls: Any, where: str) -> None:
+    """An assistant message's ``tool_calls`` (the message is ``where``): a list of calls, each naming a function
+    and giving its arguments as JSON text or an object."""
+    if not isinstance(calls, list):
+        raise InvalidParameter(f"'{where}.tool_calls' must be a list of calls.", param=f"{where}.tool_calls")
+    for j, call in enumerate(calls):
+        here = f"{where}.tool_calls[{j}]"
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise InvalidParameter(f"'{here}' must be {{\"type\": \"function\", \"function\": {{\"name\", "
+                                   "\"arguments\"}}.", param=here)
+        if not isinstance(function.get("arguments", "{}"), (str, dict)):
+            raise InvalidParameter(f"'{here}.function.arguments' must be a JSON string.",
+                                   param=f"{here}.function.arguments")
+
+
+def _check_result(message: dict[str, Any], where: str) -> None:
+    """A tool (or legacy function) message's ``tool_call_id`` and ``name``: strings when given."""
+    if message.get("role") not in ("tool", "function"):
+        return
+    for key in ("tool_call_id", "name"):
+        if not isinstance(message.get(key, ""), (str, type(None))):
+            raise InvalidParameter(f"'{where}.{key}' must be a string.", param=f"{where}.{key}")
+
+
 def check_tool_history(messages: list[dict[str, Any]], name: str = "messages") -> list[dict[str, Any]]:
     """Calls and results in a conversation's history, checked: an assistant's ``tool_calls`` is a list of
     ``{"id"?, "type"?: "function", "function": {"name", "arguments": JSON text or object}}``; a tool message's
@@ -288,20 +343,8 @@ def check_tool_history(messages: list[dict[str, Any]], name: str = "messages") -
         where = f"{name}[{i}]"
         calls = message.get("tool_calls")
         if calls is not None and message.get("role") == "assistant":
-            if not isinstance(calls, list):
-                raise InvalidParameter(f"'{where}.tool_calls' must be a list of calls.", param=f"{where}.tool_calls")
-            for j, call in enumerate(calls):
-                here = f"{where}.tool_calls[{j}]"
-                function = call.get("function") if isinstance(call, dict) else None
-                if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-                    raise InvalidParameter(f"'{here}' must be {{\"type\": \"function\", \"function\": {{\"name\", "
-                                           "\"arguments\"}}.", param=here)
-                if not isinstance(function.get("arguments", "{}"), (str, dict)):
-                    raise InvalidParameter(f"'{here}.function.arguments' must be a JSON string.",
-                                           param=f"{here}.function.arguments")
-        for key in ("tool_call_id", "name"):
-            if message.get("role") in ("tool", "function") and not isinstance(message.get(key, ""), (str, type(None))):
-                raise InvalidParameter(f"'{where}.{key}' must be a string.", param=f"{where}.{key}")
+            _check_calls(calls, where)
+        _check_result(message, where)
     return messages
 
 
@@ -384,53 +427,64 @@ class ToolCallParser:
         return True
 
     def _step(self, out: list[Piece]) -> bool:
-        buf = self._buffer
-        if not buf:
+        """One move of the parse over the held text, its pieces appended to ``out``; whether another may follow
+        without more text."""
+        if not self._buffer:
             return False
+        if self._state in LITERALS:
+            return self._expect(*LITERALS[self._state])
         if self._state == "text":
-            out.append(Piece("content", buf))
+            out.append(Piece("content", self._buffer))
             self._buffer = ""
             return False
         if self._state == "content":
-            at = buf.find(OPEN)
-            if at >= 0 and (self.lead or at == 0):
-                if at:
-                    out.append(Piece("content", buf[:at]))
-                self._buffer = buf[at + len(OPEN):]
-                self._state = "head"
-                return True
-            keep = _partial_suffix(buf, OPEN)
-            if not self.lead and not OPEN.startswith(buf):
-                keep, self._state = 0, "text"
-            if len(buf) > keep:
-                out.append(Piece("content", buf[:len(buf) - keep]))
-                self._buffer = buf[len(buf) - keep:]
-            return self._state == "text" and bool(self._buffer)
-        if self._state == "head":
-            return self._expect(HEAD, "name")
+            return self._content(out)
         if self._state == "name":
-            end = buf.find('"')
-            if end < 0:
-                return False
-            self.calls.append(Call(call_id(), buf[:end]))
-            out.append(Piece("call", buf[:end], len(self.calls) - 1))
-            self._buffer = buf[end:]
-            self._state = "mid"
-            return True
-        if self._state == "mid":
-            return self._expect(MID, "args")
+            return self._name(out)
         if self._state == "args":
-            taken = self._scan(buf)
-            if taken:
-                self.calls[-1].arguments += buf[:taken]
-                out.append(Piece("arguments", buf[:taken], len(self.calls) - 1))
-                self._buffer = buf[taken:]
-            return self._state == "tail"
-        if self._state == "tail":
-            return self._expect(TAIL, "between")
-        if self._state == "between":
-            return self._expect(BETWEEN, "head")
+            return self._arguments(out)
         return False
+
+    def _content(self, out: list[Piece]) -> bool:
+        """Content up to the call marker (then ``head``); text that could still become the marker is held back.
+        Without ``lead`` the marker counts only at the start, and text that cannot begin it is ``text`` for good."""
+        buf = self._buffer
+        at = buf.find(OPEN)
+        if at >= 0 and (self.lead or at == 0):
+            if at:
+                out.append(Piece("content", buf[:at]))
+            self._buffer = buf[at + len(OPEN):]
+            self._state = "head"
+            return True
+        keep = _partial_suffix(buf, OPEN)
+        if not self.lead and not OPEN.startswith(buf):
+            keep, self._state = 0, "text"
+        if len(buf) > keep:
+            out.append(Piece("content", buf[:len(buf) - keep]))
+            self._buffer = buf[len(buf) - keep:]
+        return self._state == "text" and bool(self._buffer)
+
+    def _name(self, out: list[Piece]) -> bool:
+        """A call's name, once its closing quote has come: a new call (then ``mid``)."""
+        buf = self._buffer
+        end = buf.find('"')
+        if end < 0:
+            return False
+        self.calls.append(Call(call_id(), buf[:end]))
+        out.append(Piece("call", buf[:end], len(self.calls) - 1))
+        self._buffer = buf[end:]
+        self._state = "mid"
+        return True
+
+    def _arguments(self, out: list[Piece]) -> bool:
+        """A run of the call's arguments object, up to its closing brace (then ``tail``)."""
+        buf = self._buffer
+        taken = self._scan(buf)
+        if taken:
+            self.calls[-1].arguments += buf[:taken]
+            out.append(Piece("arguments", buf[:taken], len(self.calls) - 1))
+            self._buffer = buf[taken:]
+        return self._state == "tail"
 
     def _scan(self, text: str) -> int:
         """How much of ``text`` belongs to the arguments object (it ends where its outer brace closes)."""
