@@ -29,7 +29,8 @@ async def ready() -> Any:
 @bp.get("/inference")
 async def inference() -> Any:
     """Which backend serves generation (``serial``, or ``cbm`` with continuous batching on an engine that batches:
-    a llama.cpp model is served serially either way), and how busy it is.
+    a llama.cpp model is served serially either way), the loaded model's identity (the ``X-miLLM-Model``
+    fingerprint: model, revision, dtype, quantization, engine) and context window, and how busy it is.
 
     With batching: rows decoding in the batch, requests waiting for it, the batch's tokens/s over the
     last few seconds, how many generations it served, and the ones served serially by reason."""
@@ -41,6 +42,8 @@ async def inference() -> Any:
         "backend": "cbm" if batching else "serial",
         "model": manager.engine.model_id if manager.engine is not None else None,
         "engine": manager.engine.engine_name if manager.engine is not None else None,
+        "fingerprint": engine.fingerprint if engine is not None else None,
+        "context_window": engine.context_window if engine is not None else None,
         "state": manager.state,
         "in_flight": worker.running,
         "queue_depth": worker.pending - worker.running,

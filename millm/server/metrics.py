@@ -3,17 +3,26 @@
 Counted as requests pass: requests by route and status, request latency (a streamed response is timed to
 its last byte), prompt and completion tokens, time to first token, steered requests. Read at scrape time
 from the live objects: queue depth and requests running, engine busy seconds, the loaded model, whether
-steering is enabled and steering anything.
+steering is enabled and steering anything, GPU memory in use; and the process's own (resident memory, CPU).
 """
 
 from __future__ import annotations
 
 import json
+import resource
+import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, TypeVar
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from quart import Quart, Response, current_app, g, request
@@ -33,6 +42,14 @@ E = TypeVar("E")
 # request, with a key or without, can add a series
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "CONNECT", "TRACE"})
 OTHER_METHOD = "OTHER"
+
+
+def device_memory() -> list[tuple[str, int]]:
+    """Bytes torch holds on each GPU it has started; none where it has not (torch is never imported for this)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return []
+    return [(f"cuda:{i}", int(torch.cuda.memory_allocated(i))) for i in range(torch.cuda.device_count())]
 
 
 class Live(Collector):
@@ -61,6 +78,13 @@ class Live(Collector):
                                 value=1 if steering is not None and steering.enabled else 0)
         yield GaugeMetricFamily("millm_steering_active", "1 while the live steering values steer anything.",
                                 value=1 if steering is not None and steering.label() != "none" else 0)
+        device = GaugeMetricFamily("millm_device_memory_bytes", "Bytes torch has allocated on each GPU in use.",
+                                   labels=["device"])
+        for name, used in device_memory():
+            device.add_metric([name], used)
+        yield device
+        yield GaugeMetricFamily("millm_peak_resident_memory_bytes", "The process's largest resident set so far.",
+                                value=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
 
 
 class Metrics:
@@ -68,6 +92,7 @@ class Metrics:
 
     def __init__(self, services: Services) -> None:
         self.registry = CollectorRegistry()
+        ProcessCollector(registry=self.registry)  # process_resident_memory_bytes, CPU seconds, open files
         self.requests = Counter("millm_requests", "HTTP requests answered, by route and status.",
                                 ["route", "method", "status"], registry=self.registry)
         self.latency = Histogram("millm_request_latency_seconds", "Request latency to the last byte, by route.",

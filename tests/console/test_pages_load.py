@@ -3,6 +3,8 @@ any host but the server, each page at its own address and reachable from the sid
 
 from __future__ import annotations
 
+import re
+
 from tests.console.browser import PAGES
 
 
@@ -31,13 +33,18 @@ def test_the_dashboard_shows_the_model_and_the_servers_own_counts(console):
     page = console.open("dashboard")
     model = page.locator("#dash-model")
     assert model.locator("dd").first.text_content() == "fake"
-    assert "serial" in model.text_content()
+    shown = dict(zip(model.locator("dt").all_text_contents(), model.locator("dd").all_text_contents(), strict=True))
+    assert (shown["backend"], shown["dtype"], shown["context"]) == ("serial", "float32", "4096 tokens")
     page.request.post(console.base + "/v1/chat/completions", data={
         "model": "fake", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})
     traffic = page.locator("#dash-traffic")
     # the completion counter the dashboard reads from /metrics reaches the three tokens just generated
     page.wait_for_function("() => Number(document.querySelectorAll('#dash-traffic dd')[2].textContent) >= 3")
     assert int(traffic.locator("dd").first.text_content()) >= 1  # the /v1 request just sent
+    counts = dict(zip(traffic.locator("dt").all_text_contents(), traffic.locator("dd").all_text_contents(),
+                      strict=True))
+    assert re.fullmatch(r"[1-9]\d* MiB", counts["memory (RSS)"])  # this test process's, from /metrics
+    assert not any(k.startswith("GPU memory") for k in counts)  # none on the CPU
     page.request.post(console.base + "/api/saes/smollm2-135m-res-L10/attach", data={})
     attached = page.locator("#dash-saes tbody tr")
     attached.first.wait_for()

@@ -293,3 +293,4 @@ def test_the_health_route_names_the_backend_that_serves_the_loaded_model(tmp_pat
     body = asyncio.run(scenario())
     assert body["backend"] == backend and body["engine"] == engine_name
     assert ("batch" in body) == (backend == "cbm")
+    assert body["fingerprint"] == engine.fingerprint and body["context_window"] == engine.context_window

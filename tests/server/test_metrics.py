@@ -72,6 +72,8 @@ def test_requests_tokens_and_latencies_are_counted(tmp_path):
     assert value(found, "millm_model_loaded", model="fake", engine="transformers") == 1
     assert value(found, "millm_queue_depth") == 0 and value(found, "millm_requests_running") == 0
     assert value(found, "millm_steering_enabled") == 0 and value(found, "millm_steered_requests_total") == 0
+    rss = value(found, "process_resident_memory_bytes")
+    assert 10 * 2**20 < rss <= value(found, "millm_peak_resident_memory_bytes")  # this process, in bytes
 
 
 def test_each_app_has_its_own_registry(tmp_path):

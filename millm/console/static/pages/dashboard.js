@@ -1,5 +1,5 @@
-// Dashboard: the loaded model, the serving backend, attached SAEs, the steering now in force and the
-// server's own request and token rates (from /metrics), refreshed every two seconds.
+// Dashboard: the loaded model (its dtype and context), the serving backend, attached SAEs, the steering now in
+// force, and the server's own request and token rates and memory (from /metrics), refreshed every two seconds.
 
 import { get, headers, read, request, seg } from "../api.js";
 import { fill, h, num, section, table } from "../dom.js";
@@ -11,6 +11,23 @@ const EVERY_MS = 2000;
 
 function pairs(rows) {
   return h("dl", { class: "pairs" }, rows.map(([k, v]) => [h("dt", null, k), h("dd", null, v)]));
+}
+
+const mib = (bytes) => `${(bytes / 2 ** 20).toFixed(0)} MiB`;
+
+/** The parts of a model identity, ``millm:<model>@<revision>:<dtype>/<quantization>:<engine>`` (the model's own
+ * name may hold colons: the parts are read from the right). */
+export function identity(fingerprint) {
+  const parts = String(fingerprint || "").split(":");
+  if (parts.length < 4) return { dtype: "–", quantization: "–" };
+  const [dtype, quantization] = parts[parts.length - 2].split("/");
+  return { dtype: dtype || "–", quantization: quantization || "–" };
+}
+
+/** [device, bytes] for each GPU the server reports memory on (none on the CPU). */
+function devices(text) {
+  return [...String(text).matchAll(/^millm_device_memory_bytes\{device="([^"]+)"\} (\S+)$/gm)]
+    .map((m) => [m[1], Number(m[2])]);
 }
 
 async function metricsText() {
@@ -37,10 +54,13 @@ export async function render(root, ctx) {
       metricsText().catch(() => ""),
       inference.model ? get(`/api/models/${seg(inference.model)}`).catch(() => null) : null,
     ]);
+    const weights = identity(inference.fingerprint);
     fill(model, pairs([
       ["model", inference.model || "none loaded"],
       ["engine", inference.engine || "–"],
       ["weights", entry ? `${entry.source}${entry.quantization ? `, ${entry.quantization}` : ""}` : "–"],
+      ["dtype", weights.dtype],
+      ["context", inference.context_window ? `${inference.context_window} tokens` : "–"],
       ["state", inference.state || (inference.model ? "loaded" : "–")],
       ["backend", inference.backend],
       ["in flight", String(inference.in_flight)],
@@ -56,7 +76,8 @@ export async function render(root, ctx) {
       ["requests/s", num(rate.millm_requests_total, 2)],
       ["completion tokens", num(now.values.millm_completion_tokens_total, 0)],
       ["tokens/s", num(rate.millm_completion_tokens_total, 1)],
-      ["memory (RSS)", rss ? `${(rss / 2 ** 20).toFixed(0)} MiB` : "not reported"],
+      ["memory (RSS)", rss ? mib(rss) : "not reported"],
+      ...devices(text).map(([device, bytes]) => [`GPU memory (${device})`, mib(bytes)]),
     ]));
     const attached = saeList.data.filter((sae) => sae.attached_layer !== null);
     fill(saes, attached.length
