@@ -42,3 +42,21 @@ class Dial(Message):
     def __init__(self, feature: Feature) -> None:
         super().__init__()
         self.feature = feature
+
+
+class Busy(Message):
+    """The chat pane took the answer slot for ``what`` (an answer, a comparison, one of its halves), or freed it
+    (""): the status line shows it."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__()
+        self.what = what
+
+
+class Asked(Message):
+    """A prompt to answer (the answer slot is taken already): the screen replies with how to steer it
+    (``ChatPane.answer``)."""
+
+    def __init__(self, prompt: str) -> None:
+        super().__init__()
+        self.prompt = prompt

@@ -1,7 +1,8 @@
 """The steering screen: the steering pane on the left, the chat pane on the right (``steering_pane``,
 ``chat_pane``), and what they share: the live steering state, the labels seen, the loaded profile and the
-status line. The panes tell the screen what they learn (``tui.messages``); the screen tells them what to show.
-The dial and a loaded profile apply from the next answer.
+status line. The panes tell the screen what they learn and ask (``tui.messages``); the screen hands them their
+client at the start and tells them what to show, never the other way round. The dial and a loaded profile apply
+from the next answer.
 """
 
 from __future__ import annotations
@@ -17,13 +18,14 @@ from textual.widgets import Footer, Header
 from millm.errors import MillmError
 from millm.steering.intensity import Dial
 from tui.client import Client, Feature, ModelInfo, SAEInfo, SteeringState
-from tui.messages import Answered, Refresh, SteeringRead, Watching
+from tui.labels import LabelBook
+from tui.messages import Answered, Asked, Busy, Refresh, SteeringRead, Watching
 from tui.messages import Dial as DialFeature
 from tui.screens.chat_pane import CHAT_COMMANDS, ChatPane
 from tui.screens.features import FeatureActions
 from tui.screens.profiles import ProfileActions
 from tui.screens.steering_pane import SteeringPane
-from tui.session import Conversation
+from tui.session import Conversation, Steer
 from tui.widgets.feature_search import FeatureSearch
 from tui.widgets.intensity_dial import IntensityDial
 from tui.widgets.status_line import Status, StatusLine
@@ -59,20 +61,17 @@ class MainScreen(FeatureActions, ProfileActions):
         self.conversation = Conversation()
         self.state = SteeringState()
         self.saes: list[SAEInfo] = []
-        self.labels: dict[str, dict[int, str]] = {}  # every label seen, per SAE
-        self._labelled: set[str] = set()  # SAEs whose labels were all read
-        self._asked: set[tuple[str, int]] = set()  # features whose label was asked for by index
+        self.book = LabelBook(client)  # every label seen, per SAE
         self.loaded_profile: str | None = None
         self.circuit: str | None = None
         self.compare = False
-        self.busy = ""
         self.watched: list[Feature] = []
 
     def compose(self) -> ComposeResult:
         yield Header()
         with Horizontal(id="body"):
-            yield SteeringPane(id="features-pane")
-            yield ChatPane(self.sampling_defaults, id="chat-pane")
+            yield SteeringPane(self.client, self.book, id="features-pane")
+            yield ChatPane(self.client, self.info, self.conversation, self.sampling_defaults, id="chat-pane")
         yield StatusLine(id="status")
         yield Footer()
 
@@ -96,12 +95,18 @@ class MainScreen(FeatureActions, ProfileActions):
     def show_state(self, state: SteeringState) -> None:
         """The steering pane's lists and dial, the labels they need, and the status line."""
         self.state = state
-        self.query_one(SteeringPane).show_state(state, self.labels)
+        self.query_one(SteeringPane).show_state(state)
         self.fill_labels([(sae, index) for sae, values in state.values.items() for index in values])
         self.show_status()
 
+    @property
+    def busy(self) -> str:
+        """What holds the answer slot (the chat pane's: an answer, a comparison, a sweep), or "" when it is free."""
+        return self.query_one(ChatPane).busy
+
     def set_busy(self, what: str) -> None:
-        self.busy = what
+        """A sweep takes the answer slot (or frees it), so no answer starts meanwhile."""
+        self.query_one(ChatPane).busy = what
         self.show_status()
 
     def profile_changed(self, loaded: str | None, values_changed: bool) -> None:
@@ -111,8 +116,19 @@ class MainScreen(FeatureActions, ProfileActions):
         if values_changed:
             self.refresh_all()
 
-    def chosen_sae(self) -> SAEInfo | None:
-        return self.query_one(SteeringPane).chosen_sae
+    def readout_sae(self) -> str | None:
+        """The SAE an answer's strip reads: the chosen one if attached, else the first attached."""
+        chosen = self.query_one(SteeringPane).chosen_sae
+        if chosen is not None and chosen.attached_layer is not None:
+            return chosen.id
+        attached = [s for s in self.saes if s.attached_layer is not None]
+        return attached[0].id if attached else None
+
+    def steer(self) -> Steer:
+        """How the next answer is steered: the dial, the loaded profile, the SAE to read (none unsteerable)."""
+        if not self.info.steerable:
+            return Steer()
+        return Steer(self.dial, self.loaded_profile, self.readout_sae())
 
     @property
     def dial(self) -> Dial:
@@ -126,7 +142,7 @@ class MainScreen(FeatureActions, ProfileActions):
             return
         try:
             self.saes = await self.client.saes()
-            await self.read_labels(self.saes)
+            await self.book.read_attached(self.saes)
             state = await self.client.steering()
             self.circuit = await self.client.active_circuit()
         except MillmError as exc:
@@ -152,10 +168,17 @@ class MainScreen(FeatureActions, ProfileActions):
     def on_intensity_dial_changed(self, message: IntensityDial.Changed) -> None:
         self.show_status()
 
+    def on_busy(self, message: Busy) -> None:
+        self.show_status()
+
+    def on_asked(self, message: Asked) -> None:
+        self.query_one(ChatPane).answer(message.prompt, self.steer())
+
     @work(group="answered")
     async def on_answered(self, message: Answered) -> None:
         """How the answer was steered, the labels its read-out shows, and the live state read again."""
         result = message.result
+        self.query_one(ChatPane).show_readout(result, self.book.of(result.readout_sae))
         self.query_one(IntensityDial).answered(result.intensity, result.rung)
         if result.readout_sae:
             self.fill_labels([(result.readout_sae, index) for token in result.tokens for index, _ in token.features])

@@ -4,13 +4,13 @@ intensity dials.
 Strength changes are sent one at a time in the order made (rapid key repeats coalesce to the latest value
 per feature); each is an engine command applied between two decode steps, so a change made while an answer
 streams steers the rest of that answer when it runs on the live values (the TUI is an operator: operator
-wins). What the pane learns of the live steering it posts to the screen (``tui.messages``).
+wins). The screen hands the pane its client and label book and shows the live steering here (``show_state``);
+what the pane learns of the live steering it posts to the screen (``tui.messages``).
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
 
 from textual import on, work
 from textual.app import ComposeResult
@@ -18,7 +18,8 @@ from textual.containers import VerticalScroll
 
 from millm.errors import MillmError
 from millm.sae.cards import index_of
-from tui.client import Feature, SAEInfo, SteeringState
+from tui.client import Client, Feature, SAEInfo, SteeringState
+from tui.labels import LabelBook
 from tui.messages import Refresh, SteeringRead, Watching
 from tui.widgets.feature_search import FeatureSearch
 from tui.widgets.intensity_dial import IntensityDial
@@ -26,23 +27,19 @@ from tui.widgets.sae_list import SAEList
 from tui.widgets.steered_list import SteeredList
 from tui.widgets.strength_dial import StrengthDial
 
-if TYPE_CHECKING:
-    from tui.screens.main import MainScreen
-
 SEARCH_DEBOUNCE = 0.15
 
 
 class SteeringPane(VerticalScroll):
-    """SAEs, features and dials; the screen holds the steering state they show."""
+    """SAEs, features and dials; the screen holds the steering state they show and tells it here."""
 
-    def __init__(self, **kwargs: object) -> None:
+    def __init__(self, client: Client, book: LabelBook, **kwargs: object) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.client, self.book = client, book
+        self.state = SteeringState()  # the live steering as the screen last showed it
+        self.watched: list[Feature] = []  # the features monitoring follows
         self.pending: dict[tuple[str, int], float] = {}  # strengths not sent yet, the latest per feature
         self._flushing = False
-
-    @property
-    def main(self) -> MainScreen:
-        return self.screen  # type: ignore[return-value]
 
     def compose(self) -> ComposeResult:
         yield SAEList(id="saes")
@@ -52,9 +49,10 @@ class SteeringPane(VerticalScroll):
         yield IntensityDial(id="intensity")
 
     # what the screen shows here
-    def show_state(self, state: SteeringState, labels: dict[str, dict[int, str]]) -> None:
+    def show_state(self, state: SteeringState) -> None:
         """The steered list and the strength dial's value (unless a newer one is on its way)."""
-        self.query_one(SteeredList).show(state, labels)
+        self.state = state
+        self.query_one(SteeredList).show(state, self.book.labels)
         dial = self.query_one(StrengthDial)
         if dial.feature is not None and (dial.feature.sae_id, dial.feature.index) not in self.pending:
             dial.value = state.values.get(dial.feature.sae_id, {}).get(dial.feature.index, 0.0)
@@ -83,7 +81,7 @@ class SteeringPane(VerticalScroll):
     @work(group="attach")
     async def change_attachment(self, sae: SAEInfo, attach: bool) -> None:
         self.notify(f"{'attaching' if attach else 'detaching'} {sae.name} …", timeout=2)
-        client = self.main.client
+        client = self.client
         try:
             await (client.attach(sae.id) if attach else client.detach(sae.id))
         except MillmError as exc:
@@ -98,31 +96,42 @@ class SteeringPane(VerticalScroll):
     @work(exclusive=True, group="search")
     async def run_search(self, query: str) -> None:
         await asyncio.sleep(SEARCH_DEBOUNCE)  # a newer keystroke cancels this one first
-        search, main = self.query_one(FeatureSearch), self.main
+        search = self.query_one(FeatureSearch)
         sae = self.chosen_sae
         if sae is None:
             search.show([], "register an SAE (millm sae add) to search its features")
             return
         text = query.strip().removeprefix("#")
         if (index := index_of(text)) is not None:
-            found = [Feature(sae.id, index, await main.label_of(sae.id, index))] if 0 <= index < sae.d_sae else []
+            found = [Feature(sae.id, index, await self.book.label_of(sae.id, index))] if 0 <= index < sae.d_sae else []
             search.show(found, f"{sae.name} has features 0-{sae.d_sae - 1}")
             return
         try:
-            features = await main.client.search(sae.id, text)
+            features = await self.client.search(sae.id, text)
         except MillmError as exc:
             search.show([], exc.message)
             return
-        main.labels.setdefault(sae.id, {}).update({f.index: f.label for f in features})
+        self.book.add(sae.id, {f.index: f.label for f in features})
         search.show(features, f"no label of {sae.name} contains {text!r}" if text else f"{sae.name} has no labels")
 
     def dial(self, feature: Feature) -> None:
         """Put ``feature`` on the strength dial, at its live strength."""
-        value = self.main.state.values.get(feature.sae_id, {}).get(feature.index, 0.0)
+        value = self.state.values.get(feature.sae_id, {}).get(feature.index, 0.0)
         dial = self.query_one(StrengthDial)
         dial.show(feature, value)
         dial.focus()
-        self.main.recommended_step(feature)
+        self.recommended_step(feature)
+
+    @work(exclusive=True, group="recommended")
+    async def recommended_step(self, feature: Feature) -> None:
+        """The dial's ⇧ step from the feature's recommended strength, when its card has one."""
+        try:
+            card = await self.client.feature(feature.sae_id, feature.index)
+        except MillmError:
+            return
+        dial = self.query_one(StrengthDial)
+        if dial.feature == feature:
+            dial.recommended = card.recommended_strength
 
     def on_feature_search_chosen(self, message: FeatureSearch.Chosen) -> None:
         self.dial(message.feature)
@@ -148,7 +157,7 @@ class SteeringPane(VerticalScroll):
 
     @work(group="steer")
     async def _send_strengths(self) -> None:
-        client = self.main.client
+        client = self.client
         try:
             while self.pending:
                 (sae_id, index), strength = next(iter(self.pending.items()))
@@ -175,15 +184,16 @@ class SteeringPane(VerticalScroll):
     @work(group="watch")
     async def toggle_watch(self, feature: Feature) -> None:
         """Watch or stop watching a feature; monitoring follows one SAE, so another SAE's feature starts over."""
-        same = [f for f in self.main.watched if f.sae_id == feature.sae_id]
+        same = [f for f in self.watched if f.sae_id == feature.sae_id]
         keys = [(f.sae_id, f.index) for f in same]
         watched = [f for f in same if f.index != feature.index] if (feature.sae_id, feature.index) in keys \
             else same + [feature]
         try:
-            await self.main.client.watch(feature.sae_id, [f.index for f in watched])
+            await self.client.watch(feature.sae_id, [f.index for f in watched])
         except MillmError as exc:
             self.notify(exc.message, severity="error", title="not watched")
             return
+        self.watched = watched
         self.post_message(Watching(watched))
 
     # intensity
