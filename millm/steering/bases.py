@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
+from typing import NamedTuple
 
 from millm.errors import InvalidFeatureIndex, ProfileNotFound
 from millm.steering.core import Attachment, Override, SteeringCore
@@ -88,6 +90,16 @@ class RequestSteering:
                                           "longer apply, so the request stopped.")
 
 
+class _Basis(NamedTuple):
+    """What a request's steering starts from: the override's ``name``, whether its values are ``empty``, the
+    profile whose circuit may back it, and its ``base`` (read only when the dial needs it)."""
+
+    name: str
+    empty: bool
+    circuit: str | None
+    base: Callable[[], Base]
+
+
 class Bases:
     """The store's profiles, clusters and circuits seen against one model's attached SAEs."""
 
@@ -163,41 +175,54 @@ class Bases:
         steering, except "off" (or 0), which always pins the request unsteered. Without either, the live
         values run as the operator left them.
         """
-        steering = self.steering
         explicit = profile is not None or own is not None
-        active = self.active() if profile is None and own is None else None
-        named = profile or active
-        doc = stored_profile(self.store, named) if named is not None else None  # read once: scope and entries
+        active = None if explicit else self.active()
+        doc = self._profile_doc(profile or active)  # read once: scope and entries
         scope = doc.steering_scope if doc is not None else None
         if not explicit and dial is None:
             return RequestSteering(rung=self._rung(self.circuit(active), None), scope=scope)
-        base: Callable[[], Base]
+        basis = self._basis(profile, own, active, doc)
+        if explicit and not self.steering.attachments:
+            return RequestSteering(Override(basis.name, {}))  # nothing to steer through: the request runs unsteered
+        return self._resolved(dial, explicit, basis, scope)
+
+    def _profile_doc(self, name: str | None) -> ProfileDoc | None:
+        """The saved profile ``name`` as a document (404 when there is none); None when no profile is named."""
+        return stored_profile(self.store, name) if name is not None else None
+
+    def _basis(self, profile: str | None, own: Strengths | None, active: str | None,
+               doc: ProfileDoc | None) -> _Basis:
+        """What a request steers with, first of: the named ``profile``, the chat's ``own`` values, the ``active``
+        profile, the live values (``doc`` is the profile's document, when one is named or active)."""
         if profile is not None:
             assert doc is not None
-            name, empty, circuit = profile, not doc.entries, profile
-            base = lambda: self.base(profile)  # noqa: E731
-        elif own is not None:
-            name, empty, circuit = LIVE, not any(own.values()), None
-            base = lambda: Base(BaseKind.PLAIN, own)  # noqa: E731
-        elif active is not None:
+            return _Basis(profile, not doc.entries, profile, partial(self.base, profile))
+        if own is not None:
+            return _Basis(LIVE, not any(own.values()), None, partial(Base, BaseKind.PLAIN, own))
+        if active is not None:
             assert doc is not None
-            name, empty, circuit = active, not doc.entries, active
-            base = lambda: self.base(active)  # noqa: E731
-        else:
-            name, empty, circuit = LIVE, not any(a.values for a in steering.attachments.values()), None
-            base = self.live
-        if explicit and not steering.attachments:
-            return RequestSteering(Override(name, {}))  # nothing to steer through: the request runs unsteered
+            return _Basis(active, not doc.entries, active, partial(self.base, active))
+        return _Basis(LIVE, not any(a.values for a in self.steering.attachments.values()), None, self.live)
+
+    def _resolved(self, dial: Dial, explicit: bool, basis: _Basis, scope: Scope | None) -> RequestSteering:
+        """The steering ``dial`` resolves from ``basis`` (``explicit``: a profile or own values were named), with
+        the SAEs its override steers through pinned."""
+        steering = self.steering
         context = Context(dial_only=not explicit, steering_enabled=steering.enabled,
-                          sae_attached=bool(steering.attachments), base_empty=empty)
-        res = resolve(dial, context, base, self.settings)
+                          sae_attached=bool(steering.attachments), base_empty=basis.empty)
+        res = resolve(dial, context, basis.base, self.settings)
         # "off" pins the request unsteered even where the dial changes nothing now (no values, steering
         # disabled): following the live values instead, an operator change before it runs would steer it
         pins = explicit or dial is Symbol.OFF
-        override = Override(name, res.strengths) if res.applies else Override(name, {}) if pins else None
-        pinned = {sae: steering.attachments[sae] for sae, values in (override.values if override else {}).items()
-                  if values and sae in steering.attachments}
-        return RequestSteering(override, res.echo, self._rung(self.circuit(circuit), override), pinned, scope)
+        override = Override(basis.name, res.strengths) if res.applies else Override(basis.name, {}) if pins else None
+        return RequestSteering(override, res.echo, self._rung(self.circuit(basis.circuit), override),
+                               self._pinned(override), scope)
+
+    def _pinned(self, override: Override | None) -> dict[str, Attachment]:
+        """The attachments ``override`` steers through: each SAE it gives values for that is attached."""
+        values = override.values if override is not None else {}
+        return {sae: self.steering.attachments[sae] for sae, strengths in values.items()
+                if strengths and sae in self.steering.attachments}
 
     def _rung(self, circuit: str | None, override: Override | None) -> int | None:
         """The circuit's rung when it genuinely steers the response: serving natively, and something steers."""
