@@ -25,30 +25,59 @@ def example_text(text: str) -> Text:
     return Text.assemble(_token(before), (_token(firing), FIRING) if firing else "", _token(after))
 
 
+def _measured(card: FeatureCard) -> str:
+    """The line saying the feature was measured to steer: its recommended strength and concept rate, when known."""
+    strength = "" if card.recommended_strength is None else f": recommended strength {card.recommended_strength:g}"
+    rate = "" if card.concept_rate is None else f" (concept in {card.concept_rate:.0%} of answers)"
+    return f"\nmeasured to steer{strength}{rate}"
+
+
+def _firing(card: FeatureCard) -> str:
+    """How often the feature fired on the labelling tokens and how strongly, as far as ``features.jsonl`` says."""
+    frequency = "" if card.frequency is None else f"\nfires on {card.frequency:.3%} of labelling tokens"
+    peak = "" if card.max_activation is None else f" · max activation {card.max_activation:g}"
+    return frequency + peak
+
+
+def _top_tokens(card: FeatureCard) -> Text:
+    """The tokens the feature fires on most, with their weights (nothing when none were recorded)."""
+    out = Text()
+    if card.top_tokens:
+        out.append("\ntop tokens  ", style="bold")
+        for k, (token, weight) in enumerate(card.top_tokens):
+            out.append_text(Text.assemble("" if k == 0 else " · ", (_token(token), "cyan"), (f" {weight:g}", "dim")))
+    return out
+
+
+def _examples(card: FeatureCard) -> Text:
+    """The max-activating examples, one a line with its activation (nothing when none were recorded)."""
+    out = Text()
+    if card.examples:
+        out.append("\nmax-activating examples", style="bold")
+        for example in card.examples:
+            out.append_text(Text.assemble("\n", (f"{example.activation:8.2f}  ", "dim"), example_text(example.text)))
+    return out
+
+
+def _promotes(card: FeatureCard) -> Text:
+    """The tokens the feature's decoder direction promotes (nothing when none were recorded)."""
+    out = Text()
+    if card.promotes:
+        out.append("\npromotes  ", style="bold")
+        out.append_text(Text(" ").join(Text(json.dumps(t, ensure_ascii=False), "magenta") for t in card.promotes))
+    return out
+
+
 def card_text(card: FeatureCard) -> Text:
     """The whole card: label and width, then what ``features.jsonl`` recorded (or why nothing is)."""
     out = Text.assemble((f"#{card.index}", "bold cyan"), "  ", (card.label or "(no label)", "bold"),
                         (f"   {card.sae}, {card.d_sae} features", "dim"))
     if card.measured:
-        strength = "" if card.recommended_strength is None else f": recommended strength {card.recommended_strength:g}"
-        rate = "" if card.concept_rate is None else f" (concept in {card.concept_rate:.0%} of answers)"
-        out.append(f"\nmeasured to steer{strength}{rate}", style="green")
+        out.append(_measured(card), style="green")
     if not card.recorded:
         out.append(f"\n{card.note}", style="dim")
         return out
-    if card.frequency is not None:
-        out.append(f"\nfires on {card.frequency:.3%} of labelling tokens")
-    if card.max_activation is not None:
-        out.append(f" · max activation {card.max_activation:g}")
-    if card.top_tokens:
-        out.append("\ntop tokens  ", style="bold")
-        for k, (token, weight) in enumerate(card.top_tokens):
-            out.append_text(Text.assemble("" if k == 0 else " · ", (_token(token), "cyan"), (f" {weight:g}", "dim")))
-    if card.examples:
-        out.append("\nmax-activating examples", style="bold")
-        for example in card.examples:
-            out.append_text(Text.assemble("\n", (f"{example.activation:8.2f}  ", "dim"), example_text(example.text)))
-    if card.promotes:
-        out.append("\npromotes  ", style="bold")
-        out.append_text(Text(" ").join(Text(json.dumps(t, ensure_ascii=False), "magenta") for t in card.promotes))
+    out.append(_firing(card))
+    for section in (_top_tokens(card), _examples(card), _promotes(card)):
+        out.append_text(section)
     return out

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 
 from millm.engine.events import Activations, Delta, Event, Finish, Usage
 from millm.errors import MillmError
 from millm.render import sse
 from millm.render.shapes import CompletionShape, call_finish
-from millm.structured.tools import Piece, ToolCallParser
+from millm.structured.tools import Piece, ToolCallParser, ToolConstraint
 
 log = logging.getLogger(__name__)
 
@@ -19,47 +20,81 @@ async def sse_events(shape: CompletionShape, events: AsyncIterator[Event], choic
     """Stream frames: role openers (chat), deltas, finishes (the last one with usage unless
     ``stream_options.include_usage`` is false), then [DONE]."""
     try:
-        if shape.chat:
-            for i in range(choices):
-                yield sse.data(shape.chunk(i, role=True))
-        tools = shape.tools
-        parsers: dict[int, ToolCallParser] = {}
-
-        def parser(index: int) -> ToolCallParser:
-            assert tools is not None
-            return parsers.setdefault(index, tools.parser())
-
-        held: Finish | None = None
-        readout: Activations | None = None
+        stream = _Frames(shape, shape.tools, include_usage)
+        for frame in stream.openers(choices):
+            yield frame
         async for event in events:
-            if isinstance(event, Delta):
-                if tools is None:
-                    yield sse.data(shape.chunk(event.index, event.text))
-                else:
-                    for piece in parser(event.index).feed(event.text):
-                        yield sse.data(piece_chunk(shape, event.index, piece, parser(event.index)))
-            elif isinstance(event, Finish):
-                if tools is not None:
-                    rows = parser(event.index)
-                    for piece in rows.close():
-                        yield sse.data(piece_chunk(shape, event.index, piece, rows))
-                    if rows.calls:
-                        event = Finish(event.index, call_finish(event.reason), event.completion_tokens)
-                if held is not None:
-                    yield sse.data(shape.chunk(held.index, finish=held.reason))
-                held = event
-            elif isinstance(event, Activations):
-                readout = event
-            elif isinstance(event, Usage) and held is not None:
-                yield sse.data(shape.chunk(held.index, finish=held.reason, usage=event if include_usage else None))
-        if readout is not None:
-            yield sse.data(shape.extension({"sae_activations": shape.sae_activations(readout.body)}))
+            for frame in stream.frames(event):
+                yield frame
+        for frame in stream.end():
+            yield frame
     except MillmError as exc:
         yield sse.error(exc.body())
     except Exception as exc:  # the status is already 200: report in-stream, never drop the stream silently
         log.exception("generation failed mid-stream")
         yield sse.error(MillmError(f"Generation failed: {exc}").body())
     yield sse.DONE
+
+
+@dataclass
+class _Frames:
+    """One stream's frames, event by event. A finish is held back until the next one, or the usage, comes (the
+    last finish carries the usage); with ``tools``, each row's text goes through its own call parser, and a row
+    that called a tool finishes with "tool_calls"; the SAE readout, when one comes, is sent last."""
+
+    shape: CompletionShape
+    tools: ToolConstraint | None
+    include_usage: bool
+    parsers: dict[int, ToolCallParser] = field(default_factory=dict)
+    held: Finish | None = None
+    readout: Activations | None = None
+
+    def openers(self, choices: int) -> list[str]:
+        """A chat's role openers, one a choice; none for a completion."""
+        return [sse.data(self.shape.chunk(i, role=True)) for i in range(choices)] if self.shape.chat else []
+
+    def frames(self, event: Event) -> list[str]:
+        """The frames one event sends now."""
+        if isinstance(event, Delta):
+            return self._delta(event)
+        if isinstance(event, Finish):
+            return self._finish(event)
+        if isinstance(event, Activations):
+            self.readout = event
+        elif isinstance(event, Usage) and self.held is not None:
+            usage = event if self.include_usage else None
+            return [sse.data(self.shape.chunk(self.held.index, finish=self.held.reason, usage=usage))]
+        return []
+
+    def end(self) -> list[str]:
+        """What follows the last event: the SAE readout, when one came."""
+        if self.readout is None:
+            return []
+        return [sse.data(self.shape.extension({"sae_activations": self.shape.sae_activations(self.readout.body)}))]
+
+    def _parser(self, index: int) -> ToolCallParser:
+        assert self.tools is not None
+        return self.parsers.setdefault(index, self.tools.parser())
+
+    def _delta(self, event: Delta) -> list[str]:
+        """A row's text: as it is, or as the pieces its call parser makes of it."""
+        if self.tools is None:
+            return [sse.data(self.shape.chunk(event.index, event.text))]
+        parser = self._parser(event.index)
+        return [sse.data(piece_chunk(self.shape, event.index, piece, parser)) for piece in parser.feed(event.text)]
+
+    def _finish(self, event: Finish) -> list[str]:
+        """A row's end: the text its call parser held back, then the finish held before it (this one is held)."""
+        frames: list[str] = []
+        if self.tools is not None:
+            parser = self._parser(event.index)
+            frames = [sse.data(piece_chunk(self.shape, event.index, piece, parser)) for piece in parser.close()]
+            if parser.calls:
+                event = Finish(event.index, call_finish(event.reason), event.completion_tokens)
+        if self.held is not None:
+            frames.append(sse.data(self.shape.chunk(self.held.index, finish=self.held.reason)))
+        self.held = event
+        return frames
 
 
 def piece_chunk(shape: CompletionShape, index: int, piece: Piece, parser: ToolCallParser) -> dict[str, object]:
