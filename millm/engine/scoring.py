@@ -145,18 +145,24 @@ def echo_result(ids: list[int], logits: torch.Tensor, params: ScoringParams, sta
     return ScoreResult(last.chosen, last.top, len(ids), [PromptToken(t, None, []) for t in ids[:start - 1]] + echo)
 
 
-def score_row(logits: torch.Tensor, params: ScoringParams, prompt_tokens: int = 0) -> ScoreResult:
-    """Score one ``[vocab]`` logits row: the most probable (allowed) token and the top alternatives."""
+def _candidates(logits: torch.Tensor, params: ScoringParams) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """The row scaled by the temperature (0: unscaled), and the allowed ids with their logits (None: every id)."""
     import torch
 
     logits = logits.double()
     if params.temperature > 0:
         logits = logits / params.temperature
-    if params.allowed is not None:
-        ids = torch.tensor(params.allowed)
-        candidates = logits[ids]
-    else:
-        ids, candidates = None, logits
+    if params.allowed is None:
+        return None, logits
+    ids = torch.tensor(params.allowed)
+    return ids, logits[ids]
+
+
+def score_row(logits: torch.Tensor, params: ScoringParams, prompt_tokens: int = 0) -> ScoreResult:
+    """Score one ``[vocab]`` logits row: the most probable (allowed) token and the top alternatives."""
+    import torch
+
+    ids, candidates = _candidates(logits, params)
     if torch.isnan(candidates).any() or torch.isposinf(candidates).any():
         raise NonFiniteLogits("The model produced NaN or +inf logits for this prompt; it cannot be scored.")
     logprobs = torch.log_softmax(candidates, dim=-1)

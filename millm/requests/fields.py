@@ -157,15 +157,21 @@ def _refusals(refused: list[tuple[str, str]], route: str, engine: str, scoring: 
         where = ROUTE_NAMES[route] + ("" if route == "embeddings" else f" with the {engine} engine")
         error = FieldNotHonoured(f"{', '.join(repr(n) for n in names)} cannot be honoured on {where}; they were "
                                  "refused rather than ignored.", param=names[0])
-    if any(kind == SETTING for _, kind in refused):
-        error.message += " This server refuses tool calling (MILLM_TOOLS=refuse)."
-    elif any(name in TOOL_FIELDS for name, _ in refused) and column(route, engine, scoring) == ("chat", "transformers"):
-        error.message += " Send 'tools' and 'tool_choice' (OpenAI's current names for functions), which are honoured."
-    elif any(name in TOOL_FIELDS for name, _ in refused):
-        error.message += (" Tools are called on /v1/chat/completions with the transformers engine (llama.cpp's "
-                          "grammar path is not measured here); scoring requests never generate.")
+    error.message += _tool_hint(refused, route, engine, scoring)
     error.args = (error.message,)
     return error
+
+
+def _tool_hint(refused: list[tuple[str, str]], route: str, engine: str, scoring: bool) -> str:
+    """What a refusal of tool calling adds: the setting that refuses it, or where tools are honoured."""
+    if any(kind == SETTING for _, kind in refused):
+        return " This server refuses tool calling (MILLM_TOOLS=refuse)."
+    if not any(name in TOOL_FIELDS for name, _ in refused):
+        return ""
+    if column(route, engine, scoring) == ("chat", "transformers"):
+        return " Send 'tools' and 'tool_choice' (OpenAI's current names for functions), which are honoured."
+    return (" Tools are called on /v1/chat/completions with the transformers engine (llama.cpp's "
+            "grammar path is not measured here); scoring requests never generate.")
 
 
 def message_keys(role: Any, engine: str) -> tuple[str, ...]:
@@ -184,11 +190,25 @@ def _message_locations(messages: Any, prefix: str, engine: str = "transformers")
             continue
         keys = message_keys(msg.get("role"), engine)
         found += [f"{prefix}[{i}].{k}" for k, v in msg.items() if k not in keys and v is not None]
-        if isinstance(msg.get("content"), list):
-            for j, part in enumerate(msg["content"]):
-                if isinstance(part, dict):
-                    found += [f"{prefix}[{i}].content[{j}].{k}" for k, v in part.items()
-                              if k not in PART_KEYS and v is not None]
+        found += _part_locations(msg.get("content"), f"{prefix}[{i}].content")
+    return found
+
+
+def _part_locations(content: Any, where: str) -> list[str]:
+    """Keys of a message's content parts (when it has a list of them) that no template reads."""
+    if not isinstance(content, list):
+        return []
+    return [f"{where}[{j}].{k}" for j, part in enumerate(content) if isinstance(part, dict)
+            for k, v in part.items() if k not in PART_KEYS and v is not None]
+
+
+def _chat_locations(body: Mapping[str, Any], engine: str) -> list[str]:
+    """Unread keys of the messages, and of each conversation of ``extra_messages``."""
+    found = _message_locations(body.get("messages"), "messages", engine)
+    extra = body.get("extra_messages")
+    if isinstance(extra, list):
+        for k, convo in enumerate(extra):
+            found += _message_locations(convo, f"extra_messages[{k}]", engine)
     return found
 
 
@@ -236,13 +256,7 @@ def check_fields(route: str, engine: str, body: Mapping[str, Any], scoring: bool
     for field, value in body.items():
         if is_no_change(field, value):
             continue
-        kind = policy(field, route, engine, scoring, gguf_steering)
-        if overrides and field in overrides and kind == USE:
-            kind = overrides[field]
-        if kind == USE and field in USED_WITH and is_no_change(USED_WITH[field], body.get(USED_WITH[field])):
-            kind = REPORT  # tool_choice "required" with no tools (LlamaIndex's default) has nothing to call
-        if kind == USE and field in STREAM_ONLY and body.get("stream") is not True:
-            kind = REPORT
+        kind = _kind(field, body, route, engine, scoring, overrides, gguf_steering)
         if kind in (REFUSE, PENDING, SETTING):
             refused.append((field, kind))
         if kind == REPORT:
@@ -251,9 +265,27 @@ def check_fields(route: str, engine: str, body: Mapping[str, Any], scoring: bool
         raise _refusals(refused, route, engine, scoring)
     ignored += nested_locations({k: v for k, v in body.items() if k not in ignored})
     if policy("messages", route, engine, scoring) == USE:
-        ignored += _message_locations(body.get("messages"), "messages", engine)
-        extra = body.get("extra_messages")
-        if isinstance(extra, list):
-            for k, convo in enumerate(extra):
-                ignored += _message_locations(convo, f"extra_messages[{k}]", engine)
+        ignored += _chat_locations(body, engine)
     return ignored
+
+
+def _kind(field: str, body: Mapping[str, Any], route: str, engine: str, scoring: bool,
+          overrides: Mapping[str, str] | None, gguf_steering: bool) -> str:
+    """What this request does with ``field``: the table's policy, a server setting's override of a field the table
+    uses, and a used field with nothing to act on reported."""
+    kind = policy(field, route, engine, scoring, gguf_steering)
+    if overrides and field in overrides and kind == USE:
+        kind = overrides[field]
+    return _acted_on(kind, field, body)
+
+
+def _acted_on(kind: str, field: str, body: Mapping[str, Any]) -> str:
+    """``kind``, except that a used field with nothing to act on is reported: ``tool_choice`` "required" with no
+    tools (LlamaIndex's default) has nothing to call, and ``stream_options`` nothing to shape unless streamed."""
+    if kind != USE:
+        return kind
+    if field in USED_WITH and is_no_change(USED_WITH[field], body.get(USED_WITH[field])):
+        return REPORT
+    if field in STREAM_ONLY and body.get("stream") is not True:
+        return REPORT
+    return kind

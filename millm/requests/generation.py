@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from millm.engine.plan import Plan
     from millm.requests.builder import Built
     from millm.steering.service import SteeringService
+    from millm.steering.target import SteeringTarget
 
 
 @dataclass(frozen=True)
@@ -45,18 +46,27 @@ def refuse_unsteerable(engine: Engine, built: Built) -> None:
             raise FieldNotHonoured(f"'{name}' cannot be honoured by the {engine.engine_name} engine.", param=name)
 
 
+def resolve_steering(engine: Engine, target: SteeringTarget | None, built: Built, service: SteeringService | None,
+                     steer: RequestSteering | None) -> RequestSteering:
+    """The request's steering on ``engine`` (whose steering target is ``target``): ``steer`` when already decided,
+    else resolved through ``service`` (``profile`` and ``steering_intensity``); on an engine that cannot steer,
+    those fields are refused."""
+    if target is None:
+        refuse_unsteerable(engine, built)
+        return steer or RequestSteering()
+    if steer is None:
+        assert service is not None, "steering is resolved through the steering service"
+        steer = service.for_request(target, built.profile, built.intensity)
+    return steer
+
+
 def prepare(engine: Engine, built: Built, limits: Limits, service: SteeringService | None = None,
             steer: RequestSteering | None = None) -> Prepared:
     """Resolve the request's steering (``profile`` and ``steering_intensity`` through ``service``, unless
     ``steer`` is already decided), tokenise and check every plan, and check the prompt tokens against
     ``limits``. Runs on the engine thread; raises before any forward pass."""
     target = engine.steering_target()
-    if target is None:
-        refuse_unsteerable(engine, built)
-        steer = steer or RequestSteering()
-    elif steer is None:
-        assert service is not None, "steering is resolved through the steering service"
-        steer = service.for_request(target, built.profile, built.intensity)
+    steer = resolve_steering(engine, target, built, service, steer)
     scope = built.scope or steer.scope or ALL
     plans = [engine.prepare(replace(g, override=steer.override, scope=scope)) for g in built.generations]
     check_prompt_tokens("messages" if built.route == "chat" else "prompt", prompt_tokens(plans), limits)

@@ -114,20 +114,7 @@ def _saelens_config(raw: dict[str, Any], path: Path) -> dict[str, Any]:
     cfg = {**raw}
     major = _saelens_major_version(raw, meta, path)
     if major is None or major < 6:
-        activation = cfg.get("activation_fn", cfg.get("activation_fn_str")) or "relu"
-        given = cfg.get("activation_fn_kwargs")
-        kwargs: dict[str, Any] = given if isinstance(given, dict) else {}
-        cfg["architecture"] = cfg.get("architecture") or "standard"
-        cfg.setdefault("hook_name", cfg.get("hook_point"))  # renamed in 6.0
-        if activation == "topk":
-            cfg["architecture"] = "topk"
-            cfg["k"] = _positive_int(kwargs.get("k"), "activation_fn_kwargs.k", path, "activation_fn_str 'topk'")
-        elif activation != "relu":
-            raise InvalidSAE(f"{path}: key 'activation_fn_str' is {activation!r}; miLLM reads relu and topk.")
-        elif cfg["architecture"] == "topk" and "k" in kwargs:
-            cfg["k"] = kwargs["k"]
-        if isinstance(cfg.get("normalize_activations"), bool):
-            cfg["normalize_activations"] = "expected_average_only_in" if cfg["normalize_activations"] else "none"
+        _convert_pre6(cfg, path)
     elif not cfg.get("architecture"):
         raise InvalidSAE(f"{path}: key 'architecture' is missing (a SAELens {major}.x config names it).")
     cfg.setdefault("apply_b_dec_to_input", True)
@@ -137,6 +124,24 @@ def _saelens_config(raw: dict[str, Any], path: Path) -> dict[str, Any]:
         if cfg.get(key) is None and key in meta:
             cfg[key] = meta[key]
     return cfg
+
+
+def _convert_pre6(cfg: dict[str, Any], path: Path) -> None:
+    """SAELens' pre-6.0 conversion of ``cfg``, in place (see ``_saelens_config``)."""
+    activation = cfg.get("activation_fn", cfg.get("activation_fn_str")) or "relu"
+    given = cfg.get("activation_fn_kwargs")
+    kwargs: dict[str, Any] = given if isinstance(given, dict) else {}
+    cfg["architecture"] = cfg.get("architecture") or "standard"
+    cfg.setdefault("hook_name", cfg.get("hook_point"))  # renamed in 6.0
+    if activation == "topk":
+        cfg["architecture"] = "topk"
+        cfg["k"] = _positive_int(kwargs.get("k"), "activation_fn_kwargs.k", path, "activation_fn_str 'topk'")
+    elif activation != "relu":
+        raise InvalidSAE(f"{path}: key 'activation_fn_str' is {activation!r}; miLLM reads relu and topk.")
+    elif cfg["architecture"] == "topk" and "k" in kwargs:
+        cfg["k"] = kwargs["k"]
+    if isinstance(cfg.get("normalize_activations"), bool):
+        cfg["normalize_activations"] = "expected_average_only_in" if cfg["normalize_activations"] else "none"
 
 
 def _saelens_threshold(w: dict[str, torch.Tensor], cfg: dict[str, Any], d_sae: int, path: Path,
@@ -155,11 +160,8 @@ def _saelens_threshold(w: dict[str, torch.Tensor], cfg: dict[str, Any], d_sae: i
                      f"{cfg_path.name}).")
 
 
-def _saelens(folder: Path) -> LoadedSAE:
-    cfg_path, weights_path = folder / "cfg.json", folder / "sae_weights.safetensors"
-    cfg = _saelens_config(_json(cfg_path), cfg_path)
-    d_in = _cfg_value(cfg, "d_in", cfg_path, int)
-    d_sae = _cfg_value(cfg, "d_sae", cfg_path, int)
+def _saelens_kind(cfg: dict[str, Any], cfg_path: Path) -> tuple[str, str, str]:
+    """The config's architecture as written (lower case), as miLLM runs it, and its normalisation."""
     name = str(cfg["architecture"]).lower()
     arch = SAELENS_ARCHITECTURES.get(name)
     if arch is None:
@@ -169,6 +171,30 @@ def _saelens(folder: Path) -> LoadedSAE:
     if norm not in SAELENS_NORMALISATIONS:
         raise InvalidSAE(f"{cfg_path}: key 'normalize_activations' is {norm!r}; SAELens knows "
                          f"{', '.join(SAELENS_NORMALISATIONS)}.")
+    return name, arch, norm
+
+
+def _saelens_folded(sae: SAE, cfg: dict[str, Any], name: str, cfg_path: Path) -> SAE:
+    """``sae`` with what SAELens applies at run time folded in: decoder norms (TopK and BatchTopK rescaled by
+    them) and a recorded input scale."""
+    if name in ("topk", "batchtopk") and cfg.get("rescale_acts_by_decoder_norm"):
+        sae = fold_decoder_norms(sae)  # TopK selects, and BatchTopK thresholds, pre * ||W_dec[i]||
+    factor = cfg.get("norm_scaling_factor")
+    if cfg["normalize_activations"] == "expected_average_only_in" and factor is not None:
+        if not _number(factor) or factor <= 0:
+            raise InvalidSAE(f"{cfg_path}: key 'norm_scaling_factor' must be a positive number, got {factor!r}.")
+        sae = fold_input_scale(sae, float(factor))
+    # expected_average_only_in without a recorded factor: the factor was folded in when saving, or lives only
+    # in SAELens' pretrained registry; SAELens' load_from_disk applies nothing either.
+    return sae
+
+
+def _saelens(folder: Path) -> LoadedSAE:
+    cfg_path, weights_path = folder / "cfg.json", folder / "sae_weights.safetensors"
+    cfg = _saelens_config(_json(cfg_path), cfg_path)
+    d_in = _cfg_value(cfg, "d_in", cfg_path, int)
+    d_sae = _cfg_value(cfg, "d_sae", cfg_path, int)
+    name, arch, norm = _saelens_kind(cfg, cfg_path)
     w = _tensors(weights_path)
     if "scaling_factor" in w and not torch.all(w["scaling_factor"] == 1):
         raise InvalidSAE(f"{weights_path}: key 'scaling_factor' is a finetuning scaling factor, which SAELens 6 "
@@ -184,15 +210,7 @@ def _saelens(folder: Path) -> LoadedSAE:
         apply_b_dec_to_input=bool(cfg["apply_b_dec_to_input"]),
         normalisation=norm if norm in ("constant_norm_rescale", "layer_norm") else "none",
     )
-    if name in ("topk", "batchtopk") and cfg.get("rescale_acts_by_decoder_norm"):
-        sae = fold_decoder_norms(sae)  # TopK selects, and BatchTopK thresholds, pre * ||W_dec[i]||
-    factor = cfg.get("norm_scaling_factor")
-    if norm == "expected_average_only_in" and factor is not None:
-        if not _number(factor) or factor <= 0:
-            raise InvalidSAE(f"{cfg_path}: key 'norm_scaling_factor' must be a positive number, got {factor!r}.")
-        sae = fold_input_scale(sae, float(factor))
-    # expected_average_only_in without a recorded factor: the factor was folded in when saving, or lives only
-    # in SAELens' pretrained registry; SAELens' load_from_disk applies nothing either.
+    sae = _saelens_folded(sae, cfg, name, cfg_path)
     hook, layer = cfg.get("hook_name"), cfg.get("hook_layer")
     return LoadedSAE(sae, "saelens", layer if isinstance(layer, int) else _layer_from(hook), cfg.get("model_name"))
 
@@ -226,6 +244,41 @@ def _lm_saes_inference(sae: SAE, factor: float) -> SAE:
     return replace(sae, b_enc=sae.b_enc / factor, b_dec=sae.b_dec / factor, threshold=threshold)
 
 
+def _llama_scope_factor(cfg: dict[str, Any], d_in: int, cfg_path: Path) -> float:
+    """The training space's input scale: sqrt(d_model) / ``dataset_average_activation_norm.in`` (dataset-wise), or
+    1 (inference)."""
+    norm_mode = cfg.get("norm_activation", "token-wise")
+    if norm_mode == "inference":
+        return 1.0
+    if norm_mode != "dataset-wise":
+        raise InvalidSAE(f"{cfg_path}: key 'norm_activation' is {norm_mode!r}; miLLM reads Llama Scope's "
+                         "dataset-wise and inference.")
+    norms = cfg.get("dataset_average_activation_norm")
+    if not isinstance(norms, dict) or not _number(norms.get("in")) or norms["in"] <= 0:
+        raise InvalidSAE(f"{cfg_path}: key 'dataset_average_activation_norm.in' must be a positive number for "
+                         "dataset-wise normalisation.")
+    return float(d_in ** 0.5 / float(norms["in"]))
+
+
+def _llama_scope_activation(cfg: dict[str, Any], w: dict[str, torch.Tensor], d_sae: int, factor: float,
+                            cfg_path: Path, weights_path: Path) -> tuple[str, torch.Tensor | None, int | None]:
+    """The architecture lm-saes runs, with its threshold (in the raw residual's units) or k."""
+    act = str(cfg.get("act_fn", "relu")).lower()
+    scalar = cfg.get("jump_relu_threshold", 0.0)
+    if not _number(scalar):
+        raise InvalidSAE(f"{cfg_path}: key 'jump_relu_threshold' must be a number, got {scalar!r}.")
+    if "log_jumprelu_threshold" in w:
+        return "jumprelu", _shape(_need(w, "log_jumprelu_threshold", weights_path), (d_sae,),
+                                  "log_jumprelu_threshold", weights_path).exp(), None
+    if act == "jumprelu" or (act == "topk" and scalar > 0):  # lm-saes runs a thresholded topk as jumprelu
+        return "jumprelu", torch.full((d_sae,), float(scalar) * factor), None
+    if act == "topk":
+        return act, None, _positive_int(cfg.get("top_k", 50), "top_k", cfg_path, "act_fn topk")
+    if act != "relu":
+        raise InvalidSAE(f"{cfg_path}: key 'act_fn' is {act!r}; miLLM reads jumprelu, topk and relu.")
+    return act, None, None
+
+
 def _llama_scope(folder: Path, weights_path: Path) -> LoadedSAE:
     """Llama Scope as lm-saes runs it for inference (its Initializer, state "inference").
 
@@ -248,33 +301,8 @@ def _llama_scope(folder: Path, weights_path: Path) -> LoadedSAE:
     use_bias = cfg.get("use_decoder_bias", True) is not False
     b_dec = _shape(_need(w, "decoder.bias", weights_path), (d_in,), "decoder.bias", weights_path) if use_bias \
         else torch.zeros(d_in)
-    norm_mode = cfg.get("norm_activation", "token-wise")
-    if norm_mode == "dataset-wise":
-        norms = cfg.get("dataset_average_activation_norm")
-        if not isinstance(norms, dict) or not _number(norms.get("in")) or norms["in"] <= 0:
-            raise InvalidSAE(f"{cfg_path}: key 'dataset_average_activation_norm.in' must be a positive number for "
-                             "dataset-wise normalisation.")
-        factor = d_in ** 0.5 / float(norms["in"])
-    elif norm_mode == "inference":
-        factor = 1.0
-    else:
-        raise InvalidSAE(f"{cfg_path}: key 'norm_activation' is {norm_mode!r}; miLLM reads Llama Scope's "
-                         "dataset-wise and inference.")
-    act = str(cfg.get("act_fn", "relu")).lower()
-    scalar = cfg.get("jump_relu_threshold", 0.0)
-    if not _number(scalar):
-        raise InvalidSAE(f"{cfg_path}: key 'jump_relu_threshold' must be a number, got {scalar!r}.")
-    arch, threshold, k = act, None, None
-    if "log_jumprelu_threshold" in w:
-        arch = "jumprelu"
-        threshold = _shape(_need(w, "log_jumprelu_threshold", weights_path), (d_sae,), "log_jumprelu_threshold",
-                           weights_path).exp()
-    elif act == "jumprelu" or (act == "topk" and scalar > 0):  # lm-saes runs a thresholded topk as jumprelu
-        arch, threshold = "jumprelu", torch.full((d_sae,), float(scalar) * factor)
-    elif act == "topk":
-        k = _positive_int(cfg.get("top_k", 50), "top_k", cfg_path, "act_fn topk")
-    elif act != "relu":
-        raise InvalidSAE(f"{cfg_path}: key 'act_fn' is {act!r}; miLLM reads jumprelu, topk and relu.")
+    factor = _llama_scope_factor(cfg, d_in, cfg_path)
+    arch, threshold, k = _llama_scope_activation(cfg, w, d_sae, factor, cfg_path, weights_path)
     sae = SAE(W_enc=enc.T.contiguous(),
               b_enc=_shape(_need(w, "encoder.bias", weights_path), (d_sae,), "encoder.bias", weights_path),
               W_dec=_shape(_need(w, "decoder.weight", weights_path), (d_in, d_sae), "decoder.weight",
@@ -330,6 +358,11 @@ def load_sae(path: str | Path) -> LoadedSAE:
         if path.suffix == ".npz":
             return _gemma_scope(path)
         raise InvalidSAE(f"{path}: not an SAE file; give a folder, or a Gemma Scope params.npz.")
+    return _load_folder(path)
+
+
+def _load_folder(path: Path) -> LoadedSAE:
+    """The SAE in the folder ``path``, by the files it holds."""
     if (path / "params.npz").is_file():
         return _gemma_scope(path / "params.npz")
     from millm.vectors import files as vector_files  # a vector set reads as an SAE of its vectors

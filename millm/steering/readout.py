@@ -131,11 +131,8 @@ def check_readout(raw: Any) -> ReadoutAsk:
                       _positions(raw.get("positions", "last")), str(read_point), **flags)
 
 
-def bind_readout(ask: ReadoutAsk, steering: SteeringCore, *, rows: int, prompt_tokens: int,
-                 max_tokens: int) -> ReadoutSpec:
-    """``ask`` bound to the attached SAE it reads, checked against that SAE and the request's size."""
-    check_readout_rows(rows)
-    attached = steering.attachments
+def _read_sae(ask: ReadoutAsk, attached: Mapping[str, Any]) -> str:
+    """The attached SAE the ask reads: the one it names, else the only one attached."""
     if not attached:
         raise _bad(f"'{FIELD}': no SAE is attached to the loaded model.", "sae_id")
     if ask.sae_id is None and len(attached) > 1:
@@ -143,17 +140,29 @@ def bind_readout(ask: ReadoutAsk, steering: SteeringCore, *, rows: int, prompt_t
     sae_id = ask.sae_id if ask.sae_id is not None else next(iter(attached))
     if sae_id not in attached:
         raise _bad(f"'{FIELD}.sae_id' {sae_id!r} is not attached (attached: {', '.join(attached)}).", "sae_id")
+    return sae_id
+
+
+def _position_count(positions: Positions, prompt_tokens: int, max_tokens: int) -> int:
+    """How many positions the ask could read: a range's length, or what its mode covers at most."""
+    if isinstance(positions, tuple):
+        return positions[1] - positions[0]
+    return {"last": 1, "prompt": prompt_tokens, "completion": max_tokens, "all": prompt_tokens + max_tokens}[positions]
+
+
+def bind_readout(ask: ReadoutAsk, steering: SteeringCore, *, rows: int, prompt_tokens: int,
+                 max_tokens: int) -> ReadoutSpec:
+    """``ask`` bound to the attached SAE it reads, checked against that SAE and the request's size."""
+    check_readout_rows(rows)
+    attached = steering.attachments
+    sae_id = _read_sae(ask, attached)
     att = attached[sae_id]
     if bad := [f for f in ask.features or () if not 0 <= f < att.sae.d_sae]:
         raise InvalidFeatureIndex(f"'{FIELD}.features' has {bad[0]}, outside this SAE's 0-{att.sae.d_sae - 1}.",
                                   param=f"{FIELD}.features")
     default_k = min(len(ask.features), SAE_ACTIVATIONS_MAX_TOP_K) if ask.features else DEFAULT_TOP_K
     top_k = ask.top_k if ask.top_k is not None else default_k
-    if isinstance(ask.positions, tuple):
-        count = ask.positions[1] - ask.positions[0]
-    else:
-        count = {"last": 1, "prompt": prompt_tokens, "completion": max_tokens,
-                 "all": prompt_tokens + max_tokens}[ask.positions]
+    count = _position_count(ask.positions, prompt_tokens, max_tokens)
     if count * top_k > SAE_ACTIVATIONS_MAX_ENTRIES:
         raise _bad(f"'{FIELD}' could return {count} positions x top_k {top_k} = {count * top_k} entries, over "
                    f"SAE_ACTIVATIONS_MAX_ENTRIES ({SAE_ACTIVATIONS_MAX_ENTRIES}); narrow positions or top_k.")
@@ -222,10 +231,7 @@ class ReadoutRecorder:
         indices = torch.cat(self.indices) if self.indices else torch.zeros(0, 0, dtype=torch.long)
         keep_zeros = self.spec.features is not None
         selected = self.selected(values.shape[0], prompt_tokens)
-        texts: list[str] = []
-        if self.spec.token_text and selected:
-            assert self.texts is not None, "a read-out with token_text needs the engine's detokeniser"
-            texts = self.texts(token_ids[:selected[-1] + 1])
+        texts = self._token_texts(token_ids, selected)
         positions = []
         for p in selected:
             feats = [{"index": int(i), "value": round(float(v), 6)}
@@ -234,3 +240,10 @@ class ReadoutRecorder:
             positions.append({"position": p, "token_id": token_ids[p], **text, "features": feats})
         return {"sae_id": self.spec.sae_id, "layer": self.spec.layer, "read_point": self.spec.read_point,
                 "positions": positions, "note": NOTES[self.spec.read_point]}
+
+    def _token_texts(self, token_ids: list[int], selected: list[int]) -> list[str]:
+        """Each token's text up to the last position read, where the ask wants them (token_text)."""
+        if not (self.spec.token_text and selected):
+            return []
+        assert self.texts is not None, "a read-out with token_text needs the engine's detokeniser"
+        return self.texts(token_ids[:selected[-1] + 1])
