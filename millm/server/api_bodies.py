@@ -61,6 +61,10 @@ BODIES: dict[str, dict[str, Any] | type[BaseModel]] = {
         "top_k": {"type": ["integer", "null"],
                   "description": "Monitor every feature and report the K with the highest mean"},
         "history": {"type": "integer"}}},
+    "pulls.start_pull": {"type": "object", "required": ["model"], "properties": {
+        "model": {"type": "string", "description": "owner/name (a checkpoint) or owner/name:QUANT (one GGUF file)"},
+        "id": {**OPTIONAL_STRING, "description": "The id to pull it under"},
+        "revision": {**OPTIONAL_STRING, "description": "A branch, tag or commit (default: main)"}}},
     "models_api.add_model": {"type": "object", "required": ["path"], "properties": {
         "path": {"type": "string", "description": "A checkpoint directory or <repo>.<QUANT>.gguf file"},
         "id": OPTIONAL_STRING}},
@@ -81,6 +85,11 @@ BODIES: dict[str, dict[str, Any] | type[BaseModel]] = {
         "concepts": {"type": "array", "items": STRING, "description": "Words the model writes examples about"},
         "positive": {"type": "array", "items": STRING, "description": "Texts that show the concept"},
         "negative": {"type": "array", "items": STRING, "description": "Texts that do not"},
+        "positive_file": {"type": "object", "required": ["name", "text"], "description": "A file's positive "
+                          "texts, read as `millm vectors learn --positive FILE` reads one (lines or JSONL chats)",
+                          "properties": {"name": STRING, "text": STRING}},
+        "negative_file": {"type": "object", "required": ["name", "text"], "description": "The same for the "
+                          "negative texts", "properties": {"name": STRING, "text": STRING}},
         "examples": {"type": "integer", "description": "Generated examples of each side (concepts only)"},
         "tokens": {"type": "integer", "description": "Tokens per generated example (concepts only)"},
         "seed": {"type": "integer", "description": "Sampling seed of the generated examples (concepts only)"}}},

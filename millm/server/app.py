@@ -24,6 +24,7 @@ from millm.server import (
     models_api,
     openapi,
     origins,
+    pulls,
     steering_docs,
     v1,
     vectors_api,
@@ -59,6 +60,7 @@ def create_app(settings: Settings, engine: Engine | None = None, loader: Loader 
     app.register_blueprint(api.bp)
     app.register_blueprint(steering_docs.bp)
     app.register_blueprint(models_api.bp)
+    app.register_blueprint(pulls.bp)
     app.register_blueprint(vectors_api.bp)
     if settings.console:  # MILLM_CONSOLE / serve --no-console: the web console at /
         app.register_blueprint(console.bp)

@@ -40,6 +40,7 @@ from millm.vectors.learn import (
     default_layer,
     generated,
     learn,
+    parse_examples,
     parse_layers,
     stopped,
 )
@@ -100,10 +101,11 @@ class Plan:
     tokens: int = TOKENS[2]
     seed: int = 0
     texts: Examples | None = None
+    files: tuple[str, ...] = ()  # the uploaded files the texts came from
 
     def source(self) -> dict[str, object]:
         if self.texts is not None:
-            return {"given": "POST /api/vectors/learn"}
+            return {"given": "POST /api/vectors/learn", **({"files": list(self.files)} if self.files else {})}
         return {"concepts": list(self.concepts), "seed": self.seed, "tokens": self.tokens,
                 "negatives": self.negatives}
 
@@ -272,6 +274,7 @@ async def plan_of(data: dict[str, Any]) -> tuple[Plan, Engine]:
     """The body checked whole, and the engine it runs on: every refusal comes before any model work."""
     method, position = data.get("method", "diffmean"), data.get("position", "mean")
     check_choices(method, position)
+    data, files = uploaded(data)
     concepts = check_sources(*(data.get(k) for k in ("concepts", "positive", "negative")))
     extra = generated_examples(data) if concepts is not None else {}
     texts = given_examples(data, method) if concepts is None else None
@@ -282,7 +285,23 @@ async def plan_of(data: dict[str, Any]) -> tuple[Plan, Engine]:
     layers = layers_of(data.get("layer"), n_layers)
     for at in layers:
         await asyncio.to_thread(catalog.check_new_name, services().steering, set_name(name, at, layers))
-    return Plan(name, tuple(layers), method, position, texts=texts, **extra), engine
+    return Plan(name, tuple(layers), method, position, texts=texts, files=files, **extra), engine
+
+
+def uploaded(data: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """``data`` with each ``positive_file``/``negative_file`` (``{"name", "text"}``: a file the console's user
+    picked) read into its side's texts by the rule ``millm vectors learn --positive FILE`` reads a file with; and
+    the files' names."""
+    out, names = dict(data), []
+    for side in ("positive", "negative"):
+        upload = out.pop(f"{side}_file", None)
+        if upload is None:
+            continue
+        if side in out:
+            raise InvalidParameter(f"Give '{side}' or '{side}_file', not both.", param=f"{side}_file")
+        out[side] = parse_examples(upload["text"].encode(), upload["name"], f"{side}_file")
+        names.append(upload["name"])
+    return out, tuple(names)
 
 
 def check_sources(concepts: Any, positive: Any, negative: Any) -> Any:

@@ -214,39 +214,42 @@ def parse_layers(specs: Sequence[str | int], n_layers: int) -> list[int]:
 
 
 def read_file(path: Path, param: str, shown: str | Path | None = None) -> list[str]:
-    """Example texts: one per line, or JSONL lines of chat messages (``{"messages": [...]}`` or a list) whose
-    last message is the answer read. Only a regular file of at most ``EXAMPLES_MAX_BYTES`` is read (as imports
-    are: ``files.read_capped``), so ``/dev/zero`` or a FIFO is refused at once. A malformed file is a 400 naming
-    it (as ``shown``, the path as the user gave it; default ``path``) and the line."""
+    """Example texts from a file (as :func:`parse_examples` reads them). Only a regular file of at most
+    ``EXAMPLES_MAX_BYTES`` is read (as imports are: ``files.read_capped``), so ``/dev/zero`` or a FIFO is
+    refused at once; a problem names the file as ``shown`` (the path as the user gave it; default ``path``)."""
     shown = path if shown is None else shown
-    data = read_capped(path, str(shown), EXAMPLES_MAX_BYTES, param)
+    return parse_examples(read_capped(path, str(shown), EXAMPLES_MAX_BYTES, param), str(shown), param)
+
+
+def parse_examples(data: bytes, shown: str, param: str) -> list[str]:
+    """Example texts: one per line, or JSONL lines of chat messages (``{"messages": [...]}`` or a list) whose
+    last message is the answer read. A malformed file is a 400 naming it (``shown``) and the line."""
     try:
         lines = data.decode("utf-8").splitlines()
     except UnicodeDecodeError as exc:
         raise InvalidParameter(f"{shown}: cannot be read as UTF-8 text (byte {exc.start} is not UTF-8).",
                                param=param) from None
-    path = Path(shown)
-    texts = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        if line.lstrip()[:1] in "[{":
-            try:
-                value = json.loads(line)
-                messages = value["messages"] if isinstance(value, dict) else value
-                text = messages[-1]["content"]
-            except (ValueError, KeyError, IndexError, TypeError):
-                raise InvalidParameter(f"{path}, line {number}: a JSON line must be chat messages whose last one "
-                                       "has a 'content' string.", param=param) from None
-            if not isinstance(text, str):
-                raise InvalidParameter(f"{path}, line {number}: the last message's 'content' must be a string.",
-                                       param=param)
-            texts.append(text)
-        else:
-            texts.append(line)
+    texts = [text for number, line in enumerate(lines, 1) if line.strip()
+             for text in [_example(line, f"{shown}, line {number}", param)]]
     if not texts:
-        raise InvalidParameter(f"{path}: holds no example.", param=param)
+        raise InvalidParameter(f"{shown}: holds no example.", param=param)
     return texts
+
+
+def _example(line: str, where: str, param: str) -> str:
+    """One line's example: the line itself, or a JSON line's last chat message."""
+    if line.lstrip()[:1] not in "[{":
+        return line
+    try:
+        value = json.loads(line)
+        messages = value["messages"] if isinstance(value, dict) else value
+        text = messages[-1]["content"]
+    except (ValueError, KeyError, IndexError, TypeError):
+        raise InvalidParameter(f"{where}: a JSON line must be chat messages whose last one has a 'content' "
+                               "string.", param=param) from None
+    if not isinstance(text, str):
+        raise InvalidParameter(f"{where}: the last message's 'content' must be a string.", param=param)
+    return text
 
 
 def check_concepts(concepts: Sequence[str], param: str = "concepts") -> list[str]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import httpx
 
 from tests.console.browser import row
+from tests.support.hub import hub_at
 
 BUNDLED = "SmolLM2-135M-Instruct"
 
@@ -49,3 +50,22 @@ def test_the_registry_lock_unlock_and_refusals_verbatim(console, tmp_path):
     error = httpx.post(console.base + "/api/models", json={"path": str(tmp_path / "no-model-here")}).json()["error"]
     assert console.notice().text_content() == f"400 {error['code']}: {error['message']}"
     assert httpx.get(console.base + "/api/models").json()["data"] == models
+
+
+def test_pull_a_model_from_the_page_its_bytes_followed_and_a_refusal_verbatim(console, monkeypatch):
+    with hub_at(monkeypatch):
+        page = console.open("models")
+        page.fill("#pull-model", "acme/tiny-GGUF:Q8_0")
+        page.click("#pull-go")
+        page.wait_for_selector("#pull-job[data-status='succeeded']")
+        job = httpx.get(console.base + "/api/pulls").json()["data"][0]
+        assert page.locator("#pull-job").text_content() == (
+            f"{job['id']} acme/tiny-GGUF:Q8_0: succeeded 2.5 of 2.5 MB as tiny:Q8_0 (1 file(s) downloaded)")
+        assert "READY" in row(page, "#models-table", "tiny:Q8_0").text_content()  # the table read again
+
+        page.fill("#pull-model", "acme/tiny-GGUF:Q2_K")
+        page.click("#pull-go")
+        page.wait_for_selector("#pull-job[data-status='failed']")
+        error = httpx.get(console.base + "/api/pulls").json()["data"][0]["error"]
+        assert page.locator("#pull-job").text_content().endswith(f" — {error['code']}: {error['message']}")
+        assert "Q8_0" in error["message"]  # the quantizations the repo has, as `millm models pull` says

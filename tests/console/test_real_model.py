@@ -5,6 +5,7 @@ OpenAI SDK run, the page's table changing with them and equal to GET /api/monito
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -159,13 +160,18 @@ def test_learn_a_vector_from_the_page_follow_its_job_and_attach_it(real):
         page = real.open("vectors")
         page.fill("#learn-name", name)
         page.fill("#learn-layer", "6")
-        page.fill("#learn-positive", "\n".join(POSITIVE))
+        page.set_input_files("#learn-positive-file", files=[{  # a file picked, read by the server's file rule
+            "name": "joy.jsonl", "mimeType": "text/plain",
+            "buffer": "\n".join(json.dumps([{"role": "assistant", "content": t}]) for t in POSITIVE).encode()}])
         page.fill("#learn-negative", "\n".join(NEGATIVE))
         page.click("#learn-go")
         real.notice().filter(has_text=f"Learning {name}: job").wait_for()
         page.wait_for_selector("#learn-job[data-status='succeeded']", timeout=240_000)
         jobs = httpx.get(real.base + "/api/vectors/jobs").json()["data"]
         assert jobs[0]["name"] == name and jobs[0]["status"] == "succeeded"
+        learned = httpx.get(f"{real.base}/api/vectors/{name}").json()
+        assert learned["examples"] == {"positive": len(POSITIVE), "negative": len(NEGATIVE)}
+        assert learned["source"]["files"] == ["joy.jsonl"]
         assert page.locator("#learn-job").text_content().startswith(f"{jobs[0]['id']} {name}: succeeded")
         listed = row(page, "#vectors-table", name)
         listed.wait_for()

@@ -5,6 +5,7 @@ short examples: the mechanics, not the figure). Every refused body leaves nothin
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -182,6 +183,29 @@ def test_learning_from_texts_is_a_job_whose_set_is_listed_and_steers(server, set
     assert name not in listed(server) and not (settings.home / "vectors" / name).exists()
 
 
+def test_uploaded_files_are_read_as_the_cli_reads_a_file_and_learn_the_same_vector(server, settings):
+    """The console's file pickers send each file's text; the set equals the one learned from the same texts."""
+    chats = "\n".join(json.dumps({"messages": [{"role": "user", "content": "Say it."},
+                                              {"role": "assistant", "content": t}]}) for t in POSITIVE[:2])
+    files = {"positive_file": {"name": "rain.jsonl", "text": chats + "\n\n" + "\n".join(POSITIVE[2:])},
+             "negative_file": {"name": "other.txt", "text": "\n".join(NEGATIVE)}}
+    try:
+        for name, sides in (("apifiles", files), ("apitexts", {"positive": POSITIVE, "negative": NEGATIVE})):
+            r = call(server, "POST", "/api/vectors/learn", json={"name": name, "layer": LAYER, **sides})
+            assert r.status_code == 202, r.text
+            assert wait_job(server, r.json()["id"])["status"] == "succeeded"
+        import torch
+
+        from millm.vectors.catalog import vector_set
+
+        files_set, texts_set = (vector_set(service(settings), n)[1] for n in ("apifiles", "apitexts"))
+        assert files_set.examples == {"positive": 4, "negative": 4} and files_set.sha256 == texts_set.sha256
+        assert torch.equal(files_set.vectors, texts_set.vectors)
+        assert files_set.source == {"given": "POST /api/vectors/learn", "files": ["rain.jsonl", "other.txt"]}
+    finally:
+        cleanup(server, "apifiles", "apitexts")
+
+
 def test_learning_from_concepts_writes_examples_with_the_model(server):
     name = "apiconcept"
     try:
@@ -241,6 +265,12 @@ BAD_BODIES = [
     ({"concepts": ["rain"], "tokens": 1000}, "tokens", "invalid_parameter"),
     ({"concepts": ["rain"], "seed": -1}, "seed", "invalid_parameter"),
     ({"concepts": []}, "concepts", "invalid_parameter"),
+    ({"positive_file": {"name": "p.txt", "text": " \n"}, "negative": NEGATIVE}, "positive_file", "invalid_parameter"),
+    ({"positive_file": {"name": "p.jsonl", "text": '{"x": 1}'}, "negative": NEGATIVE}, "positive_file",
+     "invalid_parameter"),
+    ({"positive_file": {"name": "p.txt"}, "negative": NEGATIVE}, "positive_file.text", "invalid_parameter"),
+    ({"positive": POSITIVE, "negative": NEGATIVE, "negative_file": {"name": "n.txt", "text": "x"}}, "negative_file",
+     "invalid_parameter"),
 ]
 
 

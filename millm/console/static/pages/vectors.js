@@ -1,11 +1,12 @@
 // Vectors: stored steering-vector sets (attach at a layer, detach, export as a llama.cpp control vector,
-// delete), learning a set from concept words or example texts as a background job whose progress the page
+// delete), learning a set from concept words, example texts or example files (picked here, read by the server
+// as `millm vectors learn` reads one) as a background job whose progress the page
 // follows, and importing a set or control-vector file by path. Attached sets steer from the Steering page.
 
 import { del, get, headers, post, read, seg } from "../api.js";
 import { field, fill, h, section, table } from "../dom.js";
+import { failure, follow } from "../jobs.js";
 
-const FOLLOW_MS = 500;
 const JOBS_SHOWN = 5;
 
 function lines(text) {
@@ -26,9 +27,14 @@ export function layerOf(text) {
 function progressText(job) {
   const p = job.progress;
   const shown = typeof p === "number" ? `${Math.round(p * 100)}%` : p === null || p === undefined ? "" : String(p);
-  const e = job.error && typeof job.error === "object" ? job.error.error || job.error : null;
-  const error = e ? ` — ${e.code || "error"}: ${e.message || ""}` : job.error ? ` — ${job.error}` : "";
-  return `${job.id} ${job.name}: ${job.status}${shown ? ` (${shown})` : ""}${error}`;
+  const error = failure(job);
+  return `${job.id} ${job.name}: ${job.status}${shown ? ` (${shown})` : ""}${error ? ` — ${error}` : ""}`;
+}
+
+/** A picked file as the learn route takes it ({name, text}); the server reads it as the CLI reads a file. */
+async function upload(input) {
+  const file = input.files && input.files[0];
+  return file ? { name: file.name, text: await file.text() } : null;
 }
 
 async function exportSet(name) {
@@ -53,9 +59,11 @@ export async function render(root, ctx) {
   const concepts = h("input", { id: "learn-concepts", placeholder: "ocean, sea", size: 30 });
   const positive = h("textarea", { id: "learn-positive", rows: 3, cols: 40, placeholder: "one text per line" });
   const negative = h("textarea", { id: "learn-negative", rows: 3, cols: 40, placeholder: "one text per line" });
+  const positiveFile = h("input", { id: "learn-positive-file", type: "file", accept: ".txt,.jsonl,text/plain" });
+  const negativeFile = h("input", { id: "learn-negative-file", type: "file", accept: ".txt,.jsonl,text/plain" });
   const importPath = h("input", { id: "vector-path", placeholder: "/path/to/set folder or control.gguf", size: 36 });
   const importName = h("input", { id: "vector-import-name", placeholder: "name" });
-  let timer = null;
+  let stopFollowing = () => {};
 
   async function refresh() {
     const [{ data }, recent] = await Promise.all([get("/api/vectors"), get("/api/vectors/jobs")]);
@@ -83,39 +91,29 @@ export async function render(root, ctx) {
     await refresh().catch(ctx.fail);
   }
 
-  function follow(id) {
-    clearInterval(timer);
-    timer = setInterval(async () => {
-      try {
-        const now = await get(`/api/vectors/jobs/${seg(id)}`);
-        job.textContent = progressText(now);
-        job.dataset.status = now.status;
-        if (!["queued", "running"].includes(now.status)) {
-          clearInterval(timer);
-          await refresh();
-        }
-      } catch (err) {
-        clearInterval(timer);
-        ctx.fail(err);
-      }
-    }, FOLLOW_MS);
-  }
-
   async function learn() {
     const body = { name: name.value.trim(), method: method.value };
     const at = layerOf(layer.value);
     if (at !== undefined) body.layer = at;
     if (concepts.value.trim()) body.concepts = concepts.value.split(",").map((c) => c.trim()).filter(Boolean);
     else {
-      body.positive = lines(positive.value);
-      body.negative = lines(negative.value);
+      for (const [side, texts, file] of [["positive", positive, positiveFile], ["negative", negative, negativeFile]]) {
+        const picked = await upload(file);
+        if (picked) body[`${side}_file`] = picked;
+        else body[side] = lines(texts.value);
+      }
     }
     const started = await ctx.attempt(() => post("/api/vectors/learn", body),
       (j) => `Learning ${j.name}: job ${j.id}.`);
     if (started) {
       job.textContent = progressText(started);
       job.dataset.status = started.status;
-      follow(started.id);
+      stopFollowing();
+      stopFollowing = follow(`/api/vectors/jobs/${seg(started.id)}`, {
+        show: (now) => { job.textContent = progressText(now); job.dataset.status = now.status; },
+        ended: () => refresh(),
+        fail: ctx.fail,
+      });
     }
   }
 
@@ -126,6 +124,7 @@ export async function render(root, ctx) {
         field("name", name), field("layer", layer), field("method", method),
         field("concepts (the model writes examples)", concepts),
         field("or positive texts", positive), field("and negative texts", negative),
+        field("or a positive file (lines or JSONL chats)", positiveFile), field("and a negative file", negativeFile),
         h("button", { type: "submit", id: "learn-go" }, "Learn")),
       job, h("h3", null, "Recent jobs"), jobs),
     section("Import",
@@ -136,5 +135,5 @@ export async function render(root, ctx) {
       } }, field("path", importPath), field("name", importName),
       h("button", { type: "submit", id: "vector-import" }, "Import"))));
   await refresh();
-  return () => clearInterval(timer);
+  return () => stopFollowing();
 }
