@@ -213,6 +213,27 @@ def read_labels_json(folder: str | Path) -> dict[int, str]:
         raise InvalidParameter(f"{path}: labels must map feature index to label ({exc}).", param="labels") from None
 
 
+def _unrecorded_note(name: str, index: int, has_rows: bool) -> str:
+    """Why a card holds only its label: the SAE has no ``features.jsonl`` (``has_rows`` false), or the feature never
+    fired on its labelling set."""
+    if not has_rows:
+        return (f"{name} has no {FEATURES_FILE}: only its label is known; firing rate, examples and promoted "
+                "tokens are not recorded.")
+    return f"Feature {index} never fired on {name}'s labelling set: nothing else is recorded about it."
+
+
+def _recorded_card(name: str, index: int, d_sae: int, label: str, row: Mapping[str, Any]) -> FeatureCard:
+    """The card of a feature with a ``features.jsonl`` row (``label`` from the registered labels, else the row's)."""
+    return FeatureCard(
+        name, index, d_sae, label or str(row.get("label") or ""), recorded=True,
+        frequency=_float(row.get("frequency")), max_activation=_float(row.get("max_activation")),
+        top_tokens=[(str(t), float(w)) for t, w in row.get("top_tokens") or []],
+        examples=[Example(str(e.get("text", "")), float(e.get("activation", 0.0))) for e in row.get("examples") or []],
+        promotes=[str(t) for t in row.get("promotes") or []],
+        recommended_strength=_number(row.get(MEASURED_KEY)), measured=MEASURED_KEY in row,
+        concept_rate=_number(row.get(RATE_KEY)))
+
+
 def read_card(folder: str | Path, index: int, d_sae: int, *, name: str,
               labels: Mapping[int, str] | None = None) -> FeatureCard:
     """The card of feature ``index`` of the SAE in ``folder`` (``d_sae`` wide, called ``name`` in messages).
@@ -226,15 +247,5 @@ def read_card(folder: str | Path, index: int, d_sae: int, *, name: str,
     row = rows.get(index)
     label = (labels if labels is not None else read_labels_json(base)).get(index) or ""
     if row is None:
-        note = (f"{name} has no {FEATURES_FILE}: only its label is known; firing rate, examples and promoted "
-                "tokens are not recorded." if not rows else
-                f"Feature {index} never fired on {name}'s labelling set: nothing else is recorded about it.")
-        return FeatureCard(name, index, d_sae, label, note=note)
-    return FeatureCard(
-        name, index, d_sae, label or str(row.get("label") or ""), recorded=True,
-        frequency=_float(row.get("frequency")), max_activation=_float(row.get("max_activation")),
-        top_tokens=[(str(t), float(w)) for t, w in row.get("top_tokens") or []],
-        examples=[Example(str(e.get("text", "")), float(e.get("activation", 0.0))) for e in row.get("examples") or []],
-        promotes=[str(t) for t in row.get("promotes") or []],
-        recommended_strength=_number(row.get(MEASURED_KEY)), measured=MEASURED_KEY in row,
-        concept_rate=_number(row.get(RATE_KEY)))
+        return FeatureCard(name, index, d_sae, label, note=_unrecorded_note(name, index, bool(rows)))
+    return _recorded_card(name, index, d_sae, label, row)

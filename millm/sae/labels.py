@@ -138,6 +138,16 @@ def _terms(label: str) -> list[str]:
     return [t.strip().lower() for t in label.split(",") if t.strip()]
 
 
+def _closeness(terms: list[str], q: str) -> int:
+    """How closely a label's ``terms`` fit the query ``q``: 0 its first term, 1 any term, 2 a term that starts
+    with it, 3 none of these (the query is only a substring)."""
+    if terms and terms[0] == q:
+        return 0
+    if q in terms:
+        return 1
+    return 2 if any(t.startswith(q) for t in terms) else 3
+
+
 def rank(labels: Mapping[int, str], query: str, measured: Mapping[int, float] | None = None) -> list[Match]:
     """Every feature whose label contains ``query`` (case-insensitively), best first: labels with it as a
     whole word, then features measured to steer (their ``features.jsonl`` row has a ``recommended_strength``;
@@ -155,13 +165,10 @@ def rank(labels: Mapping[int, str], query: str, measured: Mapping[int, float] | 
         low = label.lower()
         if q not in low:
             continue
-        terms = _terms(label)
         is_measured = index in measured
         group = 0 if word.search(low) else 1 if is_measured else 2
-        closeness = (0 if terms and terms[0] == q else 1 if q in terms
-                     else 2 if any(t.startswith(q) for t in terms) else 3)
         rate = -measured[index] if is_measured else 1.0
-        keyed.append(((group, rate, closeness, index), Match(index, label)))
+        keyed.append(((group, rate, _closeness(_terms(label), q), index), Match(index, label)))
     return [m for _, m in sorted(keyed, key=lambda km: km[0])]
 
 

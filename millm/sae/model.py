@@ -40,16 +40,28 @@ class SAE:
     meta: dict[str, object] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        problem = self._unknown_kind() or self._missing_parameter()
+        if problem is not None:
+            raise ValueError(problem)
+
+    def _unknown_kind(self) -> str | None:
+        """What is wrong with the architecture or normalisation named, when either is not one miLLM runs."""
         if self.architecture not in ARCHITECTURES:
-            raise ValueError(f"unknown SAE architecture {self.architecture!r}")
+            return f"unknown SAE architecture {self.architecture!r}"
         if self.normalisation not in NORMALISATIONS:
-            raise ValueError(f"unknown activation normalisation {self.normalisation!r}")
+            return f"unknown activation normalisation {self.normalisation!r}"
+        return None
+
+    def _missing_parameter(self) -> str | None:
+        """What the architecture needs and lacks: jumprelu a threshold; topk and groupmax a positive k; groupmax a
+        width k divides."""
         if self.architecture == "jumprelu" and self.threshold is None:
-            raise ValueError("a jumprelu SAE needs a threshold")
+            return "a jumprelu SAE needs a threshold"
         if self.architecture in ("topk", "groupmax") and (self.k is None or self.k < 1):
-            raise ValueError(f"a {self.architecture} SAE needs a positive k")
+            return f"a {self.architecture} SAE needs a positive k"
         if self.architecture == "groupmax" and self.d_sae % (self.k or 1):
-            raise ValueError(f"groupmax needs d_sae ({self.d_sae}) divisible by k ({self.k})")
+            return f"groupmax needs d_sae ({self.d_sae}) divisible by k ({self.k})"
+        return None
 
     @property
     def d_in(self) -> int:
