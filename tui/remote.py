@@ -9,7 +9,8 @@ stream; the server stops generating at the next decode step.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
@@ -62,6 +63,61 @@ def _error(response: httpx.Response, body: bytes) -> RemoteError:
 
 def _q(part: str) -> str:
     return quote(part, safe="")
+
+
+async def sse_chunks(lines: AsyncIterator[str]) -> AsyncGenerator[dict[str, Any], None]:
+    """The JSON chunks of a streamed completion, up to ``[DONE]``; an ``error`` event raised as the server's
+    error."""
+    event_name = ""
+    async for line in lines:
+        if line.startswith("event:"):
+            event_name = line[6:].strip()
+            continue
+        if not line.startswith("data:"):
+            continue
+        payload = line[5:].strip()
+        if payload == "[DONE]":
+            return
+        chunk = json.loads(payload)
+        if event_name == "error":
+            err = chunk["error"]
+            raise RemoteError(err["message"], 200, err.get("code"), err.get("param"))
+        yield chunk
+
+
+def chunk_texts(chunk: dict[str, Any], result: ChatResult) -> list[str]:
+    """The texts a chunk's choices add, in order; its finish reason and usage go into ``result``."""
+    texts = []
+    for choice in chunk.get("choices", []):
+        text = choice.get("delta", {}).get("content")
+        if text:
+            texts.append(text)
+        if choice.get("finish_reason"):
+            result.finish = choice["finish_reason"]
+    if "usage" in chunk:
+        result.prompt_tokens = chunk["usage"]["prompt_tokens"]
+        result.completion_tokens = chunk["usage"]["completion_tokens"]
+    return texts
+
+
+def _read_headers(result: ChatResult, headers: httpx.Headers) -> None:
+    """What steered the answer, as the response's miLLM headers say."""
+    result.steering = steering_label(headers.get(STEERING_HEADER, "none"))
+    result.intensity = headers.get(INTENSITY_HEADER)
+    result.rung = rung_phrase(headers.get(RUNG_HEADER))
+
+
+def _read_readout(result: ChatResult, readout: dict[str, Any], pieces: list[str]) -> None:
+    """The answer's read-out, each token named by the piece it streamed as where pieces and tokens align."""
+    result.readout_sae = readout["sae_id"]
+    # without a stop string each generated token streams as its own piece, except a token that
+    # ends inside a character (its text comes with the next) and the end-of-turn token
+    aligned = len(pieces) >= result.completion_tokens - 1
+
+    def text_of(k: int, token_id: int) -> str:
+        return pieces[k] if aligned and 0 <= k < len(pieces) else f"#{token_id}"
+
+    result.tokens = readout_tokens(readout, result.prompt_tokens, text_of)
 
 
 class RemoteClient:
@@ -195,49 +251,19 @@ class RemoteClient:
                                         headers=self._v1_headers) as response:
                 if response.status_code >= 400:
                     raise _error(response, await response.aread())
-                headers = response.headers
-                result.steering = steering_label(headers.get(STEERING_HEADER, "none"))
-                result.intensity = headers.get(INTENSITY_HEADER)
-                result.rung = rung_phrase(headers.get(RUNG_HEADER))
-                event_name = ""
-                async for line in response.aiter_lines():
-                    if line.startswith("event:"):
-                        event_name = line[6:].strip()
-                        continue
-                    if not line.startswith("data:"):
-                        continue
-                    payload = line[5:].strip()
-                    if payload == "[DONE]":
-                        break
-                    chunk = json.loads(payload)
-                    if event_name == "error":
-                        err = chunk["error"]
-                        raise RemoteError(err["message"], 200, err.get("code"), err.get("param"))
-                    if "millm" in chunk:
-                        readout = chunk["millm"].get("sae_activations")
-                    for choice in chunk.get("choices", []):
-                        text = choice.get("delta", {}).get("content")
-                        if text:
+                _read_headers(result, response.headers)
+                async with aclosing(sse_chunks(response.aiter_lines())) as chunks:
+                    async for chunk in chunks:
+                        if "millm" in chunk:
+                            readout = chunk["millm"].get("sae_activations")
+                        for text in chunk_texts(chunk, result):
                             pieces.append(text)
                             result.text += text
                             yield Piece(text)
-                        if choice.get("finish_reason"):
-                            result.finish = choice["finish_reason"]
-                    if "usage" in chunk:
-                        result.prompt_tokens = chunk["usage"]["prompt_tokens"]
-                        result.completion_tokens = chunk["usage"]["completion_tokens"]
         except httpx.TransportError as exc:
             raise RemoteError(f"Cannot reach {self.url}: {exc}.") from None
         if readout is not None:
-            result.readout_sae = readout["sae_id"]
-            # without a stop string each generated token streams as its own piece, except a token that
-            # ends inside a character (its text comes with the next) and the end-of-turn token
-            aligned = len(pieces) >= result.completion_tokens - 1
-
-            def text_of(k: int, token_id: int) -> str:
-                return pieces[k] if aligned and 0 <= k < len(pieces) else f"#{token_id}"
-
-            result.tokens = readout_tokens(readout, result.prompt_tokens, text_of)
+            _read_readout(result, readout, pieces)
         yield Done(result)
 
     async def close(self) -> None:

@@ -142,3 +142,59 @@ def test_readout_tokens_and_steering_state():
     state = SteeringState.from_snapshot({"enabled": False, "active_profile": "p",
                                          "saes": {"s": {"layer": 4, "values": {"3": 40.0}}}}, live=False)
     assert state == SteeringState(False, "p", {"s": {3: 40.0}}, {"s": 4}, False)
+
+
+def test_the_strip_window_grows_right_then_left_while_tokens_fit():
+    from tui.widgets.activation_strip import window
+
+    assert window([3, 3, 3, 3, 3], 2, 5) == (2, 3)  # the cursor's token alone: "[abc]"
+    assert window([3, 3, 3, 3, 3], 2, 9) == (2, 4)  # one more on the right
+    assert window([3, 3, 3, 3, 3], 2, 13) == (1, 4)  # then one on the left
+    assert window([3, 3, 3, 3, 3], 4, 100) == (0, 5)  # at the end: all to the left
+    assert window([1], 0, 1) == (0, 1)  # the cursor's token is shown even where it does not fit
+
+
+def test_steered_rows_run_by_layer_then_feature():
+    from tui.widgets.steered_list import steered_rows
+
+    state = SteeringState(values={"b": {7: 1.0, 2: -3.0}, "a": {5: 2.0}, "c": {1: 4.0}}, layers={"a": 9, "b": 3})
+    assert steered_rows(state) == [("c", 1, 4.0), ("b", 2, -3.0), ("b", 7, 1.0), ("a", 5, 2.0)]
+
+
+def test_the_status_line_says_only_what_applies():
+    from tui.widgets.status_line import Status, notes, status_text
+
+    assert notes(Status(SteeringState())) == []
+    assert status_text(Status(SteeringState(values={"a": {1: 2.0}}))).plain == "steering on · 1 feature live"
+    busy = Status(SteeringState(enabled=False, active_profile="calm", live=False), "mine", "ladder", True, "generating")
+    assert status_text(busy).plain == ("steering OFF · 0 features live · active profile calm · circuit ladder · chats "
+                                       "use profile mine · a request's own steering runs now · COMPARE · generating")
+
+
+async def _collect(chunks):
+    return [chunk async for chunk in chunks]
+
+
+def test_a_streamed_answer_reads_chunk_by_chunk_up_to_done():
+    import asyncio
+    import json
+
+    from tui.client import ChatResult
+    from tui.remote import RemoteError, chunk_texts, sse_chunks
+
+    async def lines(*items):
+        for item in items:
+            yield item
+
+    first = {"choices": [{"delta": {"content": "Hi"}}]}
+    usage = {"prompt_tokens": 3, "completion_tokens": 1}
+    last = {"choices": [{"delta": {}, "finish_reason": "length"}], "usage": usage}
+    read = asyncio.run(_collect(sse_chunks(lines(": ping", f"data: {json.dumps(first)}", "",
+                                                 f"data: {json.dumps(last)}", "data: [DONE]", "data: {}"))))
+    assert read == [first, last]
+    result = ChatResult()
+    assert [chunk_texts(chunk, result) for chunk in read] == [["Hi"], []]
+    assert (result.finish, result.prompt_tokens, result.completion_tokens) == ("length", 3, 1)
+    error = {"error": {"message": "no", "code": "c", "param": "p"}}
+    with pytest.raises(RemoteError, match="no"):
+        asyncio.run(_collect(sse_chunks(lines("event: error", f"data: {json.dumps(error)}"))))

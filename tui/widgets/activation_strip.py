@@ -18,6 +18,25 @@ from tui.client import Feature, TokenFeatures
 BAR = 12
 
 
+def window(lengths: list[int], cursor: int, width: int) -> tuple[int, int]:
+    """The tokens ``[start, end)`` shown around ``cursor`` in ``width`` columns: the cursor's (bracketed, 2 more
+    columns), then one more on the right and one more on the left in turn (1 column each to part them), while
+    they fit."""
+    start, end, used = cursor, cursor + 1, lengths[cursor] + 2
+    while True:
+        grew = False
+        if end < len(lengths) and used + lengths[end] + 1 <= width:
+            used += lengths[end] + 1
+            end += 1
+            grew = True
+        if start > 0 and used + lengths[start - 1] + 1 <= width:
+            start -= 1
+            used += lengths[start] + 1
+            grew = True
+        if not grew:
+            return start, end
+
+
 class ActivationStrip(Widget, can_focus=True):
     """A strip of tokens with a cursor, and the cursor token's top features."""
 
@@ -69,20 +88,7 @@ class ActivationStrip(Widget, can_focus=True):
     def _strip(self, width: int) -> Text:
         """The tokens around the cursor, the cursor token highlighted, fitted to ``width``."""
         shown = [self._token(t.text) for t in self.tokens]
-        start, used = self.cursor, len(shown[self.cursor]) + 2
-        end = self.cursor + 1
-        while True:
-            grew = False
-            if end < len(shown) and used + len(shown[end]) + 1 <= width:
-                used += len(shown[end]) + 1
-                end += 1
-                grew = True
-            if start > 0 and used + len(shown[start - 1]) + 1 <= width:
-                start -= 1
-                used += len(shown[start]) + 1
-                grew = True
-            if not grew:
-                break
+        start, end = window([len(s) for s in shown], self.cursor, width)
         text = Text()
         for i in range(start, end):
             text.append(f" {shown[i]}" if i != self.cursor else f"[{shown[i]}]",

@@ -21,23 +21,29 @@ class Status:
     busy: str = ""
 
 
+def notes(status: Status) -> list[tuple[str, str]]:
+    """The line's parts after the live values, in order, as (text, style): each only where it applies."""
+    s = status.state
+    parts = [(bool(s.active_profile), f" · active profile {s.active_profile}", ""),
+             (bool(status.circuit), f" · circuit {status.circuit}", ""),
+             (bool(status.loaded_profile), f" · chats use profile {status.loaded_profile}", "bold"),
+             (not s.live, " · a request's own steering runs now", "yellow"),
+             (status.compare, " · COMPARE", "bold reverse"),
+             (bool(status.busy), f" · {status.busy}", "italic")]
+    return [(text, style) for shown, text, style in parts if shown]
+
+
+def status_text(status: Status) -> Text:
+    """Whether steering is on and how many features are live, then the notes."""
+    s = status.state
+    steered = sum(len(v) for v in s.values.values())
+    on = ("on", "bold green") if s.enabled else ("OFF", "bold red")
+    text = Text.assemble(("steering ", "dim"), on, (f" · {steered} feature{'s' if steered != 1 else ''} live", ""))
+    for part, style in notes(status):
+        text.append(part, style=style)
+    return text
+
+
 class StatusLine(Static):
     def show(self, status: Status) -> None:
-        s = status.state
-        steered = sum(len(v) for v in s.values.values())
-        on = ("on", "bold green") if s.enabled else ("OFF", "bold red")
-        text = Text.assemble(("steering ", "dim"), on,
-                             (f" · {steered} feature{'s' if steered != 1 else ''} live", ""))
-        if s.active_profile:
-            text.append(f" · active profile {s.active_profile}")
-        if status.circuit:
-            text.append(f" · circuit {status.circuit}")
-        if status.loaded_profile:
-            text.append(f" · chats use profile {status.loaded_profile}", style="bold")
-        if not s.live:
-            text.append(" · a request's own steering runs now", style="yellow")
-        if status.compare:
-            text.append(" · COMPARE", style="bold reverse")
-        if status.busy:
-            text.append(f" · {status.busy}", style="italic")
-        self.update(text)
+        self.update(status_text(status))

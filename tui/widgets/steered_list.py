@@ -12,6 +12,12 @@ from tui.client import Feature, SteeringState
 LABEL_WIDTH = 16
 
 
+def steered_rows(state: SteeringState) -> list[tuple[str, int, float]]:
+    """Every live value as (SAE, feature, strength), by the SAE's layer (then its id), then feature."""
+    return [(sae_id, index, strength) for sae_id in sorted(state.values, key=lambda s: (state.layers.get(s, 0), s))
+            for index, strength in sorted(state.values[sae_id].items())]
+
+
 class SteeredList(DataTable[Text]):
     """One row per steered feature: layer, index, label, strength. Enter puts it on the dial, i shows its card."""
 
@@ -62,10 +68,8 @@ class SteeredList(DataTable[Text]):
     def show(self, state: SteeringState, labels: dict[str, dict[int, str]]) -> None:
         """Rows for every non-zero value, by layer then feature; the cursor stays on its feature. When only
         strengths changed, only their cells are redrawn (a held arrow key sends many)."""
-        rows = [(sae_id, index, strength) for sae_id in sorted(state.values, key=lambda s: (state.layers.get(s, 0), s))
-                for index, strength in sorted(state.values[sae_id].items())]
-        if [(f.sae_id, f.index) for f in self.rows_shown] == [(sae, index) for sae, index, _ in rows] and \
-                all(f.label == labels.get(f.sae_id, {}).get(f.index, "") for f in self.rows_shown):
+        rows = steered_rows(state)
+        if self._shows(rows, labels):
             for sae_id, index, strength in rows:
                 self.update_cell(f"{sae_id}:{index}", "strength", self._strength(strength))
             return
@@ -80,9 +84,18 @@ class SteeredList(DataTable[Text]):
                          Text(label or "-", overflow="ellipsis", no_wrap=True), self._strength(strength),
                          key=f"{sae_id}:{index}")
         if keep is not None:
-            for row, feature in enumerate(self.rows_shown):
-                if (feature.sae_id, feature.index) == (keep.sae_id, keep.index):
-                    self.move_cursor(row=row)
+            self._move_to(keep)
+
+    def _shows(self, rows: list[tuple[str, int, float]], labels: dict[str, dict[int, str]]) -> bool:
+        """Whether the table shows these rows' features, in this order, with these labels."""
+        return [(f.sae_id, f.index) for f in self.rows_shown] == [(sae, index) for sae, index, _ in rows] and \
+            all(f.label == labels.get(f.sae_id, {}).get(f.index, "") for f in self.rows_shown)
+
+    def _move_to(self, feature: Feature) -> None:
+        """The cursor onto ``feature``'s row, where it has one."""
+        for row, shown in enumerate(self.rows_shown):
+            if (shown.sae_id, shown.index) == (feature.sae_id, feature.index):
+                self.move_cursor(row=row)
 
     def current(self) -> Feature | None:
         row = self.cursor_row
