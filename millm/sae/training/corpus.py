@@ -98,21 +98,33 @@ Answerer = Callable[[list[str], int, int], list[str]]
 with ``GENERATION`` (``millm.research.answers`` makes one from an engine)."""
 
 
+def _prompts_for(documents: int, seed: int) -> tuple[list[str], int]:
+    """The first ``documents`` prompts for ``seed``, and how many each topic gets a round: a round covers every
+    topic in every genre; one round is cut to ``documents`` spread over the topics."""
+    rounds = -(-documents // (len(TOPICS) * len(GENRES)))
+    per_topic = -(-documents // len(TOPICS)) if rounds == 1 else len(GENRES)
+    prompts = [p for r in range(rounds) for p in corpus_prompts(seed + r, per_topic)]
+    return prompts[:documents], per_topic
+
+
+def _cached_documents(path: Path, documents: int, batch_size: int) -> list[str]:
+    """The documents ``path`` caches; while fewer than ``documents``, whole batches only (a batch the last run
+    stopped inside is generated again from its start, with its own seed)."""
+    done = [json.loads(line)["text"] for line in path.read_text().splitlines()] if path.is_file() else []
+    return done[:len(done) - len(done) % batch_size] if len(done) < documents else done
+
+
 def generated_corpus(answer: Answerer, tokenizer: Any, cache_dir: Path, model_id: str, *, documents: int, seed: int,
                      max_new_tokens: int = 96, batch_size: int = 64,
                      on_batch: Callable[[int, int], None] | None = None) -> list[str]:
     """``documents`` generated documents for ``seed`` (cached; generation resumes from the cache): each prompt
     answered by ``answer`` and rendered with its answer as one conversation."""
-    rounds = -(-documents // (len(TOPICS) * len(GENRES)))
-    per_topic = -(-documents // len(TOPICS)) if rounds == 1 else len(GENRES)
-    prompts = [p for r in range(rounds) for p in corpus_prompts(seed + r, per_topic)]
-    prompts = prompts[:documents]
+    prompts, per_topic = _prompts_for(documents, seed)
     settings = [model_id, seed, per_topic, max_new_tokens, batch_size, GENERATION]
     key = hashlib.sha256(json.dumps(settings).encode()).hexdigest()
     path = cache_dir / "sae-corpus" / f"{model_id.replace('/', '--')}-{key[:12]}.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
-    done = [json.loads(line)["text"] for line in path.read_text().splitlines()] if path.is_file() else []
-    done = done[:len(done) - len(done) % batch_size] if len(done) < documents else done
+    done = _cached_documents(path, documents, batch_size)
     if len(done) < documents:
         with path.open("w") as f:
             for text in done:
@@ -133,26 +145,38 @@ def generated_corpus(answer: Answerer, tokenizer: Any, cache_dir: Path, model_id
 _SKIPPED_PARTS = {"test", "tests", "idlelib", "lib2to3", "turtledemo", "site-packages", "dist-packages", "__pycache__"}
 
 
+def _is_prose(text: str | None, min_chars: int) -> bool:
+    """Whether a docstring reads as prose: at least ``min_chars``, >= 90% letters and spaces, no ``>>>``
+    examples."""
+    if not text or len(text) < min_chars or ">>>" in text:
+        return False
+    return sum(c.isalpha() or c.isspace() for c in text) >= 0.9 * len(text)
+
+
+def _docstrings(path: Path, min_chars: int) -> list[str]:
+    """The prose docstrings (``_is_prose``) of the module at ``path``, its classes and functions; none when it
+    does not parse."""
+    import ast
+
+    try:
+        tree = ast.parse(path.read_text(errors="replace"))
+    except (SyntaxError, ValueError):
+        return []
+    documented = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    texts = (ast.get_docstring(node) for node in ast.walk(tree) if isinstance(node, documented))
+    return [text for text in texts if text is not None and _is_prose(text, min_chars)]
+
+
 def python_documentation(min_chars: int = 300) -> list[str]:
     """Prose from the running Python's documentation: reference topics, then stdlib docstrings of at
     least ``min_chars`` that are >= 90% letters and spaces and hold no interactive examples."""
-    import ast
     import sysconfig
     from pydoc_data.topics import topics
 
     docs = [topics[name] for name in sorted(topics)]
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     for path in sorted(p for p in stdlib.rglob("*.py") if not _SKIPPED_PARTS & set(p.relative_to(stdlib).parts)):
-        try:
-            tree = ast.parse(path.read_text(errors="replace"))
-        except (SyntaxError, ValueError):
-            continue
-        for node in ast.walk(tree):
-            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-                text = ast.get_docstring(node)
-                if text and len(text) >= min_chars and ">>>" not in text \
-                        and sum(c.isalpha() or c.isspace() for c in text) >= 0.9 * len(text):
-                    docs.append(text)
+        docs += _docstrings(path, min_chars)
     return docs
 
 
