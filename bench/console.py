@@ -1,9 +1,9 @@
 """The console's cost (issue 50): the static payload it ships, its first load on loopback, and decode speed with
-the monitor page open and polling against closed. Optionally writes the docs' screenshots.
+the monitor page open and following its pushed statistics against closed. (The docs' screenshots are taken by
+the browser tests: tests/console/test_screens.py.)
 
-    python bench/console.py                              # payload and first load (scripted engine, median of 9)
-    python bench/console.py --decode                     # + decode tokens/s, monitor page open vs closed (real model)
-    python bench/console.py --screenshots docs/console   # the docs' screenshots, on the real model
+    python bench/console.py            # payload and first load (scripted engine, median of 9)
+    python bench/console.py --decode   # + decode tokens/s, monitor page open vs closed (real model)
 
 The browser is Debian's chromium driven by Playwright. First load is from navigation to the page having drawn
 (its first section in place), in a fresh browser context each run (nothing cached), the server already up.
@@ -65,7 +65,8 @@ def decode_rate(base: str, requests: int, tokens: int) -> float:
 
 
 def decode_ratio(browser: Any, base: str, rounds: int, requests: int, tokens: int) -> tuple[float, float]:
-    """Median tokens/s with the monitor page open (polling once a second) and closed, alternating, same server."""
+    """Median tokens/s with the monitor page open (its event stream pushing after every request) and closed,
+    alternating, same server."""
     httpx.post(f"{base}/api/saes/{SAE}/attach", json={}).raise_for_status()
     httpx.put(base + "/api/monitoring", json={"enabled": True, "sae": SAE, "features": [MUSIC, 17, 1604]})
     opened, closed = [], []
@@ -82,50 +83,6 @@ def decode_ratio(browser: Any, base: str, rounds: int, requests: int, tokens: in
         httpx.put(base + "/api/monitoring", json={"enabled": False})
         httpx.post(f"{base}/api/saes/{SAE}/detach")
     return statistics.median(opened), statistics.median(closed)
-
-
-def populate(base: str) -> dict[str, Any]:
-    """Give the pages something to show: L10 attached, music steered, a vector set learned, monitoring on with a
-    few requests run, the example documents imported. Returns what to do on pages before their picture."""
-    examples = Path(__file__).resolve().parents[1] / "profiles"
-    for sae in (SAE, "smollm2-135m-res-L20"):
-        httpx.post(f"{base}/api/saes/{sae}/attach", json={}).raise_for_status()
-    httpx.put(base + "/api/steering", json={"sae": SAE, "values": {str(MUSIC): 40, "1604": 12}}).raise_for_status()
-    httpx.post(base + "/api/profiles", json={"name": "music-40", "description": "music at 40 on L10",
-                                             "from_current": True})
-    for kind, name in (("cluster", "weather-cluster"), ("circuit", "weather-circuit")):
-        httpx.post(f"{base}/api/{kind}s/import?overwrite=true", content=(examples / f"{name}.json").read_bytes(),
-                   headers={"Content-Type": "application/json"})
-    learn = httpx.post(base + "/api/vectors/learn", json={
-        "name": "joy", "layer": 6,
-        "positive": ["I am so happy today!", "What a joyful surprise.", "We laughed all night."],
-        "negative": ["I am so sad today.", "What a miserable shock.", "We cried all night."]})
-    learn.raise_for_status()
-    while httpx.get(f"{base}/api/vectors/jobs/{learn.json()['id']}").json()["status"] in ("queued", "running"):
-        time.sleep(0.5)
-    httpx.put(base + "/api/monitoring", json={"enabled": True, "sae": SAE, "features": [MUSIC, 1604, 17, 3892, 5]})
-    for prompt in ("Tell me about your day.", "What is your favourite song?", "Describe the weather."):
-        httpx.post(base + "/v1/chat/completions", timeout=300, json={
-            "model": "SmolLM2-135M-Instruct", "max_tokens": 12, "temperature": 0,
-            "messages": [{"role": "user", "content": prompt}]}).raise_for_status()
-
-    def search(page: Any) -> None:
-        page.select_option("#search-sae", SAE)
-        page.fill("#search-q", "music")
-        page.click("#search-go")
-        page.wait_for_selector("#search-table")
-        page.wait_for_function("() => !document.querySelector('#search-table').textContent.includes('…')")
-        page.locator(f"#search-table tr:has(td:text-is('{MUSIC}')) button[data-action='card']").click()
-        page.wait_for_selector("#feature-card")
-
-    def chat(page: Any) -> None:
-        page.fill("#pg-temperature", "0")
-        page.fill("#pg-max-tokens", "24")
-        page.fill("#prompt", "Tell me about your day.")
-        page.click("#pg-send")
-        page.wait_for_selector(".msg.assistant[data-state^='done']", timeout=120_000)
-
-    return {"saes": search, "playground": chat}
 
 
 def real_server() -> Any:
@@ -150,11 +107,9 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=9, help="first loads measured (median printed)")
     parser.add_argument("--decode", action="store_true", help="decode with the monitor page open vs closed")
     parser.add_argument("--rounds", type=int, default=3, help="alternating open/closed rounds for --decode")
-    parser.add_argument("--screenshots", type=Path, help="write one PNG per page here (real model)")
     args = parser.parse_args()
     from playwright.sync_api import sync_playwright
 
-    from tests.console.screens import take
     from tests.support.app import make
     from tests.support.fakes import FakeEngine
     from tests.support.live import live_server
@@ -168,15 +123,11 @@ def main() -> None:
             loads = first_load(browser, base, args.runs)
         print(f"first load on loopback (scripted engine): median {statistics.median(loads) * 1000:.0f} ms over "
               f"{len(loads)} runs (min {min(loads) * 1000:.0f}, max {max(loads) * 1000:.0f})")
-        if args.decode or args.screenshots:
+        if args.decode:
             with real_server() as base:
-                if args.decode:
-                    opened, closed = decode_ratio(browser, base, args.rounds, requests=3, tokens=48)
-                    print(f"decode, monitor page open: {opened:.1f} tok/s; closed: {closed:.1f} tok/s; "
-                          f"ratio {opened / closed:.3f}x (median of {args.rounds} alternating rounds)")
-                if args.screenshots:
-                    taken = take(browser, base, args.screenshots, before=populate(base))
-                    print(f"wrote {len(taken)} screenshots to {args.screenshots}")
+                opened, closed = decode_ratio(browser, base, args.rounds, requests=3, tokens=48)
+                print(f"decode, monitor page open: {opened:.1f} tok/s; closed: {closed:.1f} tok/s; "
+                      f"ratio {opened / closed:.3f}x (median of {args.rounds} alternating rounds)")
         browser.close()
 
 

@@ -29,6 +29,11 @@ if TYPE_CHECKING:
     from millm.engine.transformers_engine import TransformersEngine
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--console-shots", type=Path, default=None,
+                     help="write the console's screenshots (one PNG per page, real model) here: docs/console")
+
+
 @pytest.fixture(scope="session")
 def settings() -> Settings:
     get_settings.cache_clear()
