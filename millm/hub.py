@@ -203,20 +203,33 @@ def _part_path(local: Path, etag: str) -> Path:
     return local.with_name(f".{local.name}.{hashlib.sha256(etag.encode()).hexdigest()[:16]}.part")
 
 
+def _part_bytes(part: Path, size: int | None) -> int:
+    """How many bytes ``part`` holds toward a file of ``size``: 0 when there is no part, or when it holds more
+    than the file has (a part from another version: removed)."""
+    have = part.stat().st_size if part.exists() else 0
+    if size is not None and have > size:
+        part.unlink()
+        return 0
+    return have
+
+
+def _show(progress: Progress | None, task: TaskID | None, label: str, size: int | None, have: int) -> TaskID | None:
+    """The file's progress bar at ``have`` bytes: added on the first attempt, moved on the next ones."""
+    if progress is None:
+        return task
+    if task is None:
+        return progress.add_task(label, total=size, completed=have)
+    progress.update(task, completed=have)
+    return task
+
+
 def _fetch(url: str, headers: dict[str, str], size: int | None, part: Path, label: str,
            progress: Progress | None) -> None:
     """Bring ``part`` up to ``size`` bytes from ``url``, resuming from what it holds; retried on dropped connections."""
     task: TaskID | None = None
     for attempt in range(RETRIES + 1):
-        have = part.stat().st_size if part.exists() else 0
-        if size is not None and have > size:
-            part.unlink()
-            have = 0
-        if progress is not None:
-            if task is None:
-                task = progress.add_task(label, total=size, completed=have)
-            else:
-                progress.update(task, completed=have)
+        have = _part_bytes(part, size)
+        task = _show(progress, task, label, size, have)
         if size is not None and have == size:
             return
         try:
@@ -267,6 +280,23 @@ def _download(repo: str, commit: str, file: str, local: Path, endpoint: str, kno
     return etag
 
 
+def _targets(spec: PullSpec, files: list[str], models: Path,
+             model_id: str | None) -> tuple[Path, dict[str, Path], ModelEntry]:
+    """Where ``spec`` lands under ``models``: the destination (a checkpoint folder, or one GGUF file, named by
+    ``model_id`` when given), each repo file's local path, and the model entry it will be."""
+    if spec.quant is None:
+        dest = models / _plain_name(model_id or spec.repo.split("/")[-1])
+        targets = {f: dest / f for f in checkpoint_files(spec.repo, files)}
+        return dest, targets, ModelEntry(id=dest.name, engine="transformers", source="path", path=dest.resolve())
+    file, quant = pick_gguf(spec.repo, spec.quant, files)
+    dest = models / (f"{_plain_name(model_id)}.{quant}.gguf" if model_id else PurePosixPath(file).name)
+    entry = gguf_entry(dest, "path")
+    if entry is None:
+        raise InvalidParameter(f"'{dest.name}' does not read as <name>.<QUANT>.gguf; pass --id to name it.",
+                               param="id")
+    return dest, {file: dest}, entry
+
+
 def pull(spec: PullSpec, settings: Settings, *, model_id: str | None = None, revision: str | None = None,
          progress: Progress | None = None) -> PullResult:
     """Pull ``spec`` into ``settings.models_dir``: resumable, a no-op when nothing changed on the Hub."""
@@ -276,22 +306,8 @@ def pull(spec: PullSpec, settings: Settings, *, model_id: str | None = None, rev
     with _hub_errors(spec, revision, endpoint):
         info = HfApi(endpoint=endpoint).model_info(spec.repo, revision=revision)
     commit = info.sha or ""
-    files = [s.rfilename for s in info.siblings or []]
     models = settings.models_dir
-    if spec.quant is None:
-        wanted = checkpoint_files(spec.repo, files)
-        dest = models / _plain_name(model_id or spec.repo.split("/")[-1])
-        targets = {f: dest / f for f in wanted}
-        entry = ModelEntry(id=dest.name, engine="transformers", source="path", path=dest.resolve())  # once there
-    else:
-        file, quant = pick_gguf(spec.repo, spec.quant, files)
-        dest = models / (f"{_plain_name(model_id)}.{quant}.gguf" if model_id else PurePosixPath(file).name)
-        targets = {file: dest}
-        tagged = gguf_entry(dest, "path")
-        if tagged is None:
-            raise InvalidParameter(f"'{dest.name}' does not read as <name>.<QUANT>.gguf; pass --id to name it.",
-                                   param="id")
-        entry = tagged
+    dest, targets, entry = _targets(spec, [s.rfilename for s in info.siblings or []], models, model_id)
     _check_free(entry, settings)
     ledger = _read_ledger(settings)
     claim = ledger.get(dest.name, {})

@@ -235,24 +235,47 @@ def unregister(model_id: str, settings: Settings) -> bool:
     return True
 
 
+def _bundled_entries() -> list[ModelEntry]:
+    """The bundled model, when its GGUF is here: as a transformers id, then as its GGUF ``repo:QUANT`` id."""
+    gguf = bundled_gguf()
+    if gguf is None:
+        return []
+    entries = [ModelEntry(id=BUNDLED_ID, engine="transformers", source="bundled", path=gguf,
+                          quantization="Q4_1", repo_id=BUNDLED_REPO)]
+    if (tagged := gguf_entry(gguf, "bundled")) is not None:
+        entries.append(ModelEntry(**{**asdict(tagged), "repo_id": BUNDLED_REPO}))
+    return entries
+
+
+def _models_dir_entries(models_dir: Path) -> list[ModelEntry]:
+    """The checkpoint folders and ``<name>.<QUANT>.gguf`` files in ``models_dir``, by name (none when it is not a
+    folder)."""
+    if not models_dir.is_dir():
+        return []
+    entries = []
+    for p in sorted(models_dir.iterdir()):
+        if _is_checkpoint(p):
+            entries.append(_from_directory(p))
+        elif p.suffix == ".gguf" and (entry := gguf_entry(p, "path")) is not None:
+            entries.append(entry)
+    return entries
+
+
 def list_models(settings: Settings) -> list[ModelEntry]:
     """Every model on this machine, bundled first: transformers ids, then GGUF ``repo:QUANT`` ids."""
-    entries = []
-    gguf = bundled_gguf()
-    if gguf is not None:
-        entries.append(ModelEntry(id=BUNDLED_ID, engine="transformers", source="bundled", path=gguf,
-                                  quantization="Q4_1", repo_id=BUNDLED_REPO))
-        if (tagged := gguf_entry(gguf, "bundled")) is not None:
-            entries.append(ModelEntry(**{**asdict(tagged), "repo_id": BUNDLED_REPO}))
-    if settings.models_dir.is_dir():
-        for p in sorted(settings.models_dir.iterdir()):
-            if _is_checkpoint(p):
-                entries.append(_from_directory(p))
-            elif p.suffix == ".gguf" and (entry := gguf_entry(p, "path")) is not None:
-                entries.append(entry)
+    entries = _bundled_entries() + _models_dir_entries(settings.models_dir)
     seen = {e.id for e in entries}
     entries += [e for e in registered(settings) if e.id not in seen]
     return entries + _hf_cache_models()
+
+
+def _only_quantization(model: str, entries: list[ModelEntry]) -> ModelEntry | None:
+    """The GGUF entry of repo ``model`` when it has exactly one quantization here; None when it has none; a 400
+    naming the quantizations when it has several."""
+    quants = [e for e in entries if e.engine == "llama.cpp" and e.repo == model]
+    if len(quants) > 1:
+        raise AmbiguousModelName(model, [e.quantization or "" for e in quants])
+    return quants[0] if quants else None
 
 
 def resolve(model: str, settings: Settings, *, paths: bool = False) -> ModelEntry:
@@ -265,11 +288,8 @@ def resolve(model: str, settings: Settings, *, paths: bool = False) -> ModelEntr
     for entry in entries:
         if entry.id == model:
             return entry
-    quants = [e for e in entries if e.engine == "llama.cpp" and e.repo == model]
-    if len(quants) == 1:
-        return quants[0]
-    if quants:
-        raise AmbiguousModelName(model, [e.quantization or "" for e in quants])
+    if (quant := _only_quantization(model, entries)) is not None:
+        return quant
     if paths:
         return entry_for_path(Path(model), model_id=model if _is_checkpoint(user_path(model)) else None)
     raise ModelNotFound(model)
