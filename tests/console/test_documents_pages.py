@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -72,15 +73,21 @@ def test_save_export_reimport_and_activate_a_profile(open_console, tmp_path):
         console.clean()
 
 
+def imported(page: Any, kind: str, path: Path) -> Any:
+    """Import the document at ``path`` with the page's file picker; its row once listed."""
+    page.set_input_files(f"#{kind}-file", str(path))
+    page.click(f"#{kind}-import")
+    listed = row(page, f"#{kind}s-table", json.loads(path.read_text())["name"])
+    listed.wait_for()
+    return listed
+
+
 def test_import_a_cluster_and_turn_its_dial(open_console):
     with open_console(bundled_engine()) as console:
         base = console.base
         httpx.post(f"{base}/api/saes/{L20}/attach", json={}).raise_for_status()
         page = console.open("clusters")
-        page.set_input_files("#cluster-file", str(EXAMPLES / "weather-cluster.json"))
-        page.click("#cluster-import")
-        cluster = row(page, "#clusters-table", "weather-cluster")
-        cluster.wait_for()
+        cluster = imported(page, "cluster", EXAMPLES / "weather-cluster.json")
         document = json.loads((EXAMPLES / "weather-cluster.json").read_text())
         assert cluster.locator("td").nth(1).text_content() == "20"
         assert cluster.locator("td").nth(2).text_content() == str(len(document["members"]))
@@ -109,10 +116,7 @@ def test_import_and_activate_a_circuit(open_console):
         for sae in (L10, L20):
             httpx.post(f"{base}/api/saes/{sae}/attach", json={}).raise_for_status()
         page = console.open("circuits")
-        page.set_input_files("#circuit-file", str(EXAMPLES / "weather-circuit.json"))
-        page.click("#circuit-import")
-        circuit = row(page, "#circuits-table", "weather-circuit")
-        circuit.wait_for()
+        circuit = imported(page, "circuit", EXAMPLES / "weather-circuit.json")
         served = httpx.get(f"{base}/api/circuits/weather-circuit").json()
         assert circuit.locator("td").nth(1).text_content() == "3"
         assert circuit.locator("td").nth(2).text_content() == str(served["document"]["evidence"]["rung"])
@@ -124,11 +128,7 @@ def test_import_and_activate_a_circuit(open_console):
         httpx.delete(f"{base}/api/circuits/weather-circuit").raise_for_status()
         page.reload()
         page.locator("#circuit-list").filter(has_text="No circuit imported").wait_for()
-        exported_file = Path(download.value.path())
-        page.set_input_files("#circuit-file", str(exported_file))  # the export imports back
-        page.click("#circuit-import")
-        circuit = row(page, "#circuits-table", "weather-circuit")
-        circuit.wait_for()
+        circuit = imported(page, "circuit", Path(download.value.path()))  # the export imports back
         circuit.locator("button[data-action='activate']").click()
         row(page, "#circuits-table", "weather-circuit").locator("button[data-action='deactivate']").wait_for()
         assert httpx.get(f"{base}/api/profiles").json()["active"] == "weather-circuit"

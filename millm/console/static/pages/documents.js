@@ -83,8 +83,6 @@ async function renderProfiles(root, ctx) {
 }
 
 async function renderClusters(root, ctx) {
-  const list = h("div", { id: "cluster-list" });
-
   function dial(c) {
     const top = (doc(c).intensity_range && doc(c).intensity_range[1]) || 2;
     const shown = h("output", null, num(c.intensity, 2));
@@ -100,43 +98,39 @@ async function renderClusters(root, ctx) {
     return h("span", { class: "dial-cell" }, slider, shown);
   }
 
-  async function refresh() {
-    const { data } = await get("/api/clusters");
-    fill(list, data.length ? table(["cluster", "SAE layer", "members", "λ", "active", ""], data.map((c) => [
-      c.name, String(doc(c).sae && doc(c).sae.layer !== undefined ? doc(c).sae.layer : "–"),
-      String((doc(c).members || []).length), dial(c), c.active ? "active" : "",
-      h("span", { "data-cluster": c.name },
-        c.active ? button("deactivate", () => act(post("/api/profiles/deactivate"), "Deactivated."))
-          : button("activate", () => act(post(`/api/profiles/${seg(c.name)}/activate`), `Activated "${c.name}".`)),
-        exporter("cluster", c, ctx),
-        button("delete", () => act(del(`/api/clusters/${seg(c.name)}`), `Deleted "${c.name}".`), { class: "danger" })),
-    ]), { id: "clusters-table" }) : h("p", { class: "muted" }, "No cluster imported."));
-  }
-
-  async function act(promise, message) {
-    await ctx.attempt(() => promise, message);
-    await refresh().catch(ctx.fail);
-  }
-
-  root.append(section("Clusters", list), section("Import", importer("cluster", ctx, refresh)));
-  await refresh();
+  await renderImported(root, ctx, {
+    kind: "cluster", activate: (c) => `/api/profiles/${seg(c.name)}/activate`,
+    columns: ["cluster", "SAE layer", "members", "λ"],
+    cells: (c) => [c.name, String(doc(c).sae && doc(c).sae.layer !== undefined ? doc(c).sae.layer : "–"),
+                   String((doc(c).members || []).length), dial(c)],
+  });
 }
 
 async function renderCircuits(root, ctx) {
-  const list = h("div", { id: "circuit-list" });
+  await renderImported(root, ctx, {
+    kind: "circuit", activate: (c) => `/api/circuits/${seg(c.name)}/activate`,
+    columns: ["circuit", "members", "rung", "would serve", "why"],
+    cells: (c) => [c.name, String((doc(c).members || []).length),
+                   String(doc(c).evidence ? doc(c).evidence.rung : "–"),
+                   c.steering ? String(c.steering.mode) : "–", c.steering ? String(c.steering.reason || "") : ""],
+  });
+}
+
+/** An imported kind's page (clusters, circuits): its table with ``cells`` per row and the actions they share
+ * (activate by ``activate(row)``'s route, deactivate, export, delete), and the importer. */
+async function renderImported(root, ctx, { kind, activate, columns, cells }) {
+  const list = h("div", { id: `${kind}-list` });
 
   async function refresh() {
-    const { data } = await get("/api/circuits");
-    fill(list, data.length ? table(["circuit", "members", "rung", "would serve", "why", "active", ""], data.map((c) => [
-      c.name, String((doc(c).members || []).length), String(doc(c).evidence ? doc(c).evidence.rung : "–"),
-      c.steering ? String(c.steering.mode) : "–", c.steering ? String(c.steering.reason || "") : "",
-      c.active ? "active" : "",
-      h("span", { "data-circuit": c.name },
+    const { data } = await get(`/api/${kind}s`);
+    fill(list, data.length ? table([...columns, "active", ""], data.map((c) => [
+      ...cells(c), c.active ? "active" : "",
+      h("span", { [`data-${kind}`]: c.name },
         c.active ? button("deactivate", () => act(post("/api/profiles/deactivate"), "Deactivated."))
-          : button("activate", () => act(post(`/api/circuits/${seg(c.name)}/activate`), `Activated "${c.name}".`)),
-        exporter("circuit", c, ctx),
-        button("delete", () => act(del(`/api/circuits/${seg(c.name)}`), `Deleted "${c.name}".`), { class: "danger" })),
-    ]), { id: "circuits-table" }) : h("p", { class: "muted" }, "No circuit imported."));
+          : button("activate", () => act(post(activate(c)), `Activated "${c.name}".`)),
+        exporter(kind, c, ctx),
+        button("delete", () => act(del(`/api/${kind}s/${seg(c.name)}`), `Deleted "${c.name}".`), { class: "danger" })),
+    ]), { id: `${kind}s-table` }) : h("p", { class: "muted" }, `No ${kind} imported.`));
   }
 
   async function act(promise, message) {
@@ -144,7 +138,8 @@ async function renderCircuits(root, ctx) {
     await refresh().catch(ctx.fail);
   }
 
-  root.append(section("Circuits", list), section("Import", importer("circuit", ctx, refresh)));
+  const title = `${kind[0].toUpperCase()}${kind.slice(1)}s`;
+  root.append(section(title, list), section("Import", importer(kind, ctx, refresh)));
   await refresh();
 }
 
