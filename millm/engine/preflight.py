@@ -7,12 +7,13 @@ server without one. Everything reads file headers and memory figures; nothing lo
 from __future__ import annotations
 
 import json
+import math
 import os
 import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from millm.errors import InsufficientMemory, InvalidModelFiles, ModelLoadFailed, UnsupportedQuantization
 from millm.registry import ModelEntry
@@ -105,38 +106,46 @@ def _count(entry: ModelEntry, config: dict[str, Any], key: str) -> int | None:
     return value
 
 
-def _safetensors_params(entry: ModelEntry, file: Path) -> int:
-    """Parameters described by one safetensors file's header (422 for a header that is not the format's)."""
-    def bad(problem: str) -> InvalidModelFiles:
-        return InvalidModelFiles(f"'{entry.id}': {file.name} has a malformed safetensors header: {problem}.")
+def _malformed(entry: ModelEntry, file: Path, problem: str) -> InvalidModelFiles:
+    """The 422 for a safetensors file whose header is not the format's."""
+    return InvalidModelFiles(f"'{entry.id}': {file.name} has a malformed safetensors header: {problem}.")
 
+
+def _safetensors_header(entry: ModelEntry, file: Path) -> dict[str, Any]:
+    """A safetensors file's JSON header, its declared length checked to fit the file before it is read."""
     regular(entry, file)
     try:
         with file.open("rb") as f:
             size = int.from_bytes(f.read(8), "little")
             if not 0 < size <= min(SAFETENSORS_HEADER_MAX, file.stat().st_size - 8):
-                raise bad(f"it declares {size} header bytes in a {file.stat().st_size}-byte file")
+                raise _malformed(entry, file, f"it declares {size} header bytes in a {file.stat().st_size}-byte file")
             raw = f.read(size)
     except OSError as exc:
         raise ModelLoadFailed(f"'{entry.id}': {file} cannot be read: {exc.strerror}.") from None
     try:
         header = json.loads(raw)
     except ValueError as exc:
-        raise bad(f"not JSON ({exc})") from None
+        raise _malformed(entry, file, f"not JSON ({exc})") from None
     if not isinstance(header, dict):
-        raise bad("not a JSON object")
+        raise _malformed(entry, file, "not a JSON object")
+    return header
+
+
+def _is_shape(shape: object) -> TypeGuard[list[int]]:
+    """Whether a header's ``shape`` is a list of non-negative integers (not booleans)."""
+    return isinstance(shape, list) and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
+
+
+def _safetensors_params(entry: ModelEntry, file: Path) -> int:
+    """Parameters described by one safetensors file's header (422 for a header that is not the format's)."""
     params = 0
-    for name, info in header.items():
+    for name, info in _safetensors_header(entry, file).items():
         if name == "__metadata__":
             continue
         shape = info.get("shape") if isinstance(info, dict) else None
-        if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
-                                                  for d in shape):
-            raise bad(f"tensor {name!r} has no shape of non-negative integers")
-        n = 1
-        for dim in shape:
-            n *= dim
-        params += n
+        if not _is_shape(shape):
+            raise _malformed(entry, file, f"tensor {name!r} has no shape of non-negative integers")
+        params += math.prod(shape)
     return params
 
 
@@ -160,6 +169,21 @@ def _checkpoint_shape(entry: ModelEntry) -> tuple[int, dict[str, Any]]:
     return params, fields
 
 
+def _quantized_bits(quantization: dict[str, Any]) -> Any:
+    """The bits a ``quantization_config`` gives each weight (4 for bitsandbytes' ``load_in_4bit``), None when it
+    does not say."""
+    if quantization.get("load_in_4bit"):
+        return 4
+    return quantization.get("bits") or quantization.get("nbits") or quantization.get("w_bit")
+
+
+def _can_run(method: str) -> bool:
+    """Whether this install runs checkpoints quantised with ``method``: a method transformers knows, whose package
+    (when it needs one) is installed."""
+    package = CHECKPOINT_METHODS.get(method, "")
+    return package != "" and (package is None or _installed(package))
+
+
 def check_quantization(entry: ModelEntry, quantization: dict[str, Any] | None) -> None:
     """unsupported_quantization (400) for what the entry's engine cannot run."""
     if entry.engine == "llama.cpp":
@@ -169,13 +193,10 @@ def check_quantization(entry: ModelEntry, quantization: dict[str, Any] | None) -
     if not quantization:
         return
     method = str(quantization.get("quant_method", "unknown"))
-    bits = quantization.get("bits") or quantization.get("nbits") or quantization.get("w_bit")
-    if quantization.get("load_in_4bit"):
-        bits = 4
+    bits = _quantized_bits(quantization)
     if isinstance(bits, int) and bits < MIN_CHECKPOINT_BITS:
         raise UnsupportedQuantization(f"'{entry.id}' is quantised to {bits} bits ({method}); {ENGINES_TAKE}.")
-    package = CHECKPOINT_METHODS.get(method, "")
-    if package == "" or (package is not None and not _installed(package)):
+    if not _can_run(method):
         raise UnsupportedQuantization(f"'{entry.id}' is quantised with {method}, which this install cannot run; "
                                       f"{ENGINES_TAKE}.")
 
@@ -184,6 +205,15 @@ def _installed(package: str) -> bool:
     import importlib.util
 
     return importlib.util.find_spec(package) is not None
+
+
+def _kv_bytes(fields: dict[str, Any], per_value: int) -> int:
+    """The KV reserve: keys and values of every layer for ``KV_RESERVE_TOKENS`` (or the context, when shorter),
+    ``per_value`` bytes each; fields a model does not give count as one head, or nothing."""
+    layers, width = fields.get("block_count") or 0, fields.get("embedding_length") or 0
+    heads, kv_heads = fields.get("attention.head_count") or 1, fields.get("attention.head_count_kv") or 1
+    tokens = min(fields.get("context_length") or KV_RESERVE_TOKENS, KV_RESERVE_TOKENS)
+    return 2 * layers * tokens * (width // heads) * kv_heads * per_value
 
 
 def footprint(entry: ModelEntry, dtype_bytes: int) -> Footprint:
@@ -197,11 +227,7 @@ def footprint(entry: ModelEntry, dtype_bytes: int) -> Footprint:
     check_quantization(entry, None if entry.engine == "llama.cpp" else fields.get("quantization"))
     llama = entry.engine == "llama.cpp"
     weights = entry.path.stat().st_size if llama else params * dtype_bytes
-    layers, width = fields.get("block_count") or 0, fields.get("embedding_length") or 0
-    heads, kv_heads = fields.get("attention.head_count") or 1, fields.get("attention.head_count_kv") or 1
-    tokens = min(fields.get("context_length") or KV_RESERVE_TOKENS, KV_RESERVE_TOKENS)
-    kv = 2 * layers * tokens * (width // heads) * kv_heads * (LLAMA_KV_BYTES if llama else dtype_bytes)
-    return Footprint(weights, kv)
+    return Footprint(weights, _kv_bytes(fields, LLAMA_KV_BYTES if llama else dtype_bytes))
 
 
 def weights_on_disk(entry: ModelEntry, dtype_bytes: int) -> int:
