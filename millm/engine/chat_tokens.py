@@ -76,6 +76,17 @@ def restore(text: str, marks: Mapping[str, str]) -> str:
     return text
 
 
+def _trimmed(text: str, after: Piece | None, before: ControlToken | None) -> str:
+    """Text between control tokens as the tokeniser reads it: without the whitespace the token ``after`` which it
+    comes swallows on its right (``rstrip``), nor what the token ``before`` which it stands swallows on its left
+    (``lstrip``)."""
+    if isinstance(after, ControlToken) and after.rstrip:
+        text = text.lstrip()
+    if before is not None and before.lstrip:
+        text = text.rstrip()
+    return text
+
+
 def pieces(rendered: str, control: ControlTokens, marks: Mapping[str, str]) -> list[Piece]:
     """The rendered prompt cut at its control tokens; text between them with placeholders restored and the
     whitespace a neighbouring token swallows removed, as the tokeniser would."""
@@ -85,19 +96,11 @@ def pieces(rendered: str, control: ControlTokens, marks: Mapping[str, str]) -> l
     start = 0
     for match in control.pattern.finditer(rendered):
         token = control.tokens[match.group(0)]
-        text = rendered[start:match.start()]
-        if out and isinstance(out[-1], ControlToken) and out[-1].rstrip:
-            text = text.lstrip()
-        if token.lstrip:
-            text = text.rstrip()
-        if text:
+        if text := _trimmed(rendered[start:match.start()], out[-1] if out else None, token):
             out.append(restore(text, marks))
         out.append(token)
         start = match.end()
-    tail = rendered[start:]
-    if out and isinstance(out[-1], ControlToken) and out[-1].rstrip:
-        tail = tail.lstrip()
-    if tail:
+    if tail := _trimmed(rendered[start:], out[-1] if out else None, None):
         out.append(restore(tail, marks))
     return out
 

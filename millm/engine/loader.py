@@ -110,6 +110,36 @@ def load_weights(entry: ModelEntry, settings: Settings, dtype: torch.dtype) -> t
     return model, tokenizer
 
 
+def _forward_order(model: Any) -> list[str]:
+    """The model's top modules in forward order: the embeddings, each decoder layer, then the rest (the final
+    norm); the head is not among them."""
+    base = model.base_model_prefix
+    inner = getattr(model, base)
+    names = [f"{base}.{name}" for name, _ in inner.named_children() if name != "layers"]
+    return names[:1] + [f"{base}.layers.{i}" for i in range(len(inner.layers))] + names[1:]
+
+
+def _fill_cards(names: list[str], sizes: dict[str, int], room: dict[int, int], free: dict[int, int]) -> dict[str, int]:
+    """Each of ``names`` on a card, in order, filling one card's ``room`` before the next; a 503 naming every
+    card's ``free`` memory when they run out."""
+    plan: dict[str, int] = {}
+    cards = iter(sorted(room))
+    card = next(cards)
+    left = room[card]
+    for name in names:
+        need = sizes.get(name, 0)
+        while need > left:
+            card = next(cards, -1)
+            if card < 0:
+                figures = ", ".join(f"cuda:{c}: {b / 2**30:.2f} GiB free" for c, b in free.items())
+                raise InsufficientMemory(f"The model ({sizes[''] / 2**30:.2f} GiB) does not fit across the "
+                                         f"cards: {figures}.")
+            left = room[card]
+        plan[name] = card
+        left -= need
+    return plan
+
+
 def placement(model: Any, free: dict[int, int], reserve: int = 0) -> dict[str, int] | None:
     """A device map over CUDA cards when no single card holds ``model``, else None.
 
@@ -124,26 +154,9 @@ def placement(model: Any, free: dict[int, int], reserve: int = 0) -> dict[str, i
     room = {card: size - reserve for card, size in free.items()}
     if not room or max(room.values()) >= sizes[""]:
         return None
-    base = model.base_model_prefix
-    inner = getattr(model, base)
-    names = [f"{base}.{name}" for name, _ in inner.named_children() if name != "layers"]
-    ordered = names[:1] + [f"{base}.layers.{i}" for i in range(len(inner.layers))] + names[1:]
+    ordered = _forward_order(model)
     tied = bool(getattr(model.config, "tie_word_embeddings", False))
-    plan: dict[str, int] = {}
-    cards = iter(sorted(room))
-    card = next(cards)
-    left = room[card]
-    for name in ordered + ([] if tied else ["lm_head"]):
-        need = sizes.get(name, 0)
-        while need > left:
-            card = next(cards, -1)
-            if card < 0:
-                figures = ", ".join(f"cuda:{c}: {b / 2**30:.2f} GiB free" for c, b in free.items())
-                raise InsufficientMemory(f"The model ({sizes[''] / 2**30:.2f} GiB) does not fit across the "
-                                         f"cards: {figures}.")
-            left = room[card]
-        plan[name] = card
-        left -= need
+    plan = _fill_cards(ordered + ([] if tied else ["lm_head"]), sizes, room, free)
     if tied:
         plan["lm_head"] = plan[ordered[0]]
     return plan

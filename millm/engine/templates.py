@@ -64,32 +64,45 @@ def _call_markup(call: dict[str, Any]) -> str:
     return call_text(call["function"]["name"], text)
 
 
-def generic_messages(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
-    """Tools, calls and results as plain turns for a template without tool support: the tools in the system
-    message, each call in the history as the markup the model is constrained to write, and tool results as a
-    user turn of ``<tool_response>`` blocks (consecutive results in one turn)."""
+def _add_result(out: list[dict[str, Any]], content: str) -> None:
+    """A tool result as a ``<tool_response>`` block: joined to the user turn of results just before it, else a new
+    user turn of results."""
+    block = TOOL_RESPONSE.format(content=content)
+    if out and out[-1].get("tool_results"):
+        out[-1] = {**out[-1], "content": out[-1]["content"] + "\n" + block}
+    else:
+        out.append({"role": "user", "content": block, "tool_results": True})
+
+
+def _plain_turns(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The conversation as role and content alone: each assistant call as its markup after the content, tool
+    results as user turns of ``<tool_response>`` blocks."""
     out: list[dict[str, Any]] = []
     for m in messages:
         role, content = m["role"], m.get("content") or ""
         if role == "assistant" and m.get("tool_calls"):
-            calls = "\n".join(_call_markup(c) for c in m["tool_calls"])
-            out.append({"role": "assistant", "content": content + calls})
+            out.append({"role": "assistant", "content": content + "\n".join(_call_markup(c) for c in m["tool_calls"])})
         elif role in ("tool", "function"):
-            block = TOOL_RESPONSE.format(content=content)
-            if out and out[-1].get("tool_results"):
-                out[-1] = {**out[-1], "content": out[-1]["content"] + "\n" + block}
-            else:
-                out.append({"role": "user", "content": block, "tool_results": True})
+            _add_result(out, content)
         else:
             out.append({"role": role, "content": content})
-    out = [{"role": m["role"], "content": m["content"]} for m in out]
-    if tools:
-        listing = TOOLS_SYSTEM.format(tools="\n".join(json.dumps(t) for t in tools))
-        if out and out[0]["role"] == "system":
-            out[0] = {"role": "system", "content": out[0]["content"] + "\n\n" + listing}
-        else:
-            out.insert(0, {"role": "system", "content": listing})
-    return out
+    return [{"role": m["role"], "content": m["content"]} for m in out]
+
+
+def _with_tool_listing(turns: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``turns`` with the tools listed in the system message: after the conversation's own, else in a new one."""
+    listing = TOOLS_SYSTEM.format(tools="\n".join(json.dumps(t) for t in tools))
+    if turns and turns[0]["role"] == "system":
+        return [{"role": "system", "content": turns[0]["content"] + "\n\n" + listing}, *turns[1:]]
+    return [{"role": "system", "content": listing}, *turns]
+
+
+def generic_messages(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    """Tools, calls and results as plain turns for a template without tool support: the tools in the system
+    message, each call in the history as the markup the model is constrained to write, and tool results as a
+    user turn of ``<tool_response>`` blocks (consecutive results in one turn)."""
+    turns = _plain_turns(messages)
+    return _with_tool_listing(turns, tools) if tools else turns
 
 
 def _apply(tokenizer: Any, messages: list[dict[str, Any]], add_generation_prompt: bool,
