@@ -257,6 +257,42 @@ def _stream(params: SamplingParams, stream: bool) -> bool:
     return stream
 
 
+def _check_readout(readout: ReadoutAsk | None, rows: int) -> None:
+    """When the request asks for a readout, the ``rows`` it would read are within the bound."""
+    if readout is not None:
+        check_readout_rows(rows)
+
+
+def _conversations(wire: ChatCompletionRequest, engine: str) -> list[list[dict[str, Any]]]:
+    """``messages`` and each of ``extra_messages``, checked (tool calls and results too) and shaped for the
+    engine's templates."""
+    conversations = [template_messages(check_tool_history(check_messages(wire.messages)), engine)]
+    conversations += [template_messages(check_tool_history(check_messages(c, f"extra_messages[{k}]"),
+                                                           f"extra_messages[{k}]"), engine)
+                      for k, c in enumerate(wire.extra_messages or [])]
+    return conversations
+
+
+def _chat_scoring(body: Any, model: str, ignored: list[str], conversations: list[list[dict[str, Any]]],
+                  kwargs: dict[str, Any], readout: ReadoutAsk | None) -> Built:
+    """A chat scoring request: one row a conversation, scored one at a time."""
+    _check_scoring(body)
+    scoring_params = chat_scoring_params(body)
+    names = ["messages"] + [f"extra_messages[{k}]" for k in range(len(conversations) - 1)]
+    rows = [ScoreRow(ChatPrompt(m, kwargs), scoring_params, where) for m, where in zip(conversations, names)]
+    _check_readout(readout, len(rows))
+    return Built("chat", model, ignored, score=ScoreRequest(rows, one_at_a_time=True, readout=readout),
+                 seed=_scoring_seed(body))
+
+
+def _with_tools(kwargs: dict[str, Any], constraint: Constraint | None) -> dict[str, Any]:
+    """The template's variables, with the tools a tool constraint lets the model call (the model is told of
+    them)."""
+    if isinstance(constraint, ToolConstraint):
+        return {**kwargs, TOOLS_KWARG: constraint.prompt_tools()}
+    return kwargs
+
+
 def build_chat(body: Any, engine_of: EngineOf, strict: bool = False, limits: Limits | None = None) -> Built:
     """A chat completion, a chat scoring request, or a refusal."""
     wire = parse(ChatCompletionRequest, body)
@@ -265,36 +301,44 @@ def build_chat(body: Any, engine_of: EngineOf, strict: bool = False, limits: Lim
     engine = engine_of(wire.model)
     scoring = engine == "transformers" and is_chat_scoring(body)
     ignored = decide_fields("chat", engine, body, strict, scoring, limits)
-    conversations = [template_messages(check_tool_history(check_messages(wire.messages)), engine)]
-    conversations += [template_messages(check_tool_history(check_messages(c, f"extra_messages[{k}]"),
-                                                           f"extra_messages[{k}]"), engine)
-                      for k, c in enumerate(wire.extra_messages or [])]
+    conversations = _conversations(wire, engine)
     kwargs = check_template_kwargs(wire.chat_template_kwargs or {})
     readout = readout_ask(wire.return_sae_activations)
     if scoring:
-        _check_scoring(body)
-        scoring_params = chat_scoring_params(body)
-        names = ["messages"] + [f"extra_messages[{k}]" for k in range(len(conversations) - 1)]
-        rows = [ScoreRow(ChatPrompt(m, kwargs), scoring_params, where) for m, where in zip(conversations, names)]
-        if readout is not None:
-            check_readout_rows(len(rows))
-        return Built("chat", wire.model, ignored, score=ScoreRequest(rows, one_at_a_time=True, readout=readout),
-                     seed=_scoring_seed(body))
+        return _chat_scoring(body, wire.model, ignored, conversations, kwargs, readout)
     params = sampling_params(body)
     stream = _stream(params, bool(wire.stream))
     constraint = constraint_for(body, params, limits.undeclared)
     intensity = parse_intensity(body.get("steering_intensity"))
     check_rows("extra_messages", len(conversations), params.n, limits)
-    if readout is not None:
-        check_readout_rows(len(conversations) * params.n)
-    if isinstance(constraint, ToolConstraint):  # the model is told of the tools it may call
-        kwargs = {**kwargs, TOOLS_KWARG: constraint.prompt_tools()}
+    _check_readout(readout, len(conversations) * params.n)
+    kwargs = _with_tools(kwargs, constraint)
     generation = GenerationRequest([ChatPrompt(m, kwargs) for m in conversations], params,
                                    readout=readout, constraint=constraint)
     return Built("chat", wire.model, ignored, stream, [generation], profile=wire.profile, intensity=intensity,
                  scope=parse_scope(wire.steering_scope), seed=params.seed,
                  seed_scope="batch-shape" if len(conversations) > 1 else "request",
                  include_usage=not stream or include_usage(body))
+
+
+def _completion_scoring(body: Any, model: str, ignored: list[str], prompts: list[TextPrompt | TokenPrompt],
+                        readout: ReadoutAsk | None) -> Built:
+    """A completion scoring request: one row a prompt (``echo`` scores the prompt's own tokens)."""
+    echo = _bool(body, "echo", False)
+    _check_scoring(body, echo)
+    scoring_params = completion_scoring_params(body)
+    rows = [ScoreRow(p, scoring_params, p.where) for p in prompts]
+    _check_readout(readout, len(rows))
+    return Built("completions", model, ignored, score=ScoreRequest(rows, readout=readout),
+                 seed=_scoring_seed(body), prompt_texts=[p.text if isinstance(p, TextPrompt) else None
+                                                         for p in prompts])
+
+
+def _check_texts(prompts: list[TextPrompt | TokenPrompt]) -> None:
+    """Each text prompt's characters, as generation takes them."""
+    for prompt in prompts:
+        if isinstance(prompt, TextPrompt):
+            check_prompt_text(prompt.where, prompt.text)
 
 
 def build_completion(body: Any, engine_of: EngineOf, strict: bool = False, limits: Limits | None = None) -> Built:
@@ -310,22 +354,11 @@ def build_completion(body: Any, engine_of: EngineOf, strict: bool = False, limit
     check_prompt_tokens("prompt", sum(len(p.ids) for p in prompts if isinstance(p, TokenPrompt)), limits)
     readout = readout_ask(wire.return_sae_activations)
     if scoring:
-        echo = _bool(body, "echo", False)
-        _check_scoring(body, echo)
-        scoring_params = completion_scoring_params(body)
-        rows = [ScoreRow(p, scoring_params, p.where) for p in prompts]
-        if readout is not None:
-            check_readout_rows(len(rows))
-        return Built("completions", wire.model, ignored, score=ScoreRequest(rows, readout=readout),
-                     seed=_scoring_seed(body), prompt_texts=[p.text if isinstance(p, TextPrompt) else None
-                                                             for p in prompts])
-    for prompt in prompts:
-        if isinstance(prompt, TextPrompt):
-            check_prompt_text(prompt.where, prompt.text)
+        return _completion_scoring(body, wire.model, ignored, prompts, readout)
+    _check_texts(prompts)
     sampling = sampling_params(body)
     check_rows("prompt", len(prompts), sampling.n, limits)
-    if readout is not None:
-        check_readout_rows(len(prompts) * sampling.n)
+    _check_readout(readout, len(prompts) * sampling.n)
     generations = [GenerationRequest([p], sampling, readout=readout) for p in prompts]
     stream = _stream(sampling, bool(wire.stream))
     return Built("completions", wire.model, ignored, stream, generations, scope=parse_scope(wire.steering_scope),
@@ -352,19 +385,30 @@ def _tokens(ids: list[int], where: str) -> TokenPrompt:
     return TokenPrompt(tuple(ids), where)
 
 
+def _encoding(value: str | None) -> str:
+    """``encoding_format``: float (the default) or base64."""
+    encoding = value or "float"
+    if encoding not in ENCODINGS:
+        raise InvalidParameter(f"'encoding_format' must be float or base64, got {encoding!r}.",
+                               param="encoding_format")
+    return encoding
+
+
+def _embedding_inputs(raw: Any) -> list[Any]:
+    """``input`` as a list of inputs: a string or one list of token ids is one input; never an empty list."""
+    inputs: list[Any] = [raw] if isinstance(raw, str) or (raw and all(isinstance(t, int) for t in raw)) else list(raw)
+    if not inputs:
+        raise InvalidParameter("'input' is an empty list.", param="input")
+    return inputs
+
+
 def build_embedding(body: Any, engine_of: EngineOf, strict: bool = False, limits: Limits | None = None) -> Built:
     """Embeddings of a string, a list of strings, token ids or a list of token-id lists."""
     wire = parse(EmbeddingRequest, body)
     engine_of(wire.model)
     ignored = decide_fields("embeddings", "transformers", body, strict, False)
-    encoding = wire.encoding_format or "float"
-    if encoding not in ENCODINGS:
-        raise InvalidParameter(f"'encoding_format' must be float or base64, got {encoding!r}.",
-                               param="encoding_format")
-    raw = wire.input
-    inputs: list[Any] = [raw] if isinstance(raw, str) or (raw and all(isinstance(t, int) for t in raw)) else list(raw)
-    if not inputs:
-        raise InvalidParameter("'input' is an empty list.", param="input")
+    encoding = _encoding(wire.encoding_format)
+    inputs = _embedding_inputs(wire.input)
     limits = limits or Limits.of()
     check_embedding_inputs(len(inputs), limits)
     check_prompt_tokens("input", sum(len(i) for i in inputs if isinstance(i, list)), limits)

@@ -44,27 +44,42 @@ def is_utf8(text: str) -> bool:
     return True
 
 
+KeyPath = list[str | int]  # where a value sits in the body: its keys and indices from the top
+
+
+def _check_scalar(node: Any, path: KeyPath) -> None:
+    """A string encodable as UTF-8, a float finite; any other scalar passes."""
+    if isinstance(node, str) and not is_utf8(node):
+        raise _refuse("holds a lone UTF-16 surrogate (\\ud800-\\udfff), which is not text", path)
+    if isinstance(node, float) and not math.isfinite(node):
+        raise _refuse(f"is {node!r}, which JSON does not allow", path)
+
+
+def _children(node: dict[Any, Any] | list[Any], path: KeyPath, max_depth: int) -> list[tuple[Any, KeyPath]]:
+    """An object's or array's values with their paths, in order; the container itself within ``max_depth`` and
+    every key encodable as UTF-8."""
+    if len(path) >= max_depth:
+        raise _refuse(f"nests deeper than {max_depth} levels", path)
+    items = node.items() if isinstance(node, dict) else enumerate(node)
+    children: list[tuple[Any, KeyPath]] = []
+    for key, child in items:
+        if isinstance(key, str) and not is_utf8(key):
+            raise _refuse(f"has a key holding a lone UTF-16 surrogate ('{_printable(key)}')", path)
+        children.append((child, [*path, key]))
+    return children
+
+
 def check_value(value: Any, max_depth: int = MAX_DEPTH) -> None:
     """Every string and key encodable as UTF-8, every number finite, nesting at most ``max_depth``.
 
     Iterative, so a value nested past Python's recursion limit is refused rather than crashing the walk."""
-    stack: list[tuple[Any, list[str | int]]] = [(value, [])]
+    stack: list[tuple[Any, KeyPath]] = [(value, [])]
     while stack:
         node, path = stack.pop()
-        if isinstance(node, str):
-            if not is_utf8(node):
-                raise _refuse("holds a lone UTF-16 surrogate (\\ud800-\\udfff), which is not text", path)
-        elif isinstance(node, float):
-            if not math.isfinite(node):
-                raise _refuse(f"is {node!r}, which JSON does not allow", path)
-        elif isinstance(node, (dict, list)):
-            if len(path) >= max_depth:
-                raise _refuse(f"nests deeper than {max_depth} levels", path)
-            items = node.items() if isinstance(node, dict) else enumerate(node)
-            for key, child in items:
-                if isinstance(key, str) and not is_utf8(key):
-                    raise _refuse(f"has a key holding a lone UTF-16 surrogate ('{_printable(key)}')", path)
-                stack.append((child, [*path, key]))
+        if isinstance(node, (dict, list)):
+            stack += _children(node, path, max_depth)
+        else:
+            _check_scalar(node, path)
 
 
 def decode(raw: bytes) -> Any:
