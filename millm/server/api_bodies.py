@@ -16,7 +16,7 @@ under another id than the client meant. An object schema is open only where it s
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
@@ -24,6 +24,9 @@ from millm.errors import InvalidParameter, UnusedFieldsRefused
 from millm.steering.documents import CircuitDoc, ClusterDoc
 from millm.steering.profiles import ProfileDoc
 from millm.structured.schema import closed
+
+if TYPE_CHECKING:
+    from jsonschema.exceptions import ValidationError
 
 STRING = {"type": "string"}
 OPTIONAL_STRING = {"type": ["string", "null"]}
@@ -180,6 +183,17 @@ def refuse_unknown(schema: dict[str, Any], body: Any) -> None:
                               f"use rather than ignoring them.{takes}", param=unknown[0])
 
 
+def _type_refusal(error: ValidationError) -> InvalidParameter:
+    """The 400 for the best schema error in a body: a missing field named as required, any other error naming
+    the field (or the body) and saying what is wrong."""
+    path = [str(p) for p in error.absolute_path]
+    if error.validator == "required" and isinstance(error.instance, dict):
+        path.append(next(str(k) for k in error.validator_value if k not in error.instance))
+        return InvalidParameter(f"'{'.'.join(path)}' is required.", param=".".join(path))
+    where = ".".join(path)
+    return InvalidParameter(f"'{where or 'body'}': {error.message}.", param=where or None)
+
+
 def check(endpoint: str | None, body: Any) -> None:
     """Hold ``body`` to the schema written here for ``endpoint``: a field it does not name is a 400 naming
     every such field, then a wrong type a 400 naming the field; a body with a model of its own has its types
@@ -193,11 +207,5 @@ def check(endpoint: str | None, body: Any) -> None:
     import jsonschema
 
     error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema).iter_errors(body))
-    if error is None:
-        return
-    path = [str(p) for p in error.absolute_path]
-    if error.validator == "required" and isinstance(error.instance, dict):
-        path.append(next(str(k) for k in error.validator_value if k not in error.instance))
-        raise InvalidParameter(f"'{'.'.join(path)}' is required.", param=".".join(path))
-    where = ".".join(path)
-    raise InvalidParameter(f"'{where or 'body'}': {error.message}.", param=where or None)
+    if error is not None:
+        raise _type_refusal(error)

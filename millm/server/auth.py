@@ -56,15 +56,15 @@ def require_api_key(settings: Settings, authorization: str) -> None:
         raise Unauthorized("A valid API key is required: send 'Authorization: Bearer <MILLM_API_KEY>'.")
 
 
-def require_management(settings: Settings, method: str, authorization: str, loopback: bool) -> None:
-    """/api: reads need the API key when one is set; mutations the admin key, else the API key, else a
-    loopback bind (401 for a missing or wrong key, 403 for a keyless server bound beyond loopback)."""
-    api_key, admin_key = settings.api_key, settings.admin_key
-    if method in READ_METHODS:
-        if api_key and not any(k and bearer_matches(authorization, k) for k in (api_key, admin_key)):
-            raise Unauthorized("Reading the management API needs 'Authorization: Bearer <MILLM_API_KEY>' "
-                               "(or the admin key).")
-        return
+def _require_reader(api_key: str | None, admin_key: str | None, authorization: str) -> None:
+    """A read: the API key or the admin key when an API key is set; anyone otherwise."""
+    if api_key and not any(k and bearer_matches(authorization, k) for k in (api_key, admin_key)):
+        raise Unauthorized("Reading the management API needs 'Authorization: Bearer <MILLM_API_KEY>' "
+                           "(or the admin key).")
+
+
+def _require_changer(api_key: str | None, admin_key: str | None, authorization: str, loopback: bool) -> None:
+    """A mutation: the admin key when one is set, else the API key when one is set, else a loopback bind."""
     if admin_key:
         if not bearer_matches(authorization, admin_key):
             raise Unauthorized("Management changes need 'Authorization: Bearer <MILLM_ADMIN_KEY>'.")
@@ -78,6 +78,15 @@ def require_management(settings: Settings, method: str, authorization: str, loop
         raise ManagementForbidden("Management changes are refused: this server is bound beyond loopback and no "
                                   "key is set. Set MILLM_ADMIN_KEY (or MILLM_API_KEY) and send it as "
                                   "'Authorization: Bearer <key>', or bind 127.0.0.1.")
+
+
+def require_management(settings: Settings, method: str, authorization: str, loopback: bool) -> None:
+    """/api: reads need the API key when one is set; mutations the admin key, else the API key, else a
+    loopback bind (401 for a missing or wrong key, 403 for a keyless server bound beyond loopback)."""
+    if method in READ_METHODS:
+        _require_reader(settings.api_key, settings.admin_key, authorization)
+    else:
+        _require_changer(settings.api_key, settings.admin_key, authorization, loopback)
 
 
 async def guard_management() -> None:

@@ -24,6 +24,25 @@ ERROR = {"type": "object", "properties": {"error": {"type": "object", "propertie
     "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}}}
 
 
+def _operation(endpoint: str, doc: str | None, method: str, params: list[dict[str, Any]],
+               schemas: dict[str, Any]) -> dict[str, Any]:
+    """One route's operation for ``method``: its summary (the view's docstring ``doc``), id, responses, path
+    parameters and, for a method that sends one, its request body (its schema added to ``schemas``)."""
+    op: dict[str, Any] = {
+        "summary": summary(doc) or endpoint,
+        "operationId": f"{endpoint}_{method.lower()}",
+        "responses": {"200": {"description": "OK"}, "default": {"description": "Error", "content": {
+            "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}},
+    }
+    if params:
+        op["parameters"] = params
+    body = REQUEST_BODIES.get(endpoint)
+    if body is not None and method in ("POST", "PUT", "PATCH"):
+        op["requestBody"] = {"required": True, "content": {"application/json": {
+            "schema": {"$ref": f"#/components/schemas/{_component(body, endpoint, schemas)}"}}}}
+    return op
+
+
 def build(app: Quart) -> dict[str, Any]:
     """An OpenAPI 3.1 document for every route the app serves."""
     paths: dict[str, dict[str, Any]] = {}
@@ -36,19 +55,8 @@ def build(app: Quart) -> dict[str, Any]:
         params = [{"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
                   for name in re.findall(r"{([^}]+)}", path)]
         for method in sorted((rule.methods or set()) - {"HEAD", "OPTIONS"}):
-            op: dict[str, Any] = {
-                "summary": summary(view.__doc__) or rule.endpoint,
-                "operationId": f"{rule.endpoint}_{method.lower()}",
-                "responses": {"200": {"description": "OK"}, "default": {"description": "Error", "content": {
-                    "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}},
-            }
-            if params:
-                op["parameters"] = params
-            body = REQUEST_BODIES.get(rule.endpoint)
-            if body is not None and method in ("POST", "PUT", "PATCH"):
-                op["requestBody"] = {"required": True, "content": {"application/json": {
-                    "schema": {"$ref": f"#/components/schemas/{_component(body, rule.endpoint, schemas)}"}}}}
-            paths.setdefault(path, {})[method.lower()] = op
+            paths.setdefault(path, {})[method.lower()] = _operation(rule.endpoint, view.__doc__, method, params,
+                                                                    schemas)
     return {"openapi": "3.1.0", "info": {"title": "miLLM", "version": __version__},
             "paths": paths, "components": {"schemas": schemas}}
 
