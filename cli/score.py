@@ -19,7 +19,7 @@ from millm.paths import output_file, user_path
 
 if TYPE_CHECKING:
     from millm.engine.base import Engine
-    from millm.engine.scoring import ScoreResult, ScoreRow
+    from millm.engine.scoring import ScoreResult, ScoreRow, ScoringParams
 
 ROW_FIELDS = ("allowed_tokens", "logprobs", "temperature")
 TOKEN_ID = re.compile(r"-?[0-9]+")  # ASCII digits: str.isdigit() takes "²", which int() refuses
@@ -42,32 +42,47 @@ def allowed_ids(engine: Engine, items: list[Any]) -> list[Any]:
     return ids
 
 
-def score_row_of(engine: Engine | None, row: Any, defaults: dict[str, Any]) -> ScoreRow:
-    """One line of the input file as a scoring row, checked by the same rules as the server's requests.
-
-    Without an engine (the up-front check of the options) allowed tokens given as text are not resolved.
-    """
-    from millm.engine.params import ChatPrompt, TextPrompt
-    from millm.engine.scoring import ScoreRow
+def _row_params(engine: Engine | None, row: dict[str, Any], defaults: dict[str, Any]) -> ScoringParams:
+    """A row's scoring parameters: its own allowed tokens, logprobs and temperature, else the options'; allowed
+    tokens given as text are resolved to ids only with an engine (without one they are left out)."""
     from millm.requests.builder import completion_scoring_params
-    from millm.requests.validation import check_messages
 
-    if not isinstance(row, dict):
-        raise InvalidParameter("a line must be a JSON object.")
     merged = {**defaults, **{k: row[k] for k in ROW_FIELDS if k in row}}
     allowed = merged.get("allowed_tokens") or None
     if allowed is not None and engine is not None:
         allowed = allowed_ids(engine, allowed)
-    params = completion_scoring_params({"logprobs": merged.get("logprobs", 5), "temperature": merged.get("temperature"),
-                                        "allowed_token_ids": allowed if engine is not None else None})
-    if "messages" in row:
-        return ScoreRow(ChatPrompt(check_messages(row["messages"])), params, "messages")
+    return completion_scoring_params({"logprobs": merged.get("logprobs", 5), "temperature": merged.get("temperature"),
+                                      "allowed_token_ids": allowed if engine is not None else None})
+
+
+def _prompt_row(row: dict[str, Any], params: ScoringParams) -> ScoreRow:
+    """A row of a text ``prompt`` (and ``add_special_tokens``, true unless it says false) as a scoring row."""
+    from millm.engine.params import TextPrompt
+    from millm.engine.scoring import ScoreRow
+
     if not isinstance(row.get("prompt"), str):
         raise InvalidParameter("each line needs 'prompt' (a string) or 'messages' (a list).", param="prompt")
     special = row.get("add_special_tokens", True)
     if not isinstance(special, bool):
         raise InvalidParameter("'add_special_tokens' must be true or false.", param="add_special_tokens")
     return ScoreRow(TextPrompt(row["prompt"], special), params, "prompt")
+
+
+def score_row_of(engine: Engine | None, row: Any, defaults: dict[str, Any]) -> ScoreRow:
+    """One line of the input file as a scoring row, checked by the same rules as the server's requests.
+
+    Without an engine (the up-front check of the options) allowed tokens given as text are not resolved.
+    """
+    from millm.engine.params import ChatPrompt
+    from millm.engine.scoring import ScoreRow
+    from millm.requests.validation import check_messages
+
+    if not isinstance(row, dict):
+        raise InvalidParameter("a line must be a JSON object.")
+    params = _row_params(engine, row, defaults)
+    if "messages" in row:
+        return ScoreRow(ChatPrompt(check_messages(row["messages"])), params, "messages")
+    return _prompt_row(row, params)
 
 
 def result_line(engine: Engine, index: int, result: ScoreResult) -> dict[str, Any]:
@@ -95,6 +110,15 @@ def done_rows(output: Path) -> set[int]:
     return done
 
 
+def _read_lines(input: Path) -> list[str]:
+    """The input file's lines (UTF-8); a file that cannot be read is a refusal naming it."""
+    try:
+        return user_path(input).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidParameter(f"{input}: {getattr(exc, 'strerror', None) or 'not UTF-8 text'}.",
+                               param="input") from None
+
+
 @reports_errors
 def score(
     input: Annotated[Path, typer.Argument(help="JSONL: one {\"prompt\": ...} or {\"messages\": [...]} per line.")],
@@ -114,14 +138,15 @@ def score(
                 "logprobs": logprobs, "temperature": temperature}
     score_row_of(None, {"prompt": "-"}, defaults)  # the options obey the server's rules, checked before loading
     output = output_file(output, "output")
-    try:
-        lines = user_path(input).read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InvalidParameter(f"{input}: {getattr(exc, 'strerror', None) or 'not UTF-8 text'}.",
-                               param="input") from None
+    lines = _read_lines(input)
     if ray is not None:
         score_on_ray(lines, output, model, defaults, ray_address(ray), workers, batch_size)
         return
+    score_here(lines, output, model, defaults, batch_size)
+
+
+def score_here(lines: list[str], output: Path, model: str | None, defaults: dict[str, Any], batch_size: int) -> None:
+    """The pending rows on this machine's engine, in batches, appended to ``output`` in input order."""
     engine = engine_for(model)
     check_scorable(engine)
     done = done_rows(output)
@@ -151,29 +176,45 @@ def write_batch(engine: Engine, lines: list[str], indices: list[int], defaults: 
     sink.flush()
 
 
-def score_lines(engine: Engine, lines: dict[int, str], defaults: dict[str, Any]) -> list[str]:
-    """Output lines for one batch of input lines (by row number); a bad row gets an error line and the
-    others go on."""
+def _parsed_rows(engine: Engine, lines: dict[int, str],
+                 defaults: dict[str, Any]) -> tuple[list[tuple[int, ScoreRow]], dict[int, dict[str, Any]]]:
+    """The lines that read as scoring rows, by row number, and an error line for each that does not."""
+    ready: list[tuple[int, ScoreRow]] = []
+    errors: dict[int, dict[str, Any]] = {}
+    for i, line in lines.items():
+        try:
+            ready.append((i, score_row_of(engine, json.loads(line), defaults)))
+        except (json.JSONDecodeError, MillmError) as exc:
+            errors[i] = {"row": i, "error": getattr(exc, "message", str(exc))}
+    return ready, errors
+
+
+def _scored(engine: Engine, ready: list[tuple[int, ScoreRow]]) -> dict[int, dict[str, Any]]:
+    """Result lines for ``ready`` rows, scored as one batch; when the batch fails, one by one, so a bad row gets
+    an error line and the others their results."""
     from millm.engine.scoring import ScoreRequest
 
-    indices = list(lines)
-    results: dict[int, dict[str, Any]] = {}
-    ready: list[tuple[int, ScoreRow]] = []
-    for i in indices:
-        try:
-            ready.append((i, score_row_of(engine, json.loads(lines[i]), defaults)))
-        except (json.JSONDecodeError, MillmError) as exc:
-            results[i] = {"row": i, "error": getattr(exc, "message", str(exc))}
+    if not ready:
+        return {}
     try:
-        scored = engine.score(ScoreRequest([row for _, row in ready], batch_size=len(ready) or 1)) if ready else []
-        results |= {i: result_line(engine, i, r) for (i, _), r in zip(ready, scored)}
+        scored = engine.score(ScoreRequest([row for _, row in ready], batch_size=len(ready)))
+        return {i: result_line(engine, i, r) for (i, _), r in zip(ready, scored)}
     except MillmError:  # one bad row in the batch: score its rows one by one to isolate it
+        results: dict[int, dict[str, Any]] = {}
         for i, row in ready:
             try:
                 results[i] = result_line(engine, i, engine.score(ScoreRequest([row]))[0])
             except MillmError as exc:
                 results[i] = {"row": i, "error": exc.message}
-    return [json.dumps(results[i]) + "\n" for i in indices]
+        return results
+
+
+def score_lines(engine: Engine, lines: dict[int, str], defaults: dict[str, Any]) -> list[str]:
+    """Output lines for one batch of input lines (by row number); a bad row gets an error line and the
+    others go on."""
+    ready, results = _parsed_rows(engine, lines, defaults)
+    results |= _scored(engine, ready)
+    return [json.dumps(results[i]) + "\n" for i in lines]
 
 
 class ScoreWorker:
