@@ -20,10 +20,33 @@ from millm.vectors import EXAMPLES
 
 if TYPE_CHECKING:
     from millm.vectors.files import VectorSet
+    from millm.vectors.learn import Examples
 
 vectors_app = typer.Typer(help="Steering vectors learned from examples: learn, list, show, remove; export and "
                                "import llama.cpp control vectors.", no_args_is_help=True)
 PROMOTED = 10  # tokens `show` lists as a vector's logit lens
+
+
+def _check_sources(concept: list[str] | None, positive: Path | None, negative: Path | None) -> None:
+    """The examples come from one source: --concept words, or both --positive and --negative files."""
+    from millm.vectors.learn import check_concepts
+
+    if concept and (positive or negative):
+        raise InvalidParameter("Give --concept, or --positive and --negative, not both.", param="concept")
+    if not concept and not (positive and negative):
+        raise InvalidParameter("Give --concept WORD, or both --positive FILE and --negative FILE.", param="concept")
+    if concept:
+        check_concepts(concept, "concept")
+
+
+def _read_examples(positive: Path | None, negative: Path | None) -> Examples | None:
+    """The example files, read and checked; None when the examples are to be generated."""
+    from millm.vectors.learn import Examples, read_file
+
+    if not (positive and negative):
+        return None
+    return Examples(read_file(user_path(positive), "positive", positive),
+                    read_file(user_path(negative), "negative", negative))
 
 
 @vectors_app.command("learn")
@@ -51,16 +74,7 @@ def learn(name: Annotated[str, typer.Argument(help="The vector's name (what --st
     answers about other topics), or from example files; store each and register it as a vector set."""
     from millm.vectors import catalog
     from millm.vectors.files import set_name
-    from millm.vectors.learn import (
-        Examples,
-        check_choices,
-        check_concepts,
-        check_negatives,
-        default_layer,
-        generated,
-        parse_layers,
-        read_file,
-    )
+    from millm.vectors.learn import check_choices, check_negatives, default_layer, generated, parse_layers
     from millm.vectors.learn import learn as learn_vectors
 
     check_seed(seed)
@@ -68,16 +82,8 @@ def learn(name: Annotated[str, typer.Argument(help="The vector's name (what --st
     check_negatives(negatives)
     service = steering_service()
     catalog.check_new_name(service, name)  # before any model work
-    if concept and (positive or negative):
-        raise InvalidParameter("Give --concept, or --positive and --negative, not both.", param="concept")
-    if not concept and not (positive and negative):
-        raise InvalidParameter("Give --concept WORD, or both --positive FILE and --negative FILE.", param="concept")
-    if concept:
-        check_concepts(concept, "concept")
-    files = None
-    if positive and negative:
-        files = Examples(read_file(user_path(positive), "positive", positive),
-                         read_file(user_path(negative), "negative", negative))
+    _check_sources(concept, positive, negative)
+    files = _read_examples(positive, negative)
     engine = engine_for(model)
     n_layers = steerable(engine).steering.n_layers
     layers = parse_layers(layer, n_layers) if layer else [default_layer(n_layers)]  # before the examples
