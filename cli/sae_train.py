@@ -119,6 +119,33 @@ def heldout_line(heldout: dict[str, Any]) -> str:
             f"{heldout['dead_fraction']:.1%}")
 
 
+def _check_name(name: str | None, register: bool) -> None:
+    """``--name`` registers the SAE, so it needs registering on, and a name no SAE holds (checked before any model
+    or file work: a taken name wastes no run)."""
+    if name is None:
+        return
+    if not register:
+        raise InvalidParameter("--name registers the SAE under that name; drop --no-register or --name.",
+                               param="name")
+    _check_new_sae_name(name)
+
+
+def _output_folder(home: Path, model_id: str, layer: int, name: str | None, output: Path | None) -> Path:
+    """Where the SAE is written: ``--output``, else ``home/saes/NAME``, else ``home/saes/MODEL-L<layer>``."""
+    if output is not None:
+        return user_path(output)
+    return home / "saes" / (name or f"{model_id.replace('/', '--')}-L{layer}")
+
+
+def _register_trained(output: Path, name: str | None) -> None:
+    """Register the SAE written to ``output`` (under ``name``, when given: checked again, as another may have
+    taken it while this run trained)."""
+    if name is not None:
+        _check_new_sae_name(name, written=output)
+    record = steering_service().register_sae(output, name, sae_id=name)
+    out.print(f"registered as {record['id']}", markup=False)
+
+
 def train(
     layer: Annotated[int, typer.Option(help="Decoder layer whose output (resid_post) the SAE reads.")],
     model: Annotated[str | None, typer.Option(help="Model id (default: the bundled one).")] = None,
@@ -158,17 +185,12 @@ def train(
     from millm.sae.training import recipe
 
     check_seed(seed)
-    if name is not None:
-        if not register:
-            raise InvalidParameter("--name registers the SAE under that name; drop --no-register or --name.",
-                                   param="name")
-        _check_new_sae_name(name)  # before any model or file work: a taken name wastes no run
+    _check_name(name, register)
     settings = get_settings()
     if device is not None:
         settings = settings.model_copy(update={"device": device})
     entry = resolve(model or settings.default_model, settings)
-    default = settings.home / "saes" / (name or f"{entry.id.replace('/', '--')}-L{layer}")
-    folder = user_path(output) if output is not None else default
+    folder = _output_folder(settings.home, entry.id, layer, name, output)
     spec = recipe.RunSpec(model_id=entry.id, layer=layer, output=folder, width=width, k=k, tokens=tokens,
                           epochs=epochs, batch_size=batch_size, context=context, lr=lr, seed=seed,
                           corpus_paths=tuple(corpus or ()), generated_documents=generated_docs,
@@ -193,10 +215,7 @@ def train(
               f"live features={result.summary['live_features']}", markup=False)
     out.print(heldout_line(result.summary["heldout"]), markup=False)
     if register:
-        if name is not None:
-            _check_new_sae_name(name, written=result.output)  # taken while this run trained
-        record = steering_service().register_sae(result.output, name, sae_id=name)
-        out.print(f"registered as {record['id']}", markup=False)
+        _register_trained(result.output, name)
     out.print(f"wall time {time.monotonic() - started:.0f} s", markup=False)
 
 
