@@ -34,6 +34,10 @@ from millm.errors import InvalidParameter
 from millm.paths import output_file, user_path
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from millm.research.saving import Recommendation
+    from millm.research.screen import Screen, Screened
     from millm.research.sweep import SweepResult
     from millm.steering.service import SteeringService
     from millm.steering.target import SteeringTarget
@@ -94,6 +98,34 @@ def result_table(result: SweepResult) -> Table:
     return table
 
 
+def _print_sweep(result: SweepResult) -> None:
+    """The sweep as a table, a bar per strength, the unsteered figures and the recommended strength."""
+    from millm.research.plots import bar_lines
+
+    out.print(result_table(result))
+    for line in bar_lines(result.points, bound=result.bound):
+        out.print(line, markup=False)
+    out.print(f"unsteered: concept rate {result.unsteered_rate:.0%}, log-prob {result.unsteered_logprob:.3f} "
+              f"nats/token; concept words: {', '.join(result.words)}", markup=False)
+    recommended = result.recommended
+    out.print(f"recommended strength: {recommended:g}" if recommended is not None else
+              f"recommended strength: none (no strength mentions the concept inside the fluency bound "
+              f"-{result.bound:g})", markup=False)
+
+
+def _save_sweep(folder: Path, index: int, label: str, result: SweepResult) -> None:
+    """The sweep's recommended strength (and its concept rate) stored in the SAE's ``features.jsonl``; a sweep
+    that recommends none saves nothing and says so."""
+    from millm.research.saving import Recommendation, save_recommendations
+
+    recommended = result.recommended
+    if recommended is None:
+        raise InvalidParameter("Nothing saved: this sweep recommends no strength.", param="save")
+    point = result.point(recommended)
+    path = save_recommendations(folder, {index: Recommendation(recommended, point.rate if point else 0.0, label)})
+    err.print(f"recommended_strength {recommended:g} saved for feature {index} in {path}", markup=False)
+
+
 def sweep(
     feature: Annotated[str, typer.Argument(help="Feature index or label (as chat --steer names it).")],
     strengths: Annotated[str, typer.Option(help="Comma-separated strengths.")] = "0,20,40,60,80",
@@ -114,8 +146,8 @@ def sweep(
     """Sweep a feature over strengths: how often answers to neutral prompts mention its concept, what it costs
     in fluency (log-prob under the unsteered model, bound -1.5 nats/token), and the recommended strength."""
     from millm.research.measure import check_engine
-    from millm.research.plots import bar_lines, write_png
-    from millm.research.saving import Recommendation, save_recommendations, saveable
+    from millm.research.plots import write_png
+    from millm.research.saving import saveable
     from millm.research.sweep import parse_strengths, sweep_feature
     from millm.sae.cards import folder_of
 
@@ -139,27 +171,62 @@ def sweep(
     with err.status(f"sweeping feature {index} on {sae_id} ..."):
         result = sweep_feature(service, engine, sae_id, index, label=label, words=words,
                                strengths=values, prompts=prompts, seed=seed, tokens=tokens, layer=layer)
-    recommended = result.recommended
     if as_json:
         out.print(json.dumps(result.to_json(), indent=2), markup=False)
     else:
-        out.print(result_table(result))
-        for line in bar_lines(result.points, bound=result.bound):
-            out.print(line, markup=False)
-        out.print(f"unsteered: concept rate {result.unsteered_rate:.0%}, log-prob {result.unsteered_logprob:.3f} "
-                  f"nats/token; concept words: {', '.join(result.words)}", markup=False)
-        out.print(f"recommended strength: {recommended:g}" if recommended is not None else
-                  f"recommended strength: none (no strength mentions the concept inside the fluency bound "
-                  f"-{result.bound:g})", markup=False)
+        _print_sweep(result)
     if png is not None:
         write_png(png, result.points, result.target)
         err.print(f"plot written to {png}", markup=False)
     if save:
-        if recommended is None:
-            raise InvalidParameter("Nothing saved: this sweep recommends no strength.", param="save")
-        point = result.point(recommended)
-        path = save_recommendations(folder, {index: Recommendation(recommended, point.rate if point else 0.0, label)})
-        err.print(f"recommended_strength {recommended:g} saved for feature {index} in {path}", markup=False)
+        _save_sweep(folder, index, label, result)
+
+
+def _labels_to_screen(labels: dict[int, str], first: int | None, sae_id: str) -> dict[int, str]:
+    """The labelled features to screen: all of them, or the first ``first``; an SAE without labels is refused."""
+    if not labels:
+        raise InvalidParameter(f"{sae_id} has no feature labels to screen.", param="sae")
+    return labels if first is None else dict(list(labels.items())[:first])
+
+
+def _recommendations(batch: list[Screened]) -> dict[int, Recommendation | None]:
+    """What a swept batch stores: each feature's recommended strength and concept rate, None where it steers no
+    more (a recommendation saved before is removed)."""
+    from millm.research.saving import Recommendation
+
+    return {s.feature: None if s.recommended is None else Recommendation(s.recommended, s.rate, s.label)
+            for s in batch}
+
+
+def _screen_json(sae_id: str, found: Screen) -> str:
+    """The screen as JSON: its settings, every estimate, and each swept feature with its sweep's points."""
+    return json.dumps({
+        "sae": sae_id, "prompts": found.prompts, "tokens": found.tokens, "seed": found.seed,
+        "estimates": {str(f): round(r, 4) for f, r in found.estimates.items()},
+        "swept": [{"index": s.feature, "label": s.label, "estimate": round(s.estimate, 4),
+                   "unsteered_rate": s.baseline, "recommended_strength": s.recommended,
+                   "concept_rate": s.rate, "points": [dataclasses.asdict(p) for p in s.points]}
+                  for s in found.swept]}, indent=2)
+
+
+def _screen_table(sae_id: str, found: Screen) -> Table:
+    """The features that steer their label, with their estimates, recommended strengths and concept rates."""
+    table = Table("feature", "label", "estimated rise", "recommended", "concept rate",
+                  title=Text(f"{sae_id}: {len(found.steers)} of {len(found.swept)} swept features steer their "
+                             f"label ({len(found.estimates)} estimated; {found.prompts} prompts, {found.tokens} "
+                             f"tokens, seed {found.seed})"))
+    for s in found.steers:
+        table.add_row(str(s.feature), Text(s.label), f"{s.estimate:+.2f}", f"{s.recommended:g}", f"{s.rate:.0%}")
+    return table
+
+
+def _saved_line(found: Screen, measured: Mapping[int, float], folder: Path) -> str:
+    """What ``--save`` stored: how many features' strengths, where, and how many measured before lost theirs."""
+    from millm.sae.cards import FEATURES_FILE
+
+    lost = sum(s.recommended is None and s.feature in measured for s in found.swept)
+    cleared = f"; {lost} measured before steer no more and lost theirs" if lost else ""
+    return f"recommended strengths saved for {len(found.steers)} features in {folder / FEATURES_FILE}{cleared}"
 
 
 def screen(
@@ -185,9 +252,9 @@ def screen(
     raises the chance of mentioning its label's words, then a sampled sweep (as ``steer sweep``) of those
     the estimate picks; prints the features that steer, with their recommended strengths."""
     from millm.research.measure import check_engine
-    from millm.research.saving import Recommendation, save_recommendations, saveable
-    from millm.research.screen import Screened, screen_sae
-    from millm.sae.cards import FEATURES_FILE, folder_of
+    from millm.research.saving import save_recommendations, saveable
+    from millm.research.screen import screen_sae
+    from millm.sae.cards import folder_of
 
     check_seed(seed)
     service = steering_service()
@@ -196,11 +263,7 @@ def screen(
     sae_id = sweep_sae(service, target, sae)
     folder = folder_of(service.sae(sae_id)["path"])
     index = service.label_index(sae_id)
-    labels = index.labels
-    if not labels:
-        raise InvalidParameter(f"{sae_id} has no feature labels to screen.", param="sae")
-    if first is not None:
-        labels = dict(list(labels.items())[:first])
+    labels = _labels_to_screen(index.labels, first, sae_id)
     if save:
         saveable(folder)  # refused before the screen runs, not after
     check_engine(engine)
@@ -209,33 +272,17 @@ def screen(
             status.update(f"screening {sae_id}: {stage} {done}/{total}")
 
         def keep(batch: list[Screened]) -> None:  # each batch saved as it is swept: an interrupt keeps them
-            save_recommendations(folder, {s.feature: None if s.recommended is None else
-                                          Recommendation(s.recommended, s.rate, s.label) for s in batch})
+            save_recommendations(folder, _recommendations(batch))
 
         found = screen_sae(service, engine, sae_id, labels, prompts=prompts, tokens=tokens,
                            seed=seed, limit=limit, layer=layer, on_progress=progress,
                            on_swept=keep if save else None, skip=() if again else set(index.measured))
     if as_json:
-        out.print(json.dumps({
-            "sae": sae_id, "prompts": found.prompts, "tokens": found.tokens, "seed": found.seed,
-            "estimates": {str(f): round(r, 4) for f, r in found.estimates.items()},
-            "swept": [{"index": s.feature, "label": s.label, "estimate": round(s.estimate, 4),
-                       "unsteered_rate": s.baseline, "recommended_strength": s.recommended,
-                       "concept_rate": s.rate, "points": [dataclasses.asdict(p) for p in s.points]}
-                      for s in found.swept]}, indent=2), markup=False)
+        out.print(_screen_json(sae_id, found), markup=False)
     else:
-        table = Table("feature", "label", "estimated rise", "recommended", "concept rate",
-                      title=Text(f"{sae_id}: {len(found.steers)} of {len(found.swept)} swept features steer their "
-                                 f"label ({len(found.estimates)} estimated; {found.prompts} prompts, {found.tokens} "
-                                 f"tokens, seed {found.seed})"))
-        for s in found.steers:
-            table.add_row(str(s.feature), Text(s.label), f"{s.estimate:+.2f}", f"{s.recommended:g}", f"{s.rate:.0%}")
-        out.print(table)
+        out.print(_screen_table(sae_id, found))
     if save:
-        lost = sum(s.recommended is None and s.feature in index.measured for s in found.swept)
-        cleared = f"; {lost} measured before steer no more and lost theirs" if lost else ""
-        err.print(f"recommended strengths saved for {len(found.steers)} features in {folder / FEATURES_FILE}"
-                  f"{cleared}", markup=False)
+        err.print(_saved_line(found, index.measured, folder), markup=False)
 
 
 def register(steer_app: typer.Typer) -> None:
