@@ -36,6 +36,7 @@ from millm.steering.session import ChatSteering, chat_steering, profile_unfit
 if TYPE_CHECKING:
     from millm.engine.base import Engine
     from millm.requests.generation import Prepared
+    from millm.steering.core import Override, SteeringCore
     from millm.steering.target import SteeringTarget
 
 app = typer.Typer(help="miLLM: run a local language model, steer it by SAE features, serve it over OpenAI's API.",
@@ -136,6 +137,22 @@ def _steered_part(target: SteeringTarget, sae_id: str, features: Mapping[int, fl
     return f"on {sae_id} (L{target.steering.attachments[sae_id].layer}): {', '.join(shown)}{more}"
 
 
+def _unattached_reason(steering: SteeringCore, override: Override | None) -> str:
+    """Why nothing steered with no SAE attached: the named profile's own unfitness, when it says one, else that."""
+    from millm.steering.bases import LIVE
+
+    named = override.name if override is not None and override.name != LIVE else None
+    unfit = profile_unfit(steering_service(), steering, named) if named is not None else None
+    return unfit or "no SAE attached"
+
+
+def _live_reason(steering: SteeringCore) -> str:
+    """Why the live values steered nothing: steering is disabled while some are set, else none are."""
+    if not steering.enabled and any(a.values for a in steering.attachments.values()):
+        return "steering is disabled"
+    return "no live values on the attached SAEs"
+
+
 def why_unsteered(target: SteeringTarget, prepared: Prepared, chat: ChatSteering) -> str:
     """Why an answer whose X-miLLM-Steering is ``none`` ran unsteered."""
     from millm.steering.bases import LIVE
@@ -144,13 +161,9 @@ def why_unsteered(target: SteeringTarget, prepared: Prepared, chat: ChatSteering
     if chat.unfit is not None:
         return chat.unfit
     if not steering.attachments:
-        named = override.name if override is not None and override.name != LIVE else None
-        unfit = profile_unfit(steering_service(), steering, named) if named is not None else None
-        return unfit or "no SAE attached"
+        return _unattached_reason(steering, override)
     if override is None:
-        if not steering.enabled and any(a.values for a in steering.attachments.values()):
-            return "steering is disabled"
-        return "no live values on the attached SAEs"
+        return _live_reason(steering)
     if prepared.steer.echo is not None and float(prepared.steer.echo) == 0.0:
         return "intensity off"
     if override.name != LIVE:
