@@ -26,6 +26,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+if os.getcwd() not in sys.path:  # the tree this is run in (its millm), as PYTHONPATH would give it
+    sys.path.insert(1, os.getcwd())
 os.environ.setdefault("MILLM_HOME", tempfile.mkdtemp(prefix="millm-same-answers-"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

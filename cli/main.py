@@ -61,6 +61,7 @@ def stream_answer(engine: Engine, messages: list[dict[str, Any]], fields: dict[s
     """Print the answer as it is generated; return its full text. Prepared as the server prepares a
     request (``millm.requests.generation.prepare``: the same limits), steered as ``chat`` decided; one line on
     stderr says what steered it."""
+    from millm.engine.decode.driver import run
     from millm.engine.events import Delta, Finish
     from millm.requests.builder import build_chat
     from millm.requests.generation import prepare
@@ -72,7 +73,7 @@ def stream_answer(engine: Engine, messages: list[dict[str, Any]], fields: dict[s
     err.print(steering_line(engine, prepared, chat), markup=False)
     pieces = []
     finish = None
-    for event in engine.run_all(prepared.plans):
+    for event in run(engine, prepared.plans):  # the decode loop's driver: failures typed as the server's
         if isinstance(event, Delta):
             pieces.append(event.text)
             out.print(event.text, end="", markup=False)

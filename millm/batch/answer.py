@@ -18,7 +18,7 @@ from millm.batch.generate import Job, run_generations
 from millm.batch.lines import Answer, BatchLine
 from millm.config import Settings
 from millm.engine.base import Engine
-from millm.engine.decode.admission import BatchSettings
+from millm.engine.decode.driver import BatchSettings
 from millm.engine.events import steered_label
 from millm.errors import InvalidParameter, MillmError
 from millm.registry import ModelEntry, resolve

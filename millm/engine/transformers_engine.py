@@ -17,6 +17,7 @@ from millm.engine.base import Capabilities, StepControl, check_scoring_supported
 from millm.engine.chat_tokens import chat_ids, hf_control_tokens, hf_plain
 from millm.engine.decode.admission import BatchSettings
 from millm.engine.decode.detok import token_texts
+from millm.engine.decode.driver import drive
 from millm.engine.decode.scheduler import Job, Scheduler
 from millm.engine.events import Event
 from millm.engine.params import (
@@ -200,7 +201,7 @@ class TransformersEngine:
         The engine lock is held for each step, not between them, so another caller on this thread (a
         scoring pass between two chunks of a stream) is not locked out."""
         job = Job(plans, control or StepControl(), lambda _: None, lambda _: None, alone=True)
-        return self.scheduler().drive(job, self._lock)
+        return drive(self.scheduler(), job, self._lock)
 
     def _left_pad(self, prompt_ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor | None]:
         width = max(len(ids) for ids in prompt_ids)

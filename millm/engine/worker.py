@@ -27,9 +27,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from millm.engine.base import StepControl
 from millm.engine.busy import TimedExecutor
-from millm.engine.decode.admission import BatchSettings, fallback_reason
-from millm.engine.decode.scheduler import Job, Scheduler
-from millm.errors import InsufficientMemory, QueueFull
+from millm.engine.decode.driver import BatchSettings, Job, Loop, loop_of, route, step, typed
+from millm.errors import QueueFull
+
+__all__ = ["EngineWorker", "typed"]  # typed: millm.engine.decode.driver's, the one mapping of failures
 
 if TYPE_CHECKING:
     from millm.engine.base import Engine
@@ -45,20 +46,6 @@ class _Failure:
     exc: BaseException
 
 
-def typed(exc: BaseException) -> BaseException:
-    """An out-of-memory error from any backend becomes insufficient_memory (503), naming the device; the
-    engine stays usable (its caches live per request)."""
-    if type(exc).__name__ == "OutOfMemoryError" or "out of memory" in str(exc).lower():
-        import sys
-
-        torch = sys.modules.get("torch")
-        if torch is not None and torch.cuda.is_available():
-            torch.cuda.empty_cache()
-        return InsufficientMemory(f"The request ran out of memory: {str(exc).splitlines()[0] if str(exc) else exc!r}"
-                                  " Shorten the prompt or lower max_tokens, or retry when fewer requests run.")
-    return exc
-
-
 class EngineWorker:
     """Serialises engine calls on one thread; refuses work past ``max_queue`` queued-or-running jobs."""
 
@@ -68,7 +55,7 @@ class EngineWorker:
         self.batched = 0  # generations served by the batch
         self.batch_live = 0  # scheduler generations admitted and not yet ended (waiting or decoding)
         self.fallbacks: Counter[str] = Counter()  # generations served serially while batching, by reason
-        self._scheduler: Scheduler | None = None  # the batch with work in it, while it has some
+        self._scheduler: Loop | None = None  # the batch with work in it, while it has some
         self._ticking = False
         self._in_step = False
         self._executor = TimedExecutor(max_workers=1, thread_name_prefix="millm-engine")
@@ -271,7 +258,7 @@ class EngineWorker:
 
     # continuous batching
     @property
-    def scheduler(self) -> Scheduler | None:
+    def scheduler(self) -> Loop | None:
         """The batch currently holding rows or waiting requests (None when it is empty)."""
         return self._scheduler
 
@@ -282,12 +269,10 @@ class EngineWorker:
         if scheduler is not None and scheduler.busy and not self._in_step:
             self._step(scheduler)
 
-    def _step(self, scheduler: Scheduler) -> None:
+    def _step(self, scheduler: Loop) -> None:
         self._in_step = True
         try:
-            scheduler.step()
-        except BaseException as exc:  # outside any one row: every request in the batch gets the error
-            scheduler.fail_all(typed(exc))
+            step(scheduler)  # a failure outside any one row: every request in the batch gets the error, typed
         finally:
             self._in_step = False
 
@@ -316,22 +301,17 @@ class EngineWorker:
 
         The engine's scheduler is made on the engine thread, as a command (it allocates the shared KV slots
         and reserves the steering rows): out of memory there is insufficient_memory before any response."""
-        make_scheduler: Callable[[BatchSettings | None], Scheduler] | None = getattr(engine, "batch_scheduler", None)
-        if make_scheduler is None or not engine.capabilities.batchable:
+        alone, reason = route(engine, plans, self.batching)
+        scheduler = await self.command(loop_of, engine, self.batching) if engine.capabilities.batchable else None
+        if scheduler is None:
             return self.stream(lambda control: engine.run_all(plans, control if check is None
                                                               else control.checking(check)))
-        reason = None
-        if self.batching is not None:
-            target = engine.steering_target()
-            monitoring = target is not None and target.monitor.config.enabled
-            reason = fallback_reason(plans, self.batching, monitoring)
-        scheduler = await self.command(make_scheduler, self.batching)
-        events = self._batched(scheduler, plans, check, alone=self.batching is None or reason is not None)
+        events = self._batched(scheduler, plans, check, alone)
         if reason is not None:  # counted once admitted (a queue_full refusal is no fallback)
             self.fallbacks[reason] += 1
         return events
 
-    def _batched(self, scheduler: Scheduler, plans: list[Plan], check: Callable[[], None] | None,
+    def _batched(self, scheduler: Loop, plans: list[Plan], check: Callable[[], None] | None,
                  alone: bool) -> AsyncIterator[Event]:
         self._admit()
         control = StepControl(run_commands=self.run_commands)

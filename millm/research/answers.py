@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from millm.engine.base import Engine, StepControl
+from millm.engine.decode.driver import run
 from millm.engine.events import Delta, Finish
 from millm.engine.params import ChatPrompt, GenerationRequest, Json, SamplingParams
 from millm.steering.core import Override
@@ -40,7 +41,7 @@ def sample_answers(engine: Engine, prompts: Sequence[str], seed: int, max_tokens
     plans = [engine.prepare(chat_request(p, seed + i, max_tokens, o, system, scope)) for o in overrides
              for i, p in enumerate(prompts)]
     texts, ended = [""] * len(plans), 0
-    for event in engine.run_all(plans, control):
+    for event in run(engine, plans, control):  # the decode loop's driver: its failures typed as everywhere
         if isinstance(event, Delta):
             texts[event.index] += event.text
         elif isinstance(event, Finish):

@@ -16,14 +16,14 @@ HEAD = list(range(100, 112))  # twelve tokens every prompt starts with
 
 
 def test_a_row_copies_the_start_it_shares_with_the_first_row_steered_alike():
-    from millm.engine.decode.prefill import donors
+    from millm.engine.shared_prefix import donors
 
     prompts = [HEAD + [1, 2], HEAD + [3], HEAD + [1, 2, 4], HEAD + [5]]
     assert donors(prompts, ["a", "a", "a", "b"], least=8) == [None, (0, 12), (0, 14), None]
 
 
 def test_no_row_shares_its_last_token_a_start_too_short_or_another_steering():
-    from millm.engine.decode.prefill import donors
+    from millm.engine.shared_prefix import donors
 
     assert donors([HEAD, HEAD, HEAD + [7]], ["a"] * 3, least=8) == [None, (0, 11), (0, 12)]  # the last token is fed
     assert donors([[1, 2, 3, 9], [1, 2, 3, 8]], ["a", "a"], least=8) == [None, None]  # 3 shared tokens: too few
@@ -33,7 +33,7 @@ def test_no_row_shares_its_last_token_a_start_too_short_or_another_steering():
 
 
 def test_a_donor_never_waits_on_another_row():
-    from millm.engine.decode.prefill import donors
+    from millm.engine.shared_prefix import donors
 
     other = list(range(200, 212))
     found = donors([HEAD + [1], other + [1], HEAD + [2], other + [2], HEAD + [3]], ["a"] * 5, least=8)
@@ -42,7 +42,7 @@ def test_a_donor_never_waits_on_another_row():
 
 
 def test_the_prompt_steering_key_is_equal_where_the_prompts_kv_is():
-    from millm.engine.decode.lanes import prompt_steering
+    from millm.engine.shared_prefix import prompt_steering
     from millm.engine.params import SamplingParams
     from millm.engine.plan import Plan
     from millm.steering.target import Override

@@ -54,19 +54,27 @@ def fallback_reason(plans: list[Plan], batch: BatchSettings, monitoring: bool) -
     what cannot fit the batch: a row longer than a KV slot, or more rows than the batch has.
     """
     for plan in plans:
-        if plan.params.n > 1:
-            return "n"
-        if plan.params.seed is not None:
-            return "seed"
-        if len(plan.prompt_ids) > 1:
-            return "extra_messages"
-        if plan.readout is not None:
-            return "return_sae_activations"
-        if plan.constraint is not None and batch.constraints == "refuse":  # named by its field
-            return plan.constraint.param
+        reason = _own_reason(plan, batch)
+        if reason is not None:
+            return reason
     if monitoring and batch.monitoring == "serial":
         return "monitoring"
     if rows_of(plans) > batch.max_rows or any(len(ids) + p.max_tokens > batch.slot_len
                                               for p in plans for ids in p.prompt_ids):
         return "too_long"
+    return None
+
+
+def _own_reason(plan: Plan, batch: BatchSettings) -> str | None:
+    """What in one plan's own fields serves its request alone (None: nothing)."""
+    if plan.params.n > 1:
+        return "n"
+    if plan.params.seed is not None:
+        return "seed"
+    if len(plan.prompt_ids) > 1:
+        return "extra_messages"
+    if plan.readout is not None:
+        return "return_sae_activations"
+    if plan.constraint is not None and batch.constraints == "refuse":  # named by its field
+        return plan.constraint.param
     return None

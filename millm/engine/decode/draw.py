@@ -22,7 +22,7 @@ from millm.engine.decode.sampling import (
 from millm.errors import ConstrainedOutputInvalid, NonFiniteLogits
 
 if TYPE_CHECKING:
-    from millm.engine.decode.lanes import BatchRow
+    from millm.engine.decode.jobs import BatchRow
 
 
 def draw(rows: list[BatchRow], logits: torch.Tensor, counts: torch.Tensor,
@@ -31,28 +31,41 @@ def draw(rows: list[BatchRow], logits: torch.Tensor, counts: torch.Tensor,
     for the others: logits holding a NaN or +inf, or only -inf (non_finite_logits), or a constraint that
     allows no token (constrained_output_invalid). ``prompted[slot]`` marks the tokens of a row's prompt (its
     repetition penalty counts them)."""
-    params = [r.row.params for r in rows]
-    device = logits.device
-    slots = [r.slot for r in rows]
-    if any(p.repetition_penalty != 1.0 for p in params):
-        logits = apply_repetition_penalty(logits, (counts[slots] > 0) | prompted[slots],
-                                          torch.tensor([p.repetition_penalty for p in params], device=device))
-    if any(p.frequency_penalty != 0.0 or p.presence_penalty != 0.0 for p in params):
-        logits = apply_penalties(logits, counts[slots],
-                                 torch.tensor([p.frequency_penalty for p in params], device=device),
-                                 torch.tensor([p.presence_penalty for p in params], device=device))
+    logits = penalised(rows, logits, counts, prompted)
     failed = _unsampleable(rows, logits)
     gone = {id(r) for r, _ in failed}
     keep = [i for i, r in enumerate(rows) if id(r) not in gone]
     if not keep:
         return [], failed
     rows, logits = [rows[i] for i in keep], logits[keep]
+    tokens = _sampled(rows, logits)
+    update_counts(counts, torch.tensor([r.slot for r in rows], device=logits.device), tokens)
+    return list(zip(rows, tokens.tolist())), failed
+
+
+def penalised(rows: list[BatchRow], logits: torch.Tensor, counts: torch.Tensor, prompted: torch.Tensor) -> torch.Tensor:
+    """The logits after each row's repetition penalty (over its prompt and what it generated), then its frequency
+    and presence penalties (over what it generated); as they are when no row has any."""
+    params = [r.row.params for r in rows]
+    slots = [r.slot for r in rows]
+
+    def each(name: str) -> torch.Tensor:
+        return torch.tensor([getattr(p, name) for p in params], device=logits.device)
+
+    if any(p.repetition_penalty != 1.0 for p in params):
+        logits = apply_repetition_penalty(logits, (counts[slots] > 0) | prompted[slots], each("repetition_penalty"))
+    if any(p.frequency_penalty != 0.0 or p.presence_penalty != 0.0 for p in params):
+        logits = apply_penalties(logits, counts[slots], each("frequency_penalty"), each("presence_penalty"))
+    return logits
+
+
+def _sampled(rows: list[BatchRow], logits: torch.Tensor) -> torch.Tensor:
+    """Each row's token by its temperature and top_p, from its own random draw (``chances``)."""
+    device = logits.device
     temperature = torch.tensor([r.row.params.temperature for r in rows], dtype=torch.float64,
                                device=device)  # float64: a temperature of 1e-40 is not 0
     top_p = torch.tensor([r.row.params.top_p for r in rows], device=device)
-    tokens = sample_rows(logits, temperature, top_p, chances(rows, device))
-    update_counts(counts, torch.tensor([r.slot for r in rows], device=device), tokens)
-    return list(zip(rows, tokens.tolist())), failed
+    return sample_rows(logits, temperature, top_p, chances(rows, device))
 
 
 def _unsampleable(rows: list[BatchRow], logits: torch.Tensor) -> list[tuple[BatchRow, Exception]]:

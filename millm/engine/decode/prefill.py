@@ -11,20 +11,15 @@ takes) and reads keys only up to a position its own row already holds, so no row
 tokens or any padding; its output is discarded. The per-step budget (``prefill_chunk``) bounds the
 forward's whole size, ``count * width`` tokens, padding and fillers included: that is what a step costs.
 
-Rows of one request whose prompts start alike and whose prompts are steered alike (a research measure's
-answers: one chat template and system prompt, one override per case) feed the shared start once: the first
-such row (a donor) prefills its whole prompt, and each of the others copies the donor's keys and values of
-the shared tokens into its own slot and feeds only the rest (:func:`donors`).
+Rows of one request whose prompts start alike feed the shared start once (``millm.engine.shared_prefix``):
+a row waiting for its donor's keys and values is not prefilling until it has them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 import torch
-
-from millm.engine.shared_prefix import SHARED_MIN, common_prefix
 
 
 @dataclass(frozen=True)
@@ -84,26 +79,3 @@ def inputs(merged: Merged, feeds: dict[int, tuple[int, list[int]]], pad_id: int,
         writes[row, pad:] = reads[row, pad:] = torch.arange(start, start + size)
         reads[row, :pad] = start + size - 1
     return ids, writes, reads
-
-
-def donors(prompts: Sequence[Sequence[int]], keys: Sequence[Hashable | None],
-           least: int = SHARED_MIN) -> list[tuple[int, int] | None]:
-    """Per row: ``(donor, shared)``, the earlier row whose first ``shared`` prompt tokens' keys and values it
-    copies instead of feeding them, or None when it prefills its whole prompt itself (and may be a donor).
-
-    A row shares only with a row of an equal ``key`` (what steers the prompt; None: the row shares with
-    none), at least ``least`` tokens, and never its last prompt token (whose logits draw its first token).
-    Donors prefill their whole prompt, so a row never waits on a row that waits itself.
-    """
-    out: list[tuple[int, int] | None] = []
-    first: dict[tuple[Hashable, tuple[int, ...]], int] = {}  # (key, first `least` tokens) -> the donor
-    for i, (ids, key) in enumerate(zip(prompts, keys)):
-        head = (key, tuple(ids[:least]))
-        donor = first.get(head) if key is not None and len(ids) > least else None
-        if donor is not None:  # they share the first `least` tokens at least
-            out.append((donor, min(common_prefix([prompts[donor], ids]), len(ids) - 1)))
-            continue
-        out.append(None)
-        if key is not None:
-            first.setdefault(head, i)
-    return out

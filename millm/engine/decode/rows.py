@@ -41,11 +41,20 @@ def emit(row: Row, token: int, closes: Callable[[int], bool] | None = None,
     piece = out.feed(token)
     if closes is not None and out.finish_reason is None and closes(token):
         piece += out.close("stop")
-    if out.finish_reason is None and out.tokens >= row.max_tokens:
-        piece += out.close("length")
-        if out.finish_reason == "length" and complete is not None and complete(out.text):
-            out.finish_reason = "stop"
+    piece += _at_budget(row, complete)
     events: list[Event] = [Delta(row.index, piece)] if piece else []
     if out.finish_reason is not None:
         events.append(Finish(row.index, out.finish_reason, out.tokens))
     return events
+
+
+def _at_budget(row: Row, complete: Callable[[str], bool] | None) -> str:
+    """An open row that reached ``max_tokens`` closes: "length", or "stop" where ``complete(text)`` says its text
+    is a whole answer; the text closing it releases ("" while it is open or already closed)."""
+    out = row.output
+    if out.finish_reason is not None or out.tokens < row.max_tokens:
+        return ""
+    piece = out.close("length")
+    if out.finish_reason == "length" and complete is not None and complete(out.text):
+        out.finish_reason = "stop"
+    return piece

@@ -33,26 +33,26 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from millm.engine.decode.admission import BatchSettings, rows_of
 from millm.engine.decode.draw import draw
+from millm.engine.decode.jobs import BatchRow, Job
 from millm.engine.decode.kv import SPAN_STEP, KVShape, SlotCache, span_for
-from millm.engine.decode.lanes import BatchRow, Lane, readers, share_starts
+from millm.engine.decode.lanes import Lane
 from millm.engine.decode.output import ChoiceOutput
-from millm.engine.decode.prefill import choose, inputs
+from millm.engine.decode.prefill import Merged, choose, inputs
+from millm.engine.decode.readers import readers
 from millm.engine.decode.rows import Row, emit
-from millm.engine.events import Activations, Event, Steered, Usage
-from millm.engine.plan import Plan
+from millm.engine.events import Activations, Steered, Usage
+from millm.engine.shared_prefix import hand_on, share_starts
 from millm.steering.target import (
     GENERATED_PHASE,
     PROMPT_PHASE,
     Monitor,
-    MonitorSession,
     ReadoutRecorder,
     RowView,
     Steering,
@@ -61,8 +61,9 @@ from millm.structured.constraint import RowGuides, stop_scope, validate
 from millm.structured.endings import endings
 
 if TYPE_CHECKING:
-    from millm.engine.base import StepControl
     from millm.structured.constraint import ConstraintCompiler
+
+__all__ = ["BatchEngine", "Job", "Scheduler"]  # Job: millm.engine.decode.jobs, where the records live
 
 RATE_WINDOW = 5.0  # seconds of decoded tokens the batch's tokens/s is measured over
 KEEP_ALONE_BYTES = 256 * 2**20  # an alone lane's KV cache at most this big is kept for the next request
@@ -85,37 +86,6 @@ class BatchEngine(Protocol):
     def model_id(self) -> str: ...
 
     def token_texts(self, ids: list[int]) -> list[str]: ...
-
-
-@dataclass(eq=False)
-class Job:
-    """One request: its plans (choice indices following on, plan by plan), the consumer's cancellation,
-    where its events go (``send``) and how it ends (``end``, with an error or None). ``alone``: served
-    by itself, in a lane of its own."""
-
-    plans: list[Plan]
-    control: StepControl
-    send: Callable[[Event], None]
-    end: Callable[[BaseException | None], None]
-    check: Callable[[], None] | None = None  # between steps: raises when an operator change invalidates it
-    alone: bool = False
-    rows_left: int = 0
-    completion_tokens: int = 0
-    session: MonitorSession | None = None
-    monitored_sae: str | None = None
-    recorder: ReadoutRecorder | None = None
-    lane: Lane | None = None
-    rows: list[BatchRow] = field(default_factory=list)
-
-    @property
-    def prompt_tokens(self) -> int:
-        """Each prompt once, however many choices it feeds (OpenAI's usage)."""
-        return sum(len(ids) for p in self.plans for ids in p.prompt_ids)
-
-    @property
-    def length(self) -> int:
-        """The most positions one of its rows can take: its prompt and its whole budget."""
-        return max(len(ids) + p.max_tokens for p in self.plans for ids in p.prompt_ids)
 
 
 class Scheduler:
@@ -185,39 +155,6 @@ class Scheduler:
             for lane in self.lanes:
                 self._decode(lane)
 
-    def drive(self, job: Job, lock: Any) -> Iterator[Event]:
-        """Submit ``job`` and step until it ends, on this thread, yielding its events as they come; the
-        job's error, if it ended with one, is raised. Closing the iterator early ends the job."""
-        events: deque[Event] = deque()
-        ended: list[BaseException | None] = []
-        send, end = job.send, job.end
-
-        def sending(event: Event) -> None:
-            events.append(event)
-            send(event)
-
-        def ending(error: BaseException | None) -> None:
-            ended.append(error)
-            end(error)
-
-        job.send, job.end = sending, ending
-        self.submit(job)
-        try:
-            while not ended:
-                job.control.run_commands()
-                with lock:
-                    self.step()
-                while events:
-                    yield events.popleft()
-            while events:
-                yield events.popleft()
-        finally:
-            if not ended:
-                with lock:
-                    self.abandon(job)
-        if ended[0] is not None:
-            raise ended[0]
-
     def abandon(self, job: Job) -> None:
         """End ``job`` now (its consumer left): out of the queue, or its rows freed."""
         with self._lock:
@@ -247,7 +184,7 @@ class Scheduler:
         if job.check is not None:
             job.check()
         errors = self.engine.steering.row_errors
-        lane = job.lane
+        lane = self._lane_of(job)
         for r in job.rows:
             if lane is not None and lane.first + r.slot in errors:
                 raise errors[lane.first + r.slot]
@@ -268,27 +205,35 @@ class Scheduler:
             self._start(job, lane)
 
     def _take_waiting(self) -> tuple[list[Job], list[Job]]:
-        """Out of the queue: the requests whose consumer left, and those that start now, in order per lane
-        (the shared lane while its free slots hold them, first come first served; the alone lane one at a time)."""
+        """Out of the queue: the requests whose consumer left, and those that start now (``_starts``)."""
         with self._lock:
             gone = [job for job in self.waiting if job.control.cancel.is_set()]
-            starts: list[Job] = []
-            alone_taken = self.alone_job is not None
-            free: int | None = len(self.shared.free) if self.shared is not None else 0
-            for job in self.waiting:
-                if job in gone:
-                    continue
-                if job.alone or self.shared is None:
-                    if not alone_taken:
-                        alone_taken = True
-                        starts.append(job)
-                elif free is not None and rows_of(job.plans) <= free:
-                    free -= rows_of(job.plans)
-                    starts.append(job)
-                else:
-                    free = None  # later shared requests wait behind this one
+            starts = self._starts([job for job in self.waiting if job not in gone])
             self.waiting = deque(job for job in self.waiting if job not in gone and job not in starts)
         return gone, starts
+
+    def _starts(self, waiting: list[Job]) -> list[Job]:
+        """The waiting requests that start now, in order per lane: the shared lane while its free slots hold them,
+        first come first served; the alone lane one at a time."""
+        starts: list[Job] = []
+        alone_taken = self.alone_job is not None
+        free: int | None = len(self.shared.free) if self.shared is not None else 0
+        for job in waiting:
+            if job.alone or self.shared is None:
+                if not alone_taken:
+                    alone_taken = True
+                    starts.append(job)
+            elif free is not None and rows_of(job.plans) <= free:
+                free -= rows_of(job.plans)
+                starts.append(job)
+            else:
+                free = None  # later shared requests wait behind this one
+        return starts
+
+    def _lane_of(self, job: Job) -> Lane | None:
+        """The lane a started request's rows are in: the alone lane for the request served alone, else the shared
+        one (a request that has ended holds no row in either)."""
+        return self.alone if job is self.alone_job else self.shared
 
     def _lane_for(self, job: Job) -> Lane:
         """The shared lane, or for a request served alone a lane sized to it (the last one when it fits)."""
@@ -311,52 +256,58 @@ class Scheduler:
         return self.alone
 
     def _start(self, job: Job, lane: Lane) -> None:
-        """Bind each of the job's rows to a slot (each prompt's first choice first: the others copy its
-        KV), with its own generator and matcher. A failure here (its steering cannot be bound) ends this
-        request alone, with every slot it took freed."""
+        """Bind each of the job's rows to a slot, with its own generator and matcher; rows that start alike share
+        their start's KV (``millm.engine.shared_prefix``: not while a reader reads each row's prompt). A failure
+        here (its steering cannot be bound) ends this request alone, with every slot it took freed."""
         engine = self.engine
         job.rows_left = rows_of(job.plans)
-        job.lane = lane
         try:
-            sources: list[BatchRow] = []
-            clones: list[BatchRow] = []
-            index = 0
-            for plan in job.plans:
-                generator = None
-                if plan.params.seed is not None:
-                    generator = torch.Generator(device=engine.device).manual_seed(plan.params.seed)
-                stops, until = stop_scope(plan.constraint, plan.params.stop)
-                for prompt in plan.prompt_ids:
-                    first: BatchRow | None = None
-                    for _ in range(plan.params.n):
-                        row = Row(index, ChoiceOutput(engine.tokenizer, stops, engine.stop_ids, until),
-                                  plan.params, plan.max_tokens)
-                        guide = None
-                        if plan.constraint is not None:
-                            guide = RowGuides([engine.constraints.matcher(plan.constraint)], self.vocab)
-                        r = BatchRow(job, row, plan, prompt, source=first, generator=generator, guide=guide)
-                        (clones if first is not None else sources).append(r)
-                        first = first or r
-                        index += 1
-            config = engine.monitor.config
-            monitored = config.sae if config.enabled and config.sae in engine.steering.attachments else None
-            readout = job.plans[0].readout
-            if monitored is None and all(p.readout is None for p in job.plans):  # a reader reads each row's prompt
-                share_starts(sources)
-            sources.sort(key=lambda r: r.donor is not None)  # donors first: one run of slots prefills them
-            for r in sources + clones:
+            monitored = self._monitored()
+            starts = monitored is None and all(p.readout is None for p in job.plans)
+            for r in share_starts(self._rows(job), starts):
                 lane.take(r)
                 job.rows.append(r)
                 engine.steering.bind_row(lane.first + r.slot, r.plan.override, r.plan.scope)  # each plan its own
             job.send(Steered(engine.steering.label(job.plans[0].override)))
-            if monitored is not None:
-                job.session = engine.monitor.session()
-                job.session.sae = engine.steering.attachments[monitored].sae
-                job.monitored_sae = monitored
-            if readout is not None:
-                job.recorder = ReadoutRecorder(readout, engine.steering, engine.token_texts)
+            self._observe(job, monitored)
         except Exception as exc:  # this request's own setup failed: it ends, the others go on
             self._finish(job, exc)
+
+    def _rows(self, job: Job) -> list[BatchRow]:
+        """The job's rows, choice by choice (a prompt's n choices one after another, plan by plan), each with its
+        own text and matcher, and its plan's random generator."""
+        engine = self.engine
+        rows: list[BatchRow] = []
+        for plan in job.plans:
+            generator = None
+            if plan.params.seed is not None:
+                generator = torch.Generator(device=engine.device).manual_seed(plan.params.seed)
+            stops, until = stop_scope(plan.constraint, plan.params.stop)
+            for prompt in plan.prompt_ids:
+                for _ in range(plan.params.n):
+                    row = Row(len(rows), ChoiceOutput(engine.tokenizer, stops, engine.stop_ids, until), plan.params,
+                              plan.max_tokens)
+                    guide = None
+                    if plan.constraint is not None:
+                        guide = RowGuides([engine.constraints.matcher(plan.constraint)], self.vocab)
+                    rows.append(BatchRow(job, row, plan, prompt, generator=generator, guide=guide))
+        return rows
+
+    def _monitored(self) -> str | None:
+        """The SAE monitoring reads, while it is on and attached."""
+        config = self.engine.monitor.config
+        return config.sae if config.enabled and config.sae in self.engine.steering.attachments else None
+
+    def _observe(self, job: Job, monitored: str | None) -> None:
+        """The job's readers: a monitoring session on ``monitored``, and its read-out's recorder."""
+        engine = self.engine
+        if monitored is not None:
+            job.session = engine.monitor.session()
+            job.session.sae = engine.steering.attachments[monitored].sae
+            job.monitored_sae = monitored
+        readout = job.plans[0].readout
+        if readout is not None:
+            job.recorder = ReadoutRecorder(readout, engine.steering, engine.token_texts)
 
     def _forward(self, lane: Lane, ids: torch.Tensor, first: int, positions: torch.Tensor, rows: list[BatchRow],
                  mask_positions: torch.Tensor, phase: int) -> torch.Tensor:
@@ -384,48 +335,45 @@ class Scheduler:
 
     def _prefill(self, lane: Lane) -> None:
         """Feed waiting prompt chunks of several rows in one forward, within the lane's prefill budget
-        (padding included, ``millm.engine.decode.prefill``); a finished prompt samples its first token (and its
-        other choices copy its KV and sample from the same logits), a prompt that did not fit continues
-        next step. If the forward fails, every row in it ends with the error."""
+        (padding included, ``millm.engine.decode.prefill``); a finished prompt samples its first token (and the
+        rows that took its whole prompt, its other choices, sample from the same logits), a prompt that did not
+        fit continues next step. If the forward fails, every row in it ends with the error."""
         merged = choose([(r.slot, len(r.prompt) - r.filled) for r in lane.prefilling()], lane.prefill_budget)
-        if merged is None:
+        fed = self._feed(lane, merged) if merged is not None else None
+        if merged is None or fed is None:
             return
+        rows, logits = fed
+        sampled = self._prompted(rows, hand_on(list(lane.rows.values()), lane.cache.copy_prefix), merged.first)
+        if sampled:
+            self._sample(lane, [row for row, _ in sampled], logits[[at for _, at in sampled]])
+
+    @staticmethod
+    def _prompted(rows: list[BatchRow], whole: list[tuple[BatchRow, BatchRow]],
+                  first: int) -> list[tuple[BatchRow, int]]:
+        """The rows whose prompt is in now, each with its logits' row in the forward from slot ``first``: each fed
+        row that finished its prompt, followed by the rows that took that whole prompt (``whole``: row, donor)."""
+        return [(row, r.slot - first) for r in rows if r.filled == len(r.prompt)
+                for row in [r, *(other for other, donor in whole if donor is r)]]
+
+    def _feed(self, lane: Lane, merged: Merged) -> tuple[list[BatchRow], torch.Tensor] | None:
+        """One merged prefill forward: the rows it fed (each one's ``filled`` moved on) and its logits; None when
+        it failed (its rows have ended)."""
         rows = [lane.rows[slot] for slot in merged.takes]
         feeds = {r.slot: (r.filled, r.prompt[r.filled:r.filled + merged.takes[r.slot]]) for r in rows}
         ids, writes, reads = inputs(merged, feeds, self.engine.pad_id, lane.cache.aside)
         logits = self._shared_forward(lane, ids, merged.first, writes, rows, reads, PROMPT_PHASE)
         if logits is None:
-            return
+            return None
         for r in rows:
             r.filled += merged.takes[r.slot]
-        lane.hand_on()
-        done = [(r, r.slot - merged.first) for r in rows if r.filled == len(r.prompt)]
-        if done:
-            sampled = [(row, at) for r, at in done for row in self._with_clones(lane, r)]
-            self._sample(lane, [row for row, _ in sampled], logits[[at for _, at in sampled]])
-
-    @staticmethod
-    def _with_clones(lane: Lane, r: BatchRow) -> list[BatchRow]:
-        """A row whose prompt is in, and its request's other choices of that prompt, given its KV."""
-        clones = lane.clones(r)
-        for clone in clones:
-            lane.cache.copy_prefix(r.slot, clone.slot, len(r.prompt))
-            clone.filled = len(clone.prompt)
-        return [r, *clones]
+        return rows, logits
 
     def _decode(self, lane: Lane) -> None:
+        """One token for every decoding row of the lane, in one forward over its slots ``[0, highest busy]``."""
         rows = [r for r in lane.rows.values() if r.next_token is not None]
         if not rows:
             return
-        high = max(r.slot for r in rows) + 1
-        ids = torch.full((high, 1), self.engine.pad_id, dtype=torch.long)
-        # a slot not decoding now writes at its last position (never a fed token's) and reads key 0
-        writes = torch.full((high, 1), lane.cache.aside, dtype=torch.long)
-        reads = torch.zeros((high, 1), dtype=torch.long)
-        for r in rows:
-            assert r.next_token is not None
-            ids[r.slot, 0] = r.next_token
-            writes[r.slot, 0] = reads[r.slot, 0] = r.length
+        ids, writes, reads = self._decode_inputs(lane, rows)
         logits = self._shared_forward(lane, ids, 0, writes, rows, reads, GENERATED_PHASE)
         if logits is None:
             return
@@ -433,9 +381,26 @@ class Scheduler:
             r.next_token = None
         self._sample(lane, rows, logits[[r.slot for r in rows]])  # each row's failure is its own
         if lane is self.shared:
-            self._decoded.append((time.monotonic(), len(rows)))
-            while self._decoded and time.monotonic() - self._decoded[0][0] > RATE_WINDOW:
-                self._decoded.popleft()
+            self._count_decoded(len(rows))
+
+    def _decode_inputs(self, lane: Lane, rows: list[BatchRow]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A decode forward's ``(ids, writes, reads)``, ``[slots, 1]``: each row's sampled token at its length; a
+        slot not decoding now writes at its last position (never a fed token's) and reads key 0."""
+        high = max(r.slot for r in rows) + 1
+        ids = torch.full((high, 1), self.engine.pad_id, dtype=torch.long)
+        writes = torch.full((high, 1), lane.cache.aside, dtype=torch.long)
+        reads = torch.zeros((high, 1), dtype=torch.long)
+        for r in rows:
+            assert r.next_token is not None
+            ids[r.slot, 0] = r.next_token
+            writes[r.slot, 0] = reads[r.slot, 0] = r.length
+        return ids, writes, reads
+
+    def _count_decoded(self, tokens: int) -> None:
+        """Count a shared decode step's tokens for ``tokens_per_second``."""
+        self._decoded.append((time.monotonic(), tokens))
+        while self._decoded and time.monotonic() - self._decoded[0][0] > RATE_WINDOW:
+            self._decoded.popleft()
 
     def _sample(self, lane: Lane, rows: list[BatchRow], logits: torch.Tensor) -> None:
         """Each row's next token (``millm.engine.decode.draw``); then its text, and its end when it ends.
@@ -520,7 +485,7 @@ class Scheduler:
 
     def _finish(self, job: Job, error: BaseException | None) -> None:
         """End a request early (cancelled, or failed): free every row it still holds."""
-        lane = job.lane
+        lane = self._lane_of(job)
         if lane is not None:
             for r in job.rows:
                 if lane.holds(r):
