@@ -89,14 +89,27 @@ def refine(points: Sequence[Point], target: float = TARGET_RATE, bound: float = 
     the concept at all."""
     for sign in (1, -1):
         side = sorted((p for p in points if p.strength * sign > 0), key=lambda p: abs(p.strength))
-        inside = [p for p in side if p.fluency >= -bound]
-        if not inside or any(p.rate >= target for p in inside) or not any(p.rate > 0 for p in side):
-            continue
-        below = inside[-1]
-        past = next((p for p in side if abs(p.strength) > abs(below.strength)), None)
-        if past is not None and abs(past.strength - below.strength) >= 2 * closest:
-            return (below.strength + past.strength) / 2
+        halfway = _halfway(side, target, bound, closest)
+        if halfway is not None:
+            return halfway
     return None
+
+
+def _halfway(side: list[Point], target: float, bound: float, closest: float) -> float | None:
+    """``refine`` on one side of 0 (``side``: its points by distance from 0)."""
+    inside = [p for p in side if p.fluency >= -bound]
+    if not _short_of(side, inside, target):
+        return None
+    below = inside[-1]
+    past = next((p for p in side if abs(p.strength) > abs(below.strength)), None)
+    if past is not None and abs(past.strength - below.strength) >= 2 * closest:
+        return (below.strength + past.strength) / 2
+    return None
+
+
+def _short_of(side: list[Point], inside: list[Point], target: float) -> bool:
+    """Whether a side has strengths inside the fluency bound, none reaching ``target``, and mentions the concept."""
+    return bool(inside) and not any(p.rate >= target for p in inside) and any(p.rate > 0 for p in side)
 
 
 def swept_points(measure: Measure, sweeps: Sequence[Callable[[float], Case]], strengths: Sequence[float],
