@@ -26,6 +26,7 @@ def out_of_memory(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
 
     from millm.engine.decode.driver import typed
     from millm.engine.decode.scheduler import Scheduler
+    from millm.errors import MillmError
 
     error = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
 
@@ -34,8 +35,8 @@ def out_of_memory(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
 
     monkeypatch.setattr(Scheduler, "_forward", forward)
     mapped = typed(error(SCRIPTED))
-    assert getattr(mapped, "code", None) == CODE
-    yield str(getattr(mapped, "message"))
+    assert isinstance(mapped, MillmError) and mapped.code == CODE
+    yield mapped.message
 
 
 def _server(server: str, model: str) -> tuple[str, str]:

@@ -42,9 +42,9 @@ def test_a_donor_never_waits_on_another_row():
 
 
 def test_the_prompt_steering_key_is_equal_where_the_prompts_kv_is():
-    from millm.engine.shared_prefix import prompt_steering
     from millm.engine.params import SamplingParams
     from millm.engine.plan import Plan
+    from millm.engine.shared_prefix import prompt_steering
     from millm.steering.target import Override
 
     def key(override: Override | None, scope: str = "all") -> object:
