@@ -28,6 +28,7 @@ from millm.engine.params import GenerationRequest, TextPrompt
 from millm.registry import resolve
 from millm.requests.validation import sampling_params
 from millm.sae.model import SAE
+from millm.sae.vector_sets import VectorSet
 from millm.steering.bases import Bases
 from millm.steering.documents import Registered
 from millm.steering.imports import import_document
@@ -35,7 +36,6 @@ from millm.steering.intensity import IntensitySettings
 from millm.steering.monitor import MonitorConfig
 from millm.steering.readout import ReadoutAsk, check_readout
 from millm.store import Store
-from millm.vectors.files import VectorSet
 
 PROMPT = "Once upon a time, in a village by the sea, there lived"
 CIRCUIT = "bench-circuit"

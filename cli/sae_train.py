@@ -94,7 +94,7 @@ class _Bar:
 
 def _check_new_sae_name(name: str, written: Path | None = None) -> None:
     """Refuse a ``--name`` that breaks the name rule or that a registered SAE already has (as id or name)."""
-    from millm.steering.names import check_name
+    from millm.names import check_name
 
     check_name(name, "name")
     service = steering_service()

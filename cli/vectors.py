@@ -19,7 +19,7 @@ from millm.paths import output_file, user_path
 from millm.vectors import EXAMPLES
 
 if TYPE_CHECKING:
-    from millm.vectors.files import VectorSet
+    from millm.sae.vector_sets import VectorSet
     from millm.vectors.learn import Examples
 
 vectors_app = typer.Typer(help="Steering vectors learned from examples: learn, list, show, remove; export and "
@@ -72,8 +72,8 @@ def learn(name: Annotated[str, typer.Argument(help="The vector's name (what --st
           model: Annotated[str | None, typer.Option(help="Model (default: the configured one).")] = None) -> None:
     """Learn a unit-norm steering vector at each LAYER from the model's own answers about --concept (against its
     answers about other topics), or from example files; store each and register it as a vector set."""
+    from millm.sae.vector_sets import set_name
     from millm.vectors import catalog
-    from millm.vectors.files import set_name
     from millm.vectors.learn import check_choices, check_negatives, default_layer, generated, parse_layers
     from millm.vectors.learn import learn as learn_vectors
 
@@ -241,7 +241,7 @@ def import_file(file: Annotated[Path, typer.Argument(help="A llama.cpp control-v
                 ) -> None:
     """Import a llama.cpp control vector as vector sets: each direction at unit norm, the file's norm kept in its
     source (steer at that norm to reproduce the file at scale 1)."""
-    from millm.steering.names import check_name
+    from millm.names import check_name
     from millm.vectors import catalog, gguf
 
     check_name(name, "name")  # before the model loads

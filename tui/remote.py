@@ -18,9 +18,9 @@ import httpx
 
 from millm.config import get_settings
 from millm.errors import InvalidParameter, MillmError
+from millm.names import steering_label
 from millm.requests.builder import build_chat
 from millm.sae.cards import FeatureCard
-from millm.steering.names import steering_label
 from tui.client import (
     ChatEvent,
     ChatResult,

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from millm.names import steering_header
 from millm.sfv import sf_string
-from millm.steering.names import steering_header
 from millm.steering.rung import CIRCUIT_RUNG_HEADER, rung_header
 
 if TYPE_CHECKING:

@@ -1,4 +1,5 @@
-"""Reading SAEs as published: SAELens (old and v6 configs), Gemma Scope npz, Llama Scope, EleutherAI sparsify.
+"""Reading SAEs as published: SAELens (old and v6 configs), Gemma Scope npz, Llama Scope, EleutherAI sparsify;
+and miLLM's vector sets, read as an SAE of their vectors (``millm.sae.vector_sets``).
 
 Each reader returns an ``SAE`` that computes what the format's own library computes (encode, decode, and
 so a feature's steering direction), plus what the files say about where it belongs (format, layer and
@@ -18,6 +19,7 @@ import torch
 
 from millm.errors import InvalidSAE
 from millm.paths import user_path
+from millm.sae import vector_sets  # a vector set reads as an SAE of its vectors
 from millm.sae.model import SAE, fold_decoder_norms, fold_input_scale
 
 
@@ -365,10 +367,8 @@ def _load_folder(path: Path) -> LoadedSAE:
     """The SAE in the folder ``path``, by the files it holds."""
     if (path / "params.npz").is_file():
         return _gemma_scope(path / "params.npz")
-    from millm.vectors import files as vector_files  # a vector set reads as an SAE of its vectors
-
-    if vector_files.is_vector_set(path):
-        vs = vector_files.load(path)
+    if vector_sets.is_vector_set(path):
+        vs = vector_sets.load(path)
         return LoadedSAE(vs.as_sae(), "vectors", vs.layer, vs.model or None)
     if (path / "sae_weights.safetensors").is_file():
         return _saelens(path)

@@ -14,6 +14,7 @@ from quart.blueprints import BlueprintSetupState
 from werkzeug.routing import BaseConverter, ValidationError
 
 from millm.errors import InvalidParameter, InvalidSAE, ModelNotLoaded
+from millm.names import ROUTE_WORDS
 from millm.paths import user_path
 from millm.render import sse
 from millm.sae.cards import parse_index, read_card
@@ -21,7 +22,6 @@ from millm.server import api_bodies
 from millm.server.auth import guard_management
 from millm.server.bodies import read_json
 from millm.server.state import services
-from millm.steering.names import ROUTE_WORDS
 from millm.steering.target import SteeringTarget
 
 log = logging.getLogger(__name__)

@@ -26,11 +26,11 @@ from quart import current_app
 from millm.engine.base import Engine, StepControl
 from millm.errors import FieldNotHonoured, InvalidParameter, MillmError, ModelNotLoaded, QueueFull
 from millm.requests.validation import SEED_MAX, check_int
+from millm.sae.vector_sets import VectorSet, set_name
 from millm.server.state import services
 from millm.store import Store
 from millm.vectors import EXAMPLES as DEFAULT_EXAMPLES
 from millm.vectors import catalog
-from millm.vectors.files import VectorSet, set_name
 from millm.vectors.learn import (
     EXAMPLE_TOKENS,
     Examples,

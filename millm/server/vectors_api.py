@@ -22,13 +22,14 @@ from quart import Blueprint, Response
 
 from millm.errors import InvalidParameter, SAENotFound
 from millm.paths import user_path
+from millm.sae import vector_sets
+from millm.sae.vector_sets import VectorSet
 from millm.server import api
 from millm.server.api import body, command, steerable, use_names
 from millm.server.state import services
 from millm.server.vector_jobs import cancel, jobs, plan_of, start
 from millm.steering.target import SteeringTarget
-from millm.vectors import catalog, files, gguf
-from millm.vectors.files import VectorSet
+from millm.vectors import catalog, gguf
 
 bp = Blueprint("vectors_api", __name__, url_prefix="/api/vectors")
 use_names(bp)
@@ -68,7 +69,7 @@ async def list_vectors() -> Any:
 async def get_vectors(name: str) -> Any:
     """One set's card: how it was made, where it is attached, and each vector's norm."""
     record = set_record(name)
-    vs = await asyncio.to_thread(files.load, Path(record["path"]))
+    vs = await asyncio.to_thread(vector_sets.load, Path(record["path"]))
     norms = vs.vectors.float().norm(dim=-1).tolist()
     return {**describe(record, vs), "vectors": [{"index": i, "name": n, "norm": round(float(norm), 6)}
                                                 for i, (n, norm) in enumerate(zip(vs.names, norms, strict=True))]}
@@ -156,7 +157,7 @@ def locate(path: Path) -> tuple[Path, str]:
     alike (a symlink loop too), so the route tells nothing about the server's files."""
     try:
         resolved = user_path(path).resolve()
-        if resolved.is_dir() and files.is_vector_set(resolved):
+        if resolved.is_dir() and vector_sets.is_vector_set(resolved):
             return resolved, "folder"
         if resolved.is_file() and resolved.suffix.lower() == ".gguf":
             return resolved, "gguf"
@@ -167,17 +168,17 @@ def locate(path: Path) -> tuple[Path, str]:
 
 def read_folder(folder: Path, given: str, name: str, layer: int | None,
                 target: SteeringTarget | None) -> list[VectorSet]:
-    """The set in a vector-set folder, under ``name``, held to the rules every set passes (``files.load``; a
+    """The set in a vector-set folder, under ``name``, held to the rules every set passes (``vector_sets.load``; a
     refusal names the file under ``given``, the path as the client gave it, and the key); ``layer``, if given,
     must be the one it records. With a model loaded, a set of that model (or of none named) must fit it: a
     layer it has and its width."""
     model = target.model_id if target is not None else None
-    vs = files.load(folder, given, "path")
+    vs = vector_sets.load(folder, given, "path")
     if target is not None and vs.model in ("", model):
-        where = files.shown_file(given, files.META_FILE)
-        files.check_layer(vs.layer, f"{where}: key 'layer'", "path", target.steering.n_layers)
+        where = vector_sets.shown_file(given, vector_sets.META_FILE)
+        vector_sets.check_layer(vs.layer, f"{where}: key 'layer'", "path", target.steering.n_layers)
         if vs.d_model != target.steering.d_model:
-            raise InvalidParameter(f"{files.shown_file(given, files.WEIGHTS_FILE)}: tensor 'vectors' is "
+            raise InvalidParameter(f"{vector_sets.shown_file(given, vector_sets.WEIGHTS_FILE)}: tensor 'vectors' is "
                                    f"{vs.d_model} wide; the loaded model '{model}' is {target.steering.d_model}.",
                                    param="path")
     if layer is not None and layer != vs.layer:
@@ -208,7 +209,7 @@ async def import_vectors() -> Any:
     data = await body()
     path, layer = data["path"], data.get("layer")
     if layer is not None:  # the schema took an integer; JSON's 1.0 is one too
-        layer = files.check_layer(int(layer) if isinstance(layer, float) else layer, "'layer'", "layer")
+        layer = vector_sets.check_layer(int(layer) if isinstance(layer, float) else layer, "'layer'", "layer")
     if not path or "\0" in path:
         raise InvalidParameter(UNREADABLE + ".", param="path")
     svc = services()
@@ -236,7 +237,7 @@ async def export_vectors(name: str) -> Any:
 
 def gguf_bytes(folder: Path) -> bytes:
     """The GGUF of the set in ``folder``, written to a scratch folder and read back."""
-    vs = files.load(folder)
+    vs = vector_sets.load(folder)
     directions = gguf.set_directions(vs)
     with tempfile.TemporaryDirectory(prefix="millm-export-") as scratch:
         out = Path(scratch) / "vectors.gguf"

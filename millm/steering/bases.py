@@ -15,11 +15,11 @@ from functools import partial
 from typing import NamedTuple
 
 from millm.errors import InvalidFeatureIndex, ProfileNotFound
+from millm.names import STORED
 from millm.steering.core import Attachment, Override, SteeringCore
 from millm.steering.documents import Registered, Serving, ServingMode, parse_shape, stored_serving_mode
 from millm.steering.imports import stored_cluster
 from millm.steering.intensity import Base, BaseKind, Context, Dial, IntensitySettings, Strengths, Symbol, resolve
-from millm.steering.names import STORED
 from millm.steering.profiles import ProfileDoc, resolve_entries
 from millm.steering.scope import Scope
 from millm.steering.target import SteeringTarget

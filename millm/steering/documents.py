@@ -15,8 +15,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from millm.errors import InvalidFeatureIndex, InvalidParameter, MillmError
+from millm.names import STORED, Name
 from millm.steering.intensity import ENVELOPE
-from millm.steering.names import STORED, Name
 from millm.steering.rung import RUNGS, rung_language
 
 Lambda = Annotated[float, Field(ge=ENVELOPE[0], le=ENVELOPE[1])]

@@ -8,8 +8,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from millm.errors import InvalidFeatureIndex, InvalidParameter, SAENotAttached
+from millm.names import Name
 from millm.steering.core import SteeringCore
-from millm.steering.names import Name
 from millm.steering.scope import Scope
 
 

@@ -12,10 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from millm.errors import InvalidParameter, SAENotFound
-from millm.steering.names import check_name
+from millm.names import check_name
+from millm.sae.vector_sets import VectorSet, load, read_meta, save
 from millm.steering.service import SteeringService
-from millm.vectors import files
-from millm.vectors.files import VectorSet
 
 STAGING = ".staging-"  # the prefix of the folder ``store_all`` writes sets to before moving them into place
 
@@ -79,7 +78,7 @@ def store_all(service: SteeringService, home: Path, sets: list[VectorSet]) -> li
     placed: list[Path] = []
     try:
         for vs in sets:
-            files.save(staging / vs.names[0], vs)
+            save(staging / vs.names[0], vs)
         _move_into_place(staging, home, names, placed)
         with service.store.atomic():
             for name in names:
@@ -103,14 +102,15 @@ def vector_sets(service: SteeringService) -> list[dict[str, Any]]:
 
 def listed(service: SteeringService, record: dict[str, Any]) -> dict[str, Any]:
     """One set as listings show it: its record, the names, layer and model the registry keeps, and what its
-    ``vectors.json`` says when it reads (``files.read_meta``: the file checked, the tensor's header too)."""
+    ``vectors.json`` says when it reads (``millm.sae.vector_sets.read_meta``: the file checked, the tensor's
+    header too)."""
     labels = service.store.label_map(record["id"])
     row: dict[str, Any] = {**record, "names": [labels[i] for i in sorted(labels)],
                            "layer": record["layer_hint"], "model": record["model_hint"] or "",
                            "d_model": record["d_in"], "method": "", "position": "", "examples": {}, "sha256": "",
                            "source": {}, "readable": True, "problem": None}
     try:
-        meta = files.read_meta(Path(record["path"]))
+        meta = read_meta(Path(record["path"]))
     except InvalidParameter as exc:
         return {**row, "readable": False, "problem": exc.message}
     return {**row, **{k: list(v) if k == "names" else v for k, v in meta.items()}}
@@ -120,7 +120,7 @@ def vector_set(service: SteeringService, name: str) -> tuple[dict[str, Any], Vec
     """The set ``name``'s record and its files, loaded (a 404 when no set has the name, a 400 naming the file
     when they do not read)."""
     record = record_of(service, name)
-    return record, files.load(Path(record["path"]))
+    return record, load(Path(record["path"]))
 
 
 def record_of(service: SteeringService, name: str) -> dict[str, Any]:

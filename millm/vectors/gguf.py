@@ -24,18 +24,11 @@ import numpy as np
 import torch
 
 from millm.errors import InvalidParameter, MillmError
+from millm.sae.files import regular_file
+from millm.sae.vector_sets import WEIGHTS_MAX_BYTES, VectorSet, check_layer, parse_layer, set_name, unit_rows
 from millm.steering.profiles import ProfileDoc
 from millm.steering.service import SteeringService
 from millm.steering.values import clamp
-from millm.vectors.files import (
-    WEIGHTS_MAX_BYTES,
-    VectorSet,
-    check_layer,
-    parse_layer,
-    regular_file,
-    set_name,
-    unit_rows,
-)
 
 if TYPE_CHECKING:
     from gguf import GGUFReader, ReaderTensor

@@ -32,7 +32,8 @@ from millm.errors import InvalidParameter, MillmError
 from millm.research.answers import sample_answers
 from millm.research.measure import NEUTRAL_PROMPTS
 from millm.research.words import mentions
-from millm.vectors.files import METHODS, POSITIONS, VectorSet, parse_layer, read_capped, set_name
+from millm.sae.files import read_capped
+from millm.sae.vector_sets import METHODS, POSITIONS, VectorSet, parse_layer, set_name
 
 CONTEXT = "Tell me something."  # the user turn every example is read after, positive and negative alike
 CONCEPT_PROMPTS = ("Write a few sentences about {}.", "Tell me about {}.", "Describe {} in a short paragraph.",
@@ -215,7 +216,7 @@ def parse_layers(specs: Sequence[str | int], n_layers: int) -> list[int]:
 
 def read_file(path: Path, param: str, shown: str | Path | None = None) -> list[str]:
     """Example texts from a file (as :func:`parse_examples` reads them). Only a regular file of at most
-    ``EXAMPLES_MAX_BYTES`` is read (as imports are: ``files.read_capped``), so ``/dev/zero`` or a FIFO is
+    ``EXAMPLES_MAX_BYTES`` is read (as imports are: ``read_capped``), so ``/dev/zero`` or a FIFO is
     refused at once; a problem names the file as ``shown`` (the path as the user gave it; default ``path``)."""
     shown = path if shown is None else shown
     return parse_examples(read_capped(path, str(shown), EXAMPLES_MAX_BYTES, param), str(shown), param)

@@ -87,8 +87,8 @@ def test_list_flags_a_damaged_or_removed_set_and_rm_removes_it(fake_cli):
     import torch
 
     from cli.common import steering_service
+    from millm.sae.vector_sets import VectorSet
     from millm.vectors import catalog
-    from millm.vectors.files import VectorSet
 
     home = get_settings().home
     for name in ("vkept", "vdamaged", "vremoved"):

@@ -84,7 +84,7 @@ def test_a_bad_name_already_in_the_store_cannot_break_completions(base, home):
     assert r.status_code == 200 and "X-Injected" not in r.headers
     header = r.headers["X-miLLM-Steering"]
     assert header.startswith('"') and "\r" not in header and "\n" not in header and header.isascii()
-    from millm.steering.names import steering_label
+    from millm.names import steering_label
 
     assert steering_label(header) == bad
     streamed = httpx.post(url + "/v1/chat/completions", timeout=120, json={

@@ -8,7 +8,7 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from millm.steering.names import steering_label, steering_scope_of
+from millm.names import steering_label, steering_scope_of
 from tests.support.live import live_server
 from tests.support.saes import random_sae, write_saelens
 

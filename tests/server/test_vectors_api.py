@@ -18,8 +18,8 @@ from tests.support.fakes import FakeEngine
 from tests.support.waiting import wait_for
 
 if TYPE_CHECKING:
+    from millm.sae.vector_sets import VectorSet
     from millm.steering.service import SteeringService
-    from millm.vectors.files import VectorSet
 
 MODEL = "SmolLM2-135M-Instruct"
 D_MODEL, LAYER = 576, 10
@@ -34,7 +34,7 @@ def call(server: str, method: str, path: str, **kwargs: Any) -> httpx.Response:
 def unit_set(name: str, vectors: int = 1, layer: int = LAYER, seed: int = 0) -> VectorSet:
     import torch
 
-    from millm.vectors.files import VectorSet
+    from millm.sae.vector_sets import VectorSet
 
     v = torch.randn(vectors, D_MODEL, generator=torch.Generator().manual_seed(seed))
     names = (name, *(f"{name}-{i}" for i in range(1, vectors)))
@@ -308,7 +308,8 @@ def test_a_refused_learning_body_stores_nothing_and_starts_no_job(server, settin
 def test_export_is_a_control_vector_and_import_takes_it_or_a_folder_back(server, settings, tmp_path):
     import torch
 
-    from millm.vectors import catalog, files, gguf
+    from millm.sae import vector_sets
+    from millm.vectors import catalog, gguf
 
     name, names = "apiexport", ["apiexport", "apiback", "apifolder", "apimulti-L5", "apimulti-L10", "apione"]
     original = unit_set(name, seed=4)
@@ -325,12 +326,12 @@ def test_export_is_a_control_vector_and_import_takes_it_or_a_folder_back(server,
         assert back.status_code == 201, back.text
         [row] = back.json()["data"]
         assert (row["id"], row["layer"], row["method"], row["names"]) == ("apiback", LAYER, "imported", ["apiback"])
-        stored = files.load(Path(row["path"]))
+        stored = vector_sets.load(Path(row["path"]))
         assert torch.allclose(stored.vectors, original.vectors, atol=1e-6)
         assert listed(server)["apiback"]["attached_layer"] is None
 
         folder = tmp_path / "a-set"
-        files.save(folder, unit_set("whatever", seed=5))
+        vector_sets.save(folder, unit_set("whatever", seed=5))
         wrong = call(server, "POST", "/api/vectors/import", json={"path": str(folder), "name": "apifolder",
                                                                     "layer": 3})
         assert wrong.status_code == 400 and wrong.json()["error"]["param"] == "layer", wrong.text

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from millm.errors import InvalidFeatureIndex, InvalidParameter
+from millm.names import check_name
 from millm.steering.documents import (
     CircuitDoc,
     ClusterDoc,
@@ -22,7 +23,6 @@ from millm.steering.documents import (
     stored_form,
     stored_serving_mode,
 )
-from millm.steering.names import check_name
 from tests.support.documents import CIRCUIT, CLUSTER, REG
 
 

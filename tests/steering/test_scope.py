@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from millm.errors import InvalidParameter
-from millm.steering.names import steering_header, steering_label, steering_scope_of
+from millm.names import steering_header, steering_label, steering_scope_of
 from millm.steering.scope import GENERATED_PHASE, PROMPT_PHASE, SCOPES, applies, gates, parse_scope
 from tests.steering.tiny import D, prompt_ids
 from tests.support.saes import random_sae

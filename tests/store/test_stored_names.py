@@ -8,10 +8,10 @@ import copy
 import pytest
 
 from millm.errors import ProfileConflict
+from millm.names import name_problem
 from millm.steering.documents import ServingMode
 from millm.steering.imports import import_document, stored_cluster
 from millm.steering.intensity import IntensitySettings
-from millm.steering.names import name_problem
 from millm.store import Store
 from tests.support.documents import CIRCUIT, CLUSTER, REG
 

@@ -33,7 +33,7 @@ from tests.support.saes import random_sae, write_saelens
 if TYPE_CHECKING:
     import torch
 
-    from millm.vectors.files import VectorSet
+    from millm.sae.vector_sets import VectorSet
 
 
 D, LAYERS = 8, 8
@@ -51,7 +51,7 @@ raw_file = gguf_file  # a GGUF written by gguf-py directly, as repeng's export_g
 
 
 def one_set(name: str, layer: int, seed: int = 0, d: int = D) -> VectorSet:
-    from millm.vectors.files import VectorSet
+    from millm.sae.vector_sets import VectorSet
 
     return VectorSet((name,), unit(d, seed)[None, :], layer, "toy-model")
 
@@ -192,10 +192,10 @@ def test_an_import_that_fails_midway_stores_nothing(tmp_path: Path, monkeypatch)
 def test_a_profile_exports_its_entries_summed_per_layer(tmp_path: Path):
     import torch
 
+    from millm.sae.vector_sets import VectorSet
     from millm.steering.profiles import parse_profile
     from millm.steering.service import SteeringService
     from millm.vectors import catalog, gguf
-    from millm.vectors.files import VectorSet
 
     service = SteeringService(Store(tmp_path / "millm.db"))
     sae = random_sae(D, 4, seed=7)

@@ -19,7 +19,7 @@ D_MODEL = 576
 def sets(name: str, layers: list[int]) -> list:
     import torch
 
-    from millm.vectors.files import VectorSet, set_name
+    from millm.sae.vector_sets import VectorSet, set_name
 
     out = []
     for layer in layers:

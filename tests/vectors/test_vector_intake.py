@@ -32,13 +32,13 @@ from tests.support.malformed import (
 
 @pytest.mark.parametrize("case", sorted(set(FOLDERS) - MODEL_ONLY))
 def test_a_malformed_folder_is_refused_naming_the_file_as_given_and_the_key(tmp_path: Path, case: str):
-    from millm.vectors import files
+    from millm.sae import vector_sets
 
     write, file, key = FOLDERS[case]
     folder = write(tmp_path / "real-folder")
     (tmp_path / "given").symlink_to(folder)  # the client's path is a link: refusals name it, not its target
     with pytest.raises(InvalidParameter) as refused:
-        files.load(tmp_path / "given", "given", "path")
+        vector_sets.load(tmp_path / "given", "given", "path")
     message = refused.value.message
     assert refused.value.param == "path" and refused.value.status == 400
     assert message.startswith(f"given/{file}"), message
@@ -48,7 +48,7 @@ def test_a_malformed_folder_is_refused_naming_the_file_as_given_and_the_key(tmp_
 def test_a_folder_of_any_finite_non_zero_norm_is_stored_at_unit_norm(tmp_path: Path):
     import torch
 
-    from millm.vectors import files
+    from millm.sae import vector_sets
 
     for name, values in (("big", unit_rows(2) * 1e6), ("huge", np.full((1, D), 1e30, dtype=np.float32)),
                          ("tiny", np.full((1, D), 1e-30, dtype=np.float32))):
@@ -56,7 +56,7 @@ def test_a_folder_of_any_finite_non_zero_norm_is_stored_at_unit_norm(tmp_path: P
         names = ["rainy", "cloudy"][:rows]
         meta = {"format": "millm-vectors", "names": names, "layer": 3, "model": ""}
         folder = write_folder(tmp_path / name, meta, values.astype(np.float32))
-        vs = files.load(folder)
+        vs = vector_sets.load(folder)
         assert vs.vectors.dtype == torch.float32
         assert torch.allclose(vs.vectors.double().norm(dim=1), torch.ones(rows, dtype=torch.float64), atol=1e-6)
         expected = torch.from_numpy(values).double()
@@ -66,8 +66,8 @@ def test_a_folder_of_any_finite_non_zero_norm_is_stored_at_unit_norm(tmp_path: P
 def test_a_set_that_breaks_the_rules_is_never_saved(tmp_path: Path):
     import torch
 
-    from millm.vectors import files
-    from millm.vectors.files import VectorSet
+    from millm.sae import vector_sets
+    from millm.sae.vector_sets import VectorSet
 
     good = torch.zeros(1, 8)
     good[0, 1] = 1.0
@@ -77,10 +77,10 @@ def test_a_set_that_breaks_the_rules_is_never_saved(tmp_path: Path):
                 VectorSet(("rainy",), good, True, "m"),
                 VectorSet(("rainy",), good, 10**30, "m")):
         with pytest.raises(InvalidParameter):
-            files.save(tmp_path / "vectors" / "rainy", bad)
+            vector_sets.save(tmp_path / "vectors" / "rainy", bad)
         assert not (tmp_path / "vectors").exists() or not any((tmp_path / "vectors").iterdir())
-    files.save(tmp_path / "vectors" / "rainy", VectorSet(("rainy",), 5 * good, 3, "m"))
-    assert float(files.load(tmp_path / "vectors" / "rainy").vectors.norm()) == pytest.approx(1.0)
+    vector_sets.save(tmp_path / "vectors" / "rainy", VectorSet(("rainy",), 5 * good, 3, "m"))
+    assert float(vector_sets.load(tmp_path / "vectors" / "rainy").vectors.norm()) == pytest.approx(1.0)
 
 
 @pytest.mark.parametrize("case", sorted(GGUFS))
@@ -139,8 +139,8 @@ def service(tmp_path: Path):
 def stored(svc, home: Path, name: str):
     import torch
 
+    from millm.sae.vector_sets import VectorSet
     from millm.vectors import catalog
-    from millm.vectors.files import VectorSet
 
     return catalog.store(svc, home, VectorSet((name,), torch.from_numpy(unit_rows()), 3, "toy", "diffmean", "mean",
                                               {"positive": 2, "negative": 2}))

@@ -116,10 +116,10 @@ def test_a_set_of_any_finite_non_zero_norm_is_imported_at_unit_norm(tmp_path: Pa
 def test_a_damaged_or_removed_set_is_listed_flagged_and_deleted(tmp_path: Path):
     import torch
 
+    from millm.sae.vector_sets import VectorSet
     from millm.steering.service import SteeringService
     from millm.store import Store
     from millm.vectors import catalog
-    from millm.vectors.files import VectorSet
 
     home = tmp_path / "home"
     svc = SteeringService(Store(home / "millm.db"))

@@ -16,7 +16,7 @@ from tests.support.saes import random_sae, write_saelens
 if TYPE_CHECKING:
     import torch
 
-    from millm.vectors.files import VectorSet
+    from millm.sae.vector_sets import VectorSet
 
 
 D = 8
@@ -64,7 +64,7 @@ def test_diffmean_is_the_normalised_difference_of_means_and_refuses_no_differenc
 def vector_set(name: str = "rainy", layer: int = 3, d: int = D) -> VectorSet:
     import torch
 
-    from millm.vectors.files import VectorSet
+    from millm.sae.vector_sets import VectorSet
 
     v = torch.zeros(1, d)
     v[0, 1] = 1.0
@@ -75,14 +75,14 @@ def vector_set(name: str = "rainy", layer: int = 3, d: int = D) -> VectorSet:
 def test_a_set_round_trips_and_reads_as_a_linear_sae_of_its_vectors(tmp_path: Path):
     import torch
 
+    from millm.sae import vector_sets
     from millm.sae.formats import load_sae
-    from millm.vectors import files
 
     folder = tmp_path / "rainy"
-    files.save(folder, vector_set())
+    vector_sets.save(folder, vector_set())
     assert sorted(p.name for p in folder.iterdir()) == ["labels.json", "vectors.json", "vectors.safetensors"]
     assert json.loads((folder / "labels.json").read_text()) == {"0": "rainy"}
-    back = files.load(folder)
+    back = vector_sets.load(folder)
     assert back.names == ("rainy",) and back.layer == 3 and torch.equal(back.vectors, vector_set().vectors)
     loaded = load_sae(folder)
     assert (loaded.format, loaded.layer_hint, loaded.model_hint) == ("vectors", 3, "toy-model")
@@ -91,7 +91,7 @@ def test_a_set_round_trips_and_reads_as_a_linear_sae_of_its_vectors(tmp_path: Pa
     assert torch.equal(loaded.sae.decode(torch.tensor([[4.0]])), 4.0 * vector_set().vectors)  # strength x unit
     (folder / "vectors.json").write_text('{"format": "other"}')
     with pytest.raises(InvalidParameter, match="vectors.json"):
-        files.load(folder)
+        vector_sets.load(folder)
 
 
 def test_example_files_take_lines_or_chat_messages_and_name_a_bad_line(tmp_path: Path):
@@ -191,7 +191,7 @@ def test_a_bad_layer_spec_is_refused_naming_layer(specs, says):
 
 
 def test_one_layer_keeps_the_name_several_are_suffixed_as_imports_are():
-    from millm.vectors.files import set_name
+    from millm.sae.vector_sets import set_name
     from millm.vectors.learn import default_layer
 
     assert set_name("rain", 10, [10]) == "rain"
