@@ -391,7 +391,7 @@ def test_monitoring(base, sae_id):
         httpx.put(base + "/api/monitoring", json={"enabled": False}, timeout=10)
 
 
-def _events(lines) -> "Iterator[dict]":
+def _events(lines) -> Iterator[dict]:
     """The payloads of a server-sent events stream's ``monitoring`` events, as they arrive."""
     name = None
     for line in lines:

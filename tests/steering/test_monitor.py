@@ -5,28 +5,41 @@ from __future__ import annotations
 
 import math
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
-import torch
 
 from millm.errors import InvalidParameter
-from millm.steering.monitor import Monitor, MonitorConfig, Tally, parse_monitor_config
 
-ACTS = torch.tensor([[0.0, 2.0, 5.0],
-                     [1.0, 0.0, 5.0],
-                     [3.0, 4.0, 5.0],
-                     [0.0, 0.0, 1.0]], dtype=torch.float64)
+if TYPE_CHECKING:
+    import torch
+
+    from millm.steering.monitor import Monitor
+
+# torch and the monitor (which imports it) are imported when a test runs, never at collection (the fast tier's rule)
+ROWS = [[0.0, 2.0, 5.0],
+        [1.0, 0.0, 5.0],
+        [3.0, 4.0, 5.0],
+        [0.0, 0.0, 1.0]]
 
 
-def test_tally_figures_match_a_direct_computation():
+@pytest.fixture
+def acts() -> torch.Tensor:
+    import torch
+
+    return torch.tensor(ROWS, dtype=torch.float64)
+
+
+def test_tally_figures_match_a_direct_computation(acts):
+    from millm.steering.monitor import Tally
+
     tally = Tally(3)
-    tally.add(ACTS[:1])
-    tally.add(ACTS[1:])  # two requests' worth: the running figures equal one pass over all positions
+    tally.add(acts[:1])
+    tally.add(acts[1:])  # two requests' worth: the running figures equal one pass over all positions
     rows = tally.rows([7, 8, 9], None)
     assert list(rows) == ["7", "8", "9"]
     for column, key in enumerate(["7", "8", "9"]):
-        values = ACTS[:, column]
+        values = acts[:, column]
         row = rows[key]
         assert row["count"] == int((values > 0).sum())
         assert row["mean"] == pytest.approx(float(values.mean()))
@@ -35,23 +48,29 @@ def test_tally_figures_match_a_direct_computation():
         assert row["active_fraction"] == pytest.approx(row["count"] / 4)
 
 
-def test_merging_two_tallies_equals_one_over_both():
+def test_merging_two_tallies_equals_one_over_both(acts):
+    from millm.steering.monitor import Tally
+
     one, two, both = Tally(3), Tally(3), Tally(3)
-    one.add(ACTS[:2])
-    two.add(ACTS[2:])
-    both.add(ACTS)
+    one.add(acts[:2])
+    two.add(acts[2:])
+    both.add(acts)
     one.merge(two)
     merged, direct = one.rows([0, 1, 2], None), both.rows([0, 1, 2], None)
     assert all(merged[key] == pytest.approx(direct[key]) for key in direct)
 
 
-def test_top_k_reports_the_k_highest_means_strongest_first():
+def test_top_k_reports_the_k_highest_means_strongest_first(acts):
+    from millm.steering.monitor import Tally
+
     tally = Tally(3)
-    tally.add(ACTS)
+    tally.add(acts)
     assert list(tally.rows([0, 1, 2], 2)) == ["2", "1"]  # means 4.0, 1.5 (feature 0's is 1.0)
 
 
 def test_an_empty_tally_reports_zeros_not_infinities():
+    from millm.steering.monitor import Tally
+
     row = Tally(2).rows([0, 1], None)["1"]
     assert row == {"count": 0, "mean": 0.0, "std": 0.0, "min": 0.0, "max": 0.0, "active_fraction": 0.0}
     assert all(math.isfinite(v) for v in row.values())
@@ -80,12 +99,16 @@ class _Steering:
     ({"enabled": "yes"}, "enabled"),
 ])
 def test_a_bad_configuration_names_its_field(body, param):
+    from millm.steering.monitor import parse_monitor_config
+
     with pytest.raises(InvalidParameter) as err:
         parse_monitor_config(body, _Steering(64), 100)  # type: ignore[arg-type]
     assert err.value.param == param
 
 
 def test_top_k_mode_reads_every_feature():
+    from millm.steering.monitor import parse_monitor_config
+
     config = parse_monitor_config({"top_k": 5}, _Steering(64), 100)  # type: ignore[arg-type]
     assert (config.sae, config.top_k, config.features, config.tracked) == ("l10", 5, [], list(range(64)))
     chosen = parse_monitor_config({"features": [3, 3, 9]}, _Steering(64), 100)  # type: ignore[arg-type]
@@ -108,44 +131,54 @@ def _record(monitor: Monitor, acts: torch.Tensor) -> None:
     monitor.commit(session, "m")
 
 
-def test_a_request_lands_in_the_history_and_the_running_figures():
+def test_a_request_lands_in_the_history_and_the_running_figures(acts):
+    from millm.steering.monitor import Monitor, MonitorConfig
+
     monitor = Monitor()
     monitor.configure(MonitorConfig(True, "l10", [2, 0], 10, width=3))
-    _record(monitor, ACTS)
+    _record(monitor, acts)
     stats = monitor.stats()
     assert stats["positions"] == 4 and list(stats["features"]) == ["2", "0"]
     assert stats["features"]["2"]["mean"] == pytest.approx(4.0)
     assert monitor.history[-1]["features"] == {"2": {"max": 5.0, "mean": 4.0}, "0": {"max": 3.0, "mean": 1.0}}
 
 
-def test_top_k_history_entries_hold_each_requests_own_top_features():
+def test_top_k_history_entries_hold_each_requests_own_top_features(acts):
+    import torch
+
+    from millm.steering.monitor import Monitor, MonitorConfig
+
     monitor = Monitor()
     monitor.configure(MonitorConfig(True, "l10", [], 10, top_k=1, width=3))
-    _record(monitor, ACTS)
+    _record(monitor, acts)
     _record(monitor, torch.tensor([[9.0, 0.0, 0.0]]))
     assert [list(entry["features"]) for entry in monitor.history] == [["2"], ["0"]]
     assert list(monitor.stats()["features"]) == ["2"]  # over both: feature 2's mean (16/5) beats 0's (13/5)
 
 
-def test_a_request_from_an_older_configuration_is_dropped():
+def test_a_request_from_an_older_configuration_is_dropped(acts):
+    from millm.steering.monitor import Monitor, MonitorConfig
+
     monitor = Monitor()
     monitor.configure(MonitorConfig(True, "l10", [0], 10, width=3))
     session = monitor.session()
     session.sae = _Identity()
-    session(ACTS.float().unsqueeze(0))
+    session(acts.float().unsqueeze(0))
     monitor.configure(MonitorConfig(True, "l10", [1], 10, width=3))
     monitor.commit(session, "m")
     assert monitor.stats()["positions"] == 0 and not monitor.history
 
 
-def test_listeners_hear_every_change_until_they_stop():
+def test_listeners_hear_every_change_until_they_stop(acts):
+    from millm.steering.monitor import Monitor, MonitorConfig
+
     monitor = Monitor()
     heard: list[int] = []
     stop = monitor.listen(lambda: heard.append(len(monitor.history)))
     monitor.configure(MonitorConfig(True, "l10", [0], 10, width=3))
-    _record(monitor, ACTS)
+    _record(monitor, acts)
     monitor.clear_history()
     assert heard == [0, 1, 0]
     stop()
-    _record(monitor, ACTS)
+    _record(monitor, acts)
     assert heard == [0, 1, 0]
