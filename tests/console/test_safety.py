@@ -121,6 +121,12 @@ def test_with_an_api_key_the_pages_say_a_key_is_needed(open_console):
         page.fill("#key", "the-api-key")
         page.click("#key-use")
         page.locator("#dash-model dd").first.filter(has_text="fake").wait_for()
+        page = console.open("monitor")  # the pushed stream carries the key in its header too (not EventSource)
+        page.locator("#mon-summary").filter(has_text="Not monitoring: 0 positions read").wait_for()
+        sent = zip(console.urls, console.headers, strict=True)
+        streams = [h for u, h in sent if u.endswith("/api/monitoring/events")]
+        assert streams and all(h.get("authorization") == "Bearer the-api-key" for h in streams)
+        assert not any("the-api-key" in u for u in console.urls)
         console.clean()
 
 
