@@ -102,7 +102,7 @@ class Steered:
 
     def __init__(self, engine: Any) -> None:
         self.engine = engine
-        self.steer = None
+        self.steering = None
         self._context: Any = None
 
     def __enter__(self) -> Steered:
@@ -116,7 +116,8 @@ class Steered:
         service = steering_service()
         register_bundled(service.store)
         self._context = chat_steering(service, target, SAE, None, {MUSIC: 40.0}, None)
-        self.steer = self._context.__enter__().steer
+        chat = self._context.__enter__()
+        self.steering = getattr(chat, "steering", None) or chat.steer  # .steer: a capture from an earlier commit
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -133,16 +134,16 @@ def _prepared(engine: Any, name: str, steered: Steered) -> tuple[Any, Any]:
     built = _built(engine, name)
     if built.score is not None:
         return built, None
-    steer = steered.steer if REQUESTS[name][2] else None
-    service = steering_service() if steer is None else None
-    return built, prepare(engine, built, Limits.of(get_settings()), service, steer=steer)
+    steering = steered.steering if REQUESTS[name][2] else None
+    service = steering_service() if steering is None else None
+    return built, prepare(engine, built, Limits.of(get_settings()), service, steering)  # positional: any commit
 
 
 def serial(engine: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     with Steered(engine) as steered:
         for name in REQUESTS:
-            if REQUESTS[name][2] and steered.steer is None:
+            if REQUESTS[name][2] and steered.steering is None:
                 out[name] = {"skipped": "not steerable here"}
                 continue
             try:

@@ -74,12 +74,11 @@ def main() -> None:
 
     def run(readout: ReadoutAsk | None = None, dialled: bool = False) -> float:
         start = time.perf_counter()
-        override = None
+        steering = None
         if dialled:
-            steer = bases.request(CIRCUIT, DIAL)
-            assert steer.rung == 2 and steer.echo == "0.8", "the circuit does not serve natively"
-            override = steer.override
-        request = GenerationRequest([TextPrompt(PROMPT)], params, readout=readout, override=override)
+            steering = bases.request(CIRCUIT, DIAL)
+            assert steering.rung == 2 and steering.echo == "0.8", "the circuit does not serve natively"
+        request = GenerationRequest([TextPrompt(PROMPT)], params, readout=readout, steering=steering)
         events = list(engine.generate(request))
         usage = events[-1]
         assert isinstance(usage, Usage) and usage.completion_tokens == args.tokens, "decode ended early"

@@ -2,13 +2,13 @@
 
     python bench/tui.py [--rounds 5] [--tokens 32] [--d-sae 8192]
 
-1. A dial change to the first token of the next answer, against a plain request in the same run:
-   the strength dial's key press (an engine command that rewrites the SAE's delta buffer and persists
+1. A slider or dial change to the first token of the next answer, against a plain request in the same run:
+   the strength slider's key press (an engine command that rewrites the SAE's delta buffer and persists
    the value) then Enter, versus Enter alone, both timed to the first token on screen; the extra is
    printed in decode steps (the issue's bound: no more than one). The intensity dial is timed the same
    way (its λ travels with the request).
-2. Redraw latency while an answer streams: a key press on the strength dial and on the intensity dial,
-   timed from the press to the first screen update after the dial re-rendered (the issue's bound:
+2. Redraw latency while an answer streams: a key press on the strength slider and on the intensity dial,
+   timed from the press to the first screen update after the control re-rendered (the issue's bound:
    < 50 ms).
 
 The store is a temporary MILLM_HOME; the model cache is the usual one. The SAE is random (its cost does
@@ -145,7 +145,7 @@ async def bench(args: argparse.Namespace) -> None:
     from tui.client import Feature
     from tui.local import LocalClient
     from tui.widgets.intensity_dial import IntensityDial
-    from tui.widgets.strength_dial import StrengthDial
+    from tui.widgets.strength_slider import StrengthSlider
 
     engine = engine_for(None)
     service = steering_service()
@@ -159,7 +159,7 @@ async def bench(args: argparse.Namespace) -> None:
     async with app.run_test(size=(140, 44)) as pilot:
         await settle(pilot)
         clock = Clock(app)
-        strength, intensity = app.main.query_one(StrengthDial), app.main.query_one(IntensityDial)
+        strength, intensity = app.main.query_one(StrengthSlider), app.main.query_one(IntensityDial)
         strength.show(Feature(sae_id, 123), 0.0)
 
         async def focused(widget: Any) -> None:
@@ -219,7 +219,7 @@ async def bench(args: argparse.Namespace) -> None:
     print(f"model {engine.model_id}, SAE d_sae={args.d_sae} on layer {LAYER}, {args.rounds} rounds, "
           f"{args.tokens} tokens, greedy")
     print(line("one decode step, on screen", steps))
-    print(line("strength dial focused: ^T Enter -> 1st token", plain))
+    print(line("strength slider focused: ^T Enter -> 1st token", plain))
     print(line("  a strength step first: → ^T Enter", dialled, plain))
     print(line("intensity dial focused: ^T Enter -> 1st token", lam_plain))
     print(line("  a λ step first: ← ^T Enter", lam, lam_plain))

@@ -16,6 +16,8 @@ from cli import models as models_cli
 from cli import score as score_cli
 from cli import steering as steering_cli
 from cli.common import (
+    WEIGHTS_HELP,
+    Weights,
     engine_for,
     engine_of,
     err,
@@ -26,17 +28,18 @@ from cli.common import (
     sae_ref,
     steerable,
     steering_service,
+    use_weights,
 )
 from cli.sae_train import steer_assignments
 from cli.vectors import vectors_app
 from millm.config import get_settings
 from millm.errors import MillmError
-from millm.steering.session import ChatSteering, chat_steering, profile_unfit
+from millm.steering.session import SteeredChat, chat_steering, profile_unfit
 
 if TYPE_CHECKING:
     from millm.engine.base import Engine
     from millm.requests.generation import Prepared
-    from millm.steering.core import Override, SteeringCore
+    from millm.steering.core import RequestSteering, SteeringCore
     from millm.steering.target import SteeringTarget
 
 app = typer.Typer(help="miLLM: run a local language model, steer it by SAE features, serve it over OpenAI's API.",
@@ -57,7 +60,7 @@ def chat_body(model: str, messages: list[dict[str, Any]], fields: dict[str, Any]
 
 
 def stream_answer(engine: Engine, messages: list[dict[str, Any]], fields: dict[str, Any],
-                  chat: ChatSteering | None = None) -> str:
+                  chat: SteeredChat | None = None) -> str:
     """Print the answer as it is generated; return its full text. Prepared as the server prepares a
     request (``millm.requests.generation.prepare``: the same limits), steered as ``chat`` decided; one line on
     stderr says what steered it."""
@@ -67,9 +70,9 @@ def stream_answer(engine: Engine, messages: list[dict[str, Any]], fields: dict[s
     from millm.requests.generation import prepare
     from millm.requests.limits import Limits
 
-    chat = chat or ChatSteering()
+    chat = chat or SteeredChat()
     built = build_chat(chat_body(engine.model_id, messages, fields), lambda _: engine.engine_name)
-    prepared = prepare(engine, built, Limits.of(get_settings()), steer=chat.steer)
+    prepared = prepare(engine, built, Limits.of(get_settings()), steering=chat.steering)
     err.print(steering_line(engine, prepared, chat), markup=False)
     pieces = []
     finish = None
@@ -88,9 +91,9 @@ def stream_answer(engine: Engine, messages: list[dict[str, Any]], fields: dict[s
 SHOWN_FEATURES = 8  # per SAE on the steering line; the rest are counted
 
 
-def steering_line(engine: Engine, prepared: Prepared, chat: ChatSteering) -> str:
+def steering_line(engine: Engine, prepared: Prepared, chat: SteeredChat) -> str:
     """What steered an answer, as X-miLLM-Steering says it but in full: the name (``prepared.label``) and the
-    values (the override the answer was prepared with, else the live values its hooks hold) per SAE and
+    values (its own the answer was prepared with, else the live values its hooks hold) per SAE and
     layer, each feature with its label; or ``none`` and why."""
     target = engine.steering_target()
     if target is None:
@@ -102,26 +105,26 @@ def steering_line(engine: Engine, prepared: Prepared, chat: ChatSteering) -> str
         return f"steering: none ({why_unsteered(target, prepared, chat)}{aside})"
     if chat.unfit is not None:  # the dial went to the live values instead of the active profile
         aside += f"; {chat.unfit}"
-    override = prepared.steer.override
-    values = override.values if override is not None else {a.sae_id: a.values for a in steering.attachments.values()}
+    own = prepared.steering.values
+    values = own if own is not None else {a.sae_id: a.values for a in steering.attachments.values()}
     parts = [part for sae_id, features in values.items()
              if (part := _steered_part(target, sae_id, features)) is not None]
     return f"steering: {_source(prepared, chat)} {'; '.join(parts)}{aside}"
 
 
-def _source(prepared: Prepared, chat: ChatSteering) -> str:
+def _source(prepared: Prepared, chat: SteeredChat) -> str:
     """What the steering line says steered an answer: a profile (and what backs it), or the values."""
-    from millm.steering.bases import LIVE
+    from millm.steering.core import LIVE
 
     if prepared.label != LIVE:
         backing = steering_service().store.backing(prepared.label)
         source = f'profile "{prepared.label}"' + (f" ({backing})" if backing else "")
     else:
         source = "this chat's values" if chat.own else "live values"
-    if prepared.steer.echo is not None:
-        source += f" at intensity {prepared.steer.echo}"
-    if prepared.steer.rung is not None:
-        source += f", circuit rung {prepared.steer.rung}"
+    if prepared.steering.echo is not None:
+        source += f" at intensity {prepared.steering.echo}"
+    if prepared.steering.rung is not None:
+        source += f", circuit rung {prepared.steering.rung}"
     if prepared.scope != "all":
         source += f" ({prepared.scope} positions only)"
     return source
@@ -138,11 +141,11 @@ def _steered_part(target: SteeringTarget, sae_id: str, features: Mapping[int, fl
     return f"on {sae_id} (L{target.steering.attachments[sae_id].layer}): {', '.join(shown)}{more}"
 
 
-def _unattached_reason(steering: SteeringCore, override: Override | None) -> str:
+def _unattached_reason(steering: SteeringCore, decided: RequestSteering) -> str:
     """Why nothing steered with no SAE attached: the named profile's own unfitness, when it says one, else that."""
-    from millm.steering.bases import LIVE
+    from millm.steering.core import LIVE
 
-    named = override.name if override is not None and override.name != LIVE else None
+    named = decided.name if decided.values is not None and decided.name != LIVE else None
     unfit = profile_unfit(steering_service(), steering, named) if named is not None else None
     return unfit or "no SAE attached"
 
@@ -154,21 +157,21 @@ def _live_reason(steering: SteeringCore) -> str:
     return "no live values on the attached SAEs"
 
 
-def why_unsteered(target: SteeringTarget, prepared: Prepared, chat: ChatSteering) -> str:
+def why_unsteered(target: SteeringTarget, prepared: Prepared, chat: SteeredChat) -> str:
     """Why an answer whose X-miLLM-Steering is ``none`` ran unsteered."""
-    from millm.steering.bases import LIVE
+    from millm.steering.core import LIVE
 
-    steering, override = target.steering, prepared.steer.override
+    steering, decided = target.steering, prepared.steering
     if chat.unfit is not None:
         return chat.unfit
     if not steering.attachments:
-        return _unattached_reason(steering, override)
-    if override is None:
+        return _unattached_reason(steering, decided)
+    if decided.values is None:
         return _live_reason(steering)
-    if prepared.steer.echo is not None and float(prepared.steer.echo) == 0.0:
+    if decided.echo is not None and float(decided.echo) == 0.0:
         return "intensity off"
-    if override.name != LIVE:
-        return f'profile "{override.name}" steers nothing through the attached SAEs'
+    if decided.name != LIVE:
+        return f'profile "{decided.name}" steers nothing through the attached SAEs'
     return "every strength of this chat is 0" if chat.own else "no live values on the attached SAEs"
 
 
@@ -198,11 +201,13 @@ def chat(
                                                        "live values.")] = None,
     scope: Annotated[str | None, typer.Option(help="Where steering applies: all (default), generated (only the "
                                                    "answer's tokens) or prompt (only the prompt's).")] = None,
+    weights: Annotated[Weights | None, typer.Option(help=WEIGHTS_HELP)] = None,
 ) -> None:
     """Chat with a model: one answer, stdin, or an interactive session (/reset, /exit). Each answer goes to
     stdout; one line on stderr says what steered it."""
     from millm.requests.builder import build_chat
 
+    use_weights(weights)
     fields = {"temperature": temperature, "top_p": top_p, "max_tokens": max_tokens, "seed": seed, "stop": stop,
               "steering_intensity": dial_value(intensity), "steering_scope": scope}
     sae = sae_ref(sae) if sae is not None else None
@@ -215,7 +220,7 @@ def chat(
     built = build_chat(chat_body(name, first, fields), engine_of)  # refuse bad values before loading anything
     engine = engine_for(model)
     if sae is None and not assignments and profile is None and built.intensity is None:
-        run_chat(engine, prompt, preamble, fields, ChatSteering())
+        run_chat(engine, prompt, preamble, fields, SteeredChat())
         return
     with chat_steering(steering_service(), steerable(engine), sae, layer, assignments, profile,
                        built.intensity) as steered:
@@ -233,7 +238,7 @@ def dial_value(text: str | None) -> float | str | None:
 
 
 def run_chat(engine: Engine, prompt: str | None, preamble: list[dict[str, Any]], fields: dict[str, Any],
-             chat: ChatSteering) -> None:
+             chat: SteeredChat) -> None:
     if prompt is not None:
         stream_answer(engine, preamble + [{"role": "user", "content": prompt}], fields, chat)
     else:
@@ -241,7 +246,7 @@ def run_chat(engine: Engine, prompt: str | None, preamble: list[dict[str, Any]],
 
 
 def converse(engine: Engine, preamble: list[dict[str, Any]], fields: dict[str, Any],
-             chat: ChatSteering) -> None:
+             chat: SteeredChat) -> None:
     """The interactive loop: history kept until /reset, left with /exit or end of input."""
     history = list(preamble)
     err.print(f"[dim]{engine.model_id} - /reset clears the history, /exit leaves[/]")
@@ -292,6 +297,7 @@ def serve(
                                            "MILLM_BATCHING=true).")] = False,
     no_console: Annotated[bool, typer.Option("--no-console", help="Serve no web console at / (as "
                                              "MILLM_CONSOLE=false).")] = False,
+    weights: Annotated[Weights | None, typer.Option(help=WEIGHTS_HELP)] = None,
 ) -> None:
     """Serve the OpenAI-compatible /v1 API, the management API and the web console with Hypercorn."""
     import logging
@@ -300,6 +306,7 @@ def serve(
     from millm.server.run import is_loopback, run
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    use_weights(weights)
     settings = get_settings()
     if batching:
         settings = settings.model_copy(update={"batching": True})

@@ -1,1 +1,2 @@
-"""``millm tui``: the live steering dial in the terminal (Textual), in-process or on a server's URL."""
+"""``millm tui``: live steering in the terminal (Textual), its strength slider and intensity dial, in-process or on a
+server's URL."""

@@ -21,7 +21,7 @@ from tui.widgets.feature_search import FeatureResults
 from tui.widgets.intensity_dial import IntensityDial
 from tui.widgets.sae_list import SAEList
 from tui.widgets.steered_list import SteeredList
-from tui.widgets.strength_dial import StrengthDial
+from tui.widgets.strength_slider import StrengthSlider
 
 Opener = Callable[[], Awaitable[Client]]
 
@@ -86,13 +86,13 @@ class MillmApp(App[None]):
         """Every key, by where it works."""
         return [("anywhere", self.BINDINGS), ("main screen", MainScreen.BINDINGS),
                 ("SAE list", SAEList.BINDINGS), ("search results", FeatureResults.BINDINGS),
-                ("steered list", SteeredList.BINDINGS), ("strength dial", StrengthDial.BINDINGS),
+                ("steered list", SteeredList.BINDINGS), ("strength slider", StrengthSlider.BINDINGS),
                 ("intensity dial", IntensityDial.BINDINGS), ("token strip", ActivationStrip.BINDINGS),
                 ("profiles", ProfilesScreen.BINDINGS)]
 
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):
-            typing = [("strength dial", "digits Enter", StrengthDial.TYPING),
+            typing = [("strength slider", "digits Enter", StrengthSlider.TYPING),
                       ("intensity dial", "digits Enter", IntensityDial.TYPING)]
             self.push_screen(HelpScreen(self.key_sections(),
                                         [("chat input", k, does) for k, does in CHAT_COMMANDS.items()] + typing))

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 READOUT_TOP_K = 5
 """Features kept per generated token for the activation strip."""
 SWEEP_STRENGTHS, SWEEP_PROMPTS, SWEEP_TOKENS = (0.0, 20.0, 40.0, 60.0, 80.0), 4, 24
-"""The TUI's short sweep (``s`` on the strength dial); ``millm steer sweep`` measures at length."""
+"""The TUI's short sweep (``s`` on the strength slider); ``millm steer sweep`` measures at length."""
 
 
 @dataclass(frozen=True)

@@ -160,9 +160,9 @@ class LocalClient:
         engine = self.engine
         built = await asyncio.to_thread(build_chat, body, lambda _: engine.engine_name)
         prepared = await self.worker.call(prepare, engine, built, Limits.of(get_settings()), self.service)
-        steer = prepared.steer
-        result = ChatResult(steering=prepared.label, intensity=steer.echo,
-                            rung=rung_language(steer.rung) if steer.rung is not None else None)
+        steering = prepared.steering
+        result = ChatResult(steering=prepared.label, intensity=steering.echo,
+                            rung=rung_language(steering.rung) if steering.rung is not None else None)
         events = await self.worker.generate(engine, prepared.plans, prepared.check)
         readout: dict[str, Any] | None = None
         async for event in events:

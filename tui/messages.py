@@ -36,8 +36,8 @@ class Watching(Message):
         self.features = features
 
 
-class Dial(Message):
-    """Show this feature on the strength dial (chosen in the activation strip, across panes)."""
+class PutOnSlider(Message):
+    """Show this feature on the strength slider (chosen in the activation strip, across panes)."""
 
     def __init__(self, feature: Feature) -> None:
         super().__init__()

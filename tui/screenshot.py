@@ -3,7 +3,7 @@
     python -m tui.screenshot docs/tui.svg
 
 A temporary MILLM_HOME keeps the store untouched (the model cache is the usual one). The scene: the
-bundled layer-10 SAE attached, its "ocean" feature found by label and dialled to 40, watched by
+bundled layer-10 SAE attached, its "ocean" feature found by label and set to 40 on the strength slider, watched by
 monitoring, and a greedy answer with its tokens' top features on the strip.
 """
 
@@ -30,7 +30,7 @@ async def scene(path: Path) -> None:
     from tui.local import LocalClient
     from tui.widgets.activation_strip import ActivationStrip
     from tui.widgets.sae_list import SAEList
-    from tui.widgets.strength_dial import StrengthDial
+    from tui.widgets.strength_slider import StrengthSlider
 
     client = LocalClient(await asyncio.to_thread(engine_for, None))
     app = MillmApp(client=client, sampling={"temperature": "0", "max_tokens": "40", "seed": ""})
@@ -51,8 +51,8 @@ async def scene(path: Path) -> None:
         await pilot.press("ctrl+f", *"ocean")
         await idle()
         await pilot.press("tab", "w", "enter")
-        dialled = app.main.query_one(StrengthDial).feature
-        assert dialled is not None and dialled.index == FEATURE, f"the label search found {dialled}"
+        slid = app.main.query_one(StrengthSlider).feature
+        assert slid is not None and slid.index == FEATURE, f"the label search found {slid}"
         await pilot.press(*STRENGTH, "enter")
         await idle()
         prompt = app.main.query_one("#prompt", Input)

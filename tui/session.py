@@ -13,7 +13,7 @@ from typing import Any
 from millm.requests.validation import SEED_MAX
 from millm.steering.intensity import Dial, Symbol
 from tui.client import readout_ask
-from tui.dials import wire_dial
+from tui.controls import wire_dial
 
 SAMPLING_FIELDS = ("temperature", "max_tokens", "seed")
 
@@ -39,23 +39,26 @@ def sampling_fields(form: dict[str, str]) -> dict[str, Any]:
 
 
 @dataclass
-class Steer:
-    """How a request is steered: the dial, a profile loaded for this session's chats, and the SAE to read."""
+class SteeringFields:
+    """The steering fields of the chat bodies the TUI sends: the dial (``steering_intensity``), a profile loaded for
+    this session's chats (``profile``), and the SAE to read (``return_sae_activations``); the server resolves them
+    to the request's steering."""
 
     dial: Dial = None
     profile: str | None = None
     readout_sae: str | None = None
 
 
-def chat_body(model: str, messages: list[dict[str, Any]], sampling: dict[str, Any], steer: Steer) -> dict[str, Any]:
+def chat_body(model: str, messages: list[dict[str, Any]], sampling: dict[str, Any],
+              steering: SteeringFields) -> dict[str, Any]:
     """The streamed chat completion body for ``messages`` under these settings."""
     body: dict[str, Any] = {"model": model, "messages": messages, "stream": True, **sampling}
-    if steer.dial is not None:
-        body["steering_intensity"] = wire_dial(steer.dial)
-    if steer.profile is not None:
-        body["profile"] = steer.profile
-    if steer.readout_sae is not None:
-        body["return_sae_activations"] = readout_ask(steer.readout_sae)
+    if steering.dial is not None:
+        body["steering_intensity"] = wire_dial(steering.dial)
+    if steering.profile is not None:
+        body["profile"] = steering.profile
+    if steering.readout_sae is not None:
+        body["return_sae_activations"] = readout_ask(steering.readout_sae)
     return body
 
 

@@ -10,7 +10,7 @@ scheduler, exactly as the default (serial) server serves it: ``millm batch`` ans
 rather than refusing them.
 
 Where there is no scheduler (llama.cpp), rows whose plans agree on everything but their prompts
-(sampling parameters, token budget, steering override; no seed, schema or read-out) run as one
+(sampling parameters, token budget, the request's own steering values; no seed, schema or read-out) run as one
 left-padded plan, and their events are split back per row.
 
 Either way a row whose shared run fails is run again on its own, so one bad row cannot take its
@@ -45,8 +45,13 @@ class Job(Request):
 
 
 def _same_run(a: Plan, b: Plan) -> bool:
-    return (a.params == b.params and a.max_tokens == b.max_tokens and a.override == b.override
-            and a.scope == b.scope)
+    return (a.params == b.params and a.max_tokens == b.max_tokens and _rows(a) == _rows(b) and a.scope == b.scope)
+
+
+def _rows(plan: Plan) -> tuple[str, dict[str, dict[int, float]]] | None:
+    """What a plan's rows steer with: its steering's name and own values; None: the live values."""
+    steering = plan.steering
+    return None if steering is None or steering.values is None else (steering.name, steering.values)
 
 
 def groups(jobs: list[Job], pads: bool) -> list[list[Job]]:
@@ -66,7 +71,7 @@ def _run_shared(engine: Engine, group: list[Job]) -> None:
     """One padded plan for the group; each choice's events go back to its job, with its own Usage."""
     first = group[0].plans[0]
     merged = Plan([ids for job in group for ids in job.plans[0].prompt_ids], first.params, first.max_tokens,
-                  first.override, scope=first.scope)
+                  first.steering, scope=first.scope)
     owner: list[tuple[Job, int]] = []
     for job in group:
         owner += [(job, k) for k in range(job.choices)]
@@ -81,7 +86,7 @@ def _run_shared(engine: Engine, group: list[Job]) -> None:
 def _give_back(event: Event, group: list[Job], owner: list[tuple[Job, int]], done: dict[int, int]) -> None:
     """One event of a group's padded plan, given to the job whose choice it is, renumbered as that job's;
     ``done`` counts each job's completion tokens."""
-    if isinstance(event, Steered):  # one override for the group: what steered it steered each job
+    if isinstance(event, Steered):  # one steering for the group: what steered it steered each job
         for job in group:
             job.events.append(event)
     elif isinstance(event, Delta):

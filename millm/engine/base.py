@@ -3,7 +3,7 @@
 Front ends (server, CLI, TUI) hold an ``Engine`` and call only what this Protocol declares. An
 engine refuses what it cannot do (``Capabilities`` says so up front, and ``prepare``/``score``
 raise when asked anyway), so a front end that bypasses the field table still cannot get a silently
-dropped constraint, override or read-out.
+dropped constraint, steering or read-out.
 """
 
 from __future__ import annotations
@@ -146,7 +146,7 @@ def check_supported(request: GenerationRequest, caps: Capabilities, engine_name:
     """Refuse, naming the field, what a generation request asks of an engine that cannot do it."""
 
     asks = {
-        "profile": request.override is not None and not caps.steers,
+        "profile": request.steering is not None and request.steering.values is not None and not caps.steers,
         "steering_scope": request.scope != "all" and not caps.steers,
         "return_sae_activations": request.readout is not None and not caps.reads,
         "response_format": request.constraint is not None and not caps.constrainable,

@@ -5,7 +5,7 @@ token through miLLM's own stop matching and incremental detokenising, so streams
 on both engines. llama.cpp cannot be scored here, nor its residual read: the field table refuses those.
 
 With MILLM_GGUF_STEERING on, SAEs attach to the model and steer it through llama.cpp's control vectors
-(``millm.steering.cvec``): each generation binds the one steering row to its request's override (or the
+(``millm.steering.cvec``): each generation binds the one steering row to its request's own values (or the
 live values), writes the row's per-layer sum into the control-vector buffer before its first forward, again
 whenever an operator changes it between two tokens, and clears the buffer when it ends, in ``finally``.
 """
@@ -231,7 +231,7 @@ class LlamaCppEngine(NoModelInternals):
         prompt_ids = [self.tokenize(p) for p in request.prompts]
         return Plan(prompt_ids, request.params,
                     token_budget(prompt_ids, request.params.max_tokens, self.context_window, self.default_max_tokens,
-                              prompt_names(request.prompts)), override=request.override, scope=request.scope)
+                              prompt_names(request.prompts)), steering=request.steering, scope=request.scope)
 
     def generate(self, request: GenerationRequest, control: StepControl | None = None) -> Iterator[Event]:
         return self.run(self.prepare(request), control)
@@ -242,14 +242,14 @@ class LlamaCppEngine(NoModelInternals):
 
     def run(self, plan: Plan, control: StepControl | None = None) -> Iterator[Event]:
         """Each prompt of the plan in turn (llama.cpp decodes one sequence here), steered by the plan's
-        override (else the live values) when steering is on; the control vector is cleared afterwards."""
+        own values (else the live values) when steering is on; the control vector is cleared afterwards."""
         with self._lock:
             steering = self._steering
             if steering is not None:
-                steering.bind_row(ROW, plan.override, plan.scope)
+                steering.bind_row(ROW, plan.steering, plan.scope)
             try:
                 if steering is not None:
-                    yield Steered(steering.label(plan.override))
+                    yield Steered(steering.label(plan.steering))
                 completion = 0
                 for index, ids in enumerate(plan.prompt_ids):
                     row = Row(index, ChoiceOutput(self.decoder, plan.params.stop, self.stop_ids), plan.params,

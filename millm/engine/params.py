@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeAlias
 
 if TYPE_CHECKING:
-    from millm.steering.target import Override, ReadoutAsk, Scope
+    from millm.steering.target import ReadoutAsk, RequestSteering, Scope
     from millm.structured.tools import Constraint
 
 
@@ -73,7 +73,7 @@ class GenerationRequest:
 
     prompts: list[Prompt]
     params: SamplingParams = field(default_factory=SamplingParams)
-    override: Override | None = None  # the request's own steering (a profile, a dial); None: the live values
+    steering: RequestSteering | None = None  # what steers it (a profile, a dial); None: the live values
     readout: ReadoutAsk | None = None  # return_sae_activations, its shape checked
     constraint: Constraint | None = None  # response_format or tools, one matcher per row
     scope: Scope = "all"  # steering_scope: the positions its steering applies to
@@ -92,10 +92,10 @@ def check_token_ids(prompt: TokenPrompt, vocab_size: int) -> list[int]:
 @dataclass(frozen=True)
 class Forced:
     """A teacher-forced read for research: ``ids`` (a prompt and an answer) read in one forward, steered by
-    ``override`` alone (None: unsteered), and at each answer position (``start`` on) the probability that the
-    token there is one of ``watch``."""
+    ``steering``'s own values alone (None: unsteered), and at each answer position (``start`` on) the probability
+    that the token there is one of ``watch``."""
 
     ids: tuple[int, ...]
     start: int
-    override: Override | None = None
+    steering: RequestSteering | None = None
     watch: tuple[int, ...] = ()

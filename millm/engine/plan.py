@@ -13,7 +13,7 @@ from millm.errors import ContextLengthExceeded, InvalidParameter
 
 if TYPE_CHECKING:
     from millm.engine.base import StepControl
-    from millm.steering.target import Override, ReadoutSpec, Scope
+    from millm.steering.target import ReadoutSpec, RequestSteering, Scope
     from millm.structured.tools import Constraint
 
 
@@ -24,7 +24,7 @@ class Plan:
     prompt_ids: list[list[int]]
     params: SamplingParams
     max_tokens: int
-    override: Override | None = None  # the request's own steering; None: the live values
+    steering: RequestSteering | None = None  # what steers it (its values None, or no steering: the live values)
     readout: ReadoutSpec | None = None  # bound to an attached SAE (transformers only)
     constraint: Constraint | None = None  # enforced token by token (transformers only)
     scope: Scope = "all"  # the positions its steering applies to (steering_scope)

@@ -177,10 +177,10 @@ def score_row(logits: torch.Tensor, params: ScoringParams, prompt_tokens: int = 
 
 def same_forward(reads: Sequence[Forced]) -> list[list[int]]:
     """Indices of ``reads`` grouped by the forward they need, in order of first use: unsteered reads of the
-    same tokens share one; a steered read has its own (overrides are not compared)."""
+    same tokens share one; a steered read has its own (steerings are not compared)."""
     groups: dict[object, list[int]] = {}
     for i, r in enumerate(reads):
-        groups.setdefault((r.ids, r.start) if r.override is None else i, []).append(i)
+        groups.setdefault((r.ids, r.start) if r.steering is None or r.steering.values is None else i, []).append(i)
     return list(groups.values())
 
 

@@ -6,7 +6,7 @@ One rule, two places it runs:
   steered alike, takes that row (its donor) and the positions they share; once the donor holds them, the
   row's slot gets their keys and values (``hand_on``) and it feeds only the rest. Another choice (n > 1) of the
   same prompt shares the whole prompt and draws its first token from its donor's logits (``share_starts``,
-  ``donors``). A research measure's answers (one chat template and system prompt, one override per case) cost
+  ``donors``). A research measure's answers (one chat template and system prompt, one steering per case) cost
   their own tokens, not the template again for each.
 - Teacher-forced passes (scoring): the tokens every row of a batch starts with (a chat template's header, a
   research measure's prompt) run once and their keys and values are shared by the rows (``batches``,
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from millm.steering.target import PROMPT_PHASE, applies
+from millm.steering.target import PROMPT_PHASE, applies, own_values
 
 if TYPE_CHECKING:
     from millm.engine.decode.jobs import BatchRow
@@ -75,13 +75,14 @@ def donors(prompts: Sequence[Sequence[int]], keys: Sequence[Hashable | None],
 
 def prompt_steering(plan: Plan) -> Hashable | None:
     """What steers a row's prompt, as a key that is equal for rows whose equal prompt tokens get equal keys and
-    values: none where the scope leaves the prompt unsteered, else the override's values; None (shares with no
-    row) for a row following the live values, which an operator change between two rows' prefills would move."""
+    values: none where the scope leaves the prompt unsteered, else the plan's own values; None (shares with no row)
+    for a row following the live values, which an operator change between two rows' prefills would move."""
     if not applies(plan.scope, PROMPT_PHASE):
         return ()
-    if plan.override is None:
+    own = own_values(plan.steering)
+    if own is None:
         return None
-    return tuple(sorted((sae, tuple(sorted(values.items()))) for sae, values in plan.override.values.items()))
+    return tuple(sorted((sae, tuple(sorted(values.items()))) for sae, values in own.items()))
 
 
 def share_starts(rows: list[BatchRow], starts: bool = True) -> list[BatchRow]:

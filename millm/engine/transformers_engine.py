@@ -48,8 +48,8 @@ from millm.registry import ModelEntry
 from millm.steering.target import (
     UNSTEERED,
     Monitor,
-    Override,
     ReadoutRecorder,
+    RequestSteering,
     Steering,
     SteeringTarget,
     bind_readout,
@@ -180,7 +180,7 @@ class TransformersEngine:
         if request.readout is not None:
             readout = bind_readout(request.readout, self.steering, rows=len(prompt_ids) * request.params.n,
                                    prompt_tokens=max(len(ids) for ids in prompt_ids), max_tokens=budget)
-        return Plan(prompt_ids, request.params, budget, request.override, readout, request.constraint, request.scope)
+        return Plan(prompt_ids, request.params, budget, request.steering, readout, request.constraint, request.scope)
 
     def generate(self, request: GenerationRequest, control: StepControl | None = None) -> Iterator[Event]:
         """Stream Delta and Finish events per choice, then one Usage.
@@ -292,7 +292,7 @@ class TransformersEngine:
 
     def forced(self, reads: list[Forced], batch_size: int = 16) -> list[list[float]]:
         """Per read, the probability of its ``watch`` tokens at each of its answer positions, in left-padded
-        batches, each row steered by its own override alone (live values and other requests' rows untouched):
+        batches, each row steered by its own values alone (live values and other requests' rows untouched):
         what the screen estimates a feature's effect from without sampling. Unsteered reads of the same tokens
         run once (the screen reads the same answers unsteered for every feature's words)."""
         self._check_scorable([list(r.ids) for r in reads], [f"reads[{i}]" for i in range(len(reads))])
@@ -307,11 +307,13 @@ class TransformersEngine:
         return out
 
     def _forced_logits(self, heads: list[Forced]) -> torch.Tensor:
-        """fp32 logits of one left-padded batch of reads, each steered by its own override, over the positions
+        """fp32 logits of one left-padded batch of reads, each steered by its own values, over the positions
         that predict the longest answer (left padding: every answer ends at the end)."""
         ids, mask = self._left_pad([list(r.ids) for r in heads])
         keep = max(len(r.ids) - r.start for r in heads) + 1
-        with self.steering.each_row([r.override or Override("unsteered", {}) for r in heads]):
+        unsteered = RequestSteering("unsteered", {})
+        alone = [r.steering if r.steering is not None and r.steering.values is not None else unsteered for r in heads]
+        with self.steering.each_row(alone):
             return self.model(use_cache=False, logits_to_keep=keep, **model_inputs(ids, mask)).logits.float()
 
     def residuals(self, reads: list[Forced], layer: int, position: str = "mean",

@@ -12,7 +12,7 @@ from millm.steering.rung import CIRCUIT_RUNG_HEADER, rung_header
 if TYPE_CHECKING:
     from millm.requests.builder import Built
     from millm.requests.generation import Prepared
-    from millm.steering.bases import RequestSteering
+    from millm.steering.core import RequestSteering
 
 INTENSITY_HEADER = "X-miLLM-Steering-Intensity"
 IGNORED_FIELDS_HEADER_MAX_BYTES = 1024
@@ -40,16 +40,16 @@ def seed_header(seed: int | None, scope: str) -> str | None:
     return None if seed is None else f'{seed};scope="{scope}"'
 
 
-def miLLM_headers(built: Built, steering: str = "none", steer: RequestSteering | None = None,
+def miLLM_headers(built: Built, label: str = "none", steering: RequestSteering | None = None,
                   scope: str = "all") -> dict[str, str]:
-    """Every miLLM header a response carries: ignored fields, seed, steering (and its scope), intensity, rung,
-    constraint."""
+    """Every miLLM header a response carries: ignored fields, seed, steering (its ``label`` and scope), intensity,
+    rung, constraint."""
     headers = {"X-miLLM-Ignored-Fields": ignored_fields(built.ignored),
                "X-miLLM-Seed": seed_header(built.seed, built.seed_scope),
-               "X-miLLM-Steering": steering_header(steering, scope)}
-    if steer is not None:
-        headers[INTENSITY_HEADER] = steer.echo
-        headers[CIRCUIT_RUNG_HEADER] = rung_header(steer.rung) if steer.rung is not None else None
+               "X-miLLM-Steering": steering_header(label, scope)}
+    if steering is not None:
+        headers[INTENSITY_HEADER] = steering.echo
+        headers[CIRCUIT_RUNG_HEADER] = rung_header(steering.rung) if steering.rung is not None else None
     if built.constraint is not None:
         headers["X-miLLM-Constrained"] = built.constraint.header()
     return {k: v for k, v in headers.items() if v is not None}
@@ -60,5 +60,7 @@ def prepared_headers(prepared: Prepared, built: Built, bound: str | None = None)
     bound (the engine's ``Steered`` event), the truth where an operator changed steering after prepare; a
     circuit's rung is not claimed for a response that nothing steered."""
     label = prepared.label if bound is None else bound
-    steer = prepared.steer if label != "none" or prepared.steer.rung is None else replace(prepared.steer, rung=None)
-    return miLLM_headers(built, label, steer, prepared.scope)
+    steering = prepared.steering
+    if label == "none" and steering.rung is not None:
+        steering = replace(steering, rung=None)
+    return miLLM_headers(built, label, steering, prepared.scope)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from millm.errors import FieldNotHonoured
 from millm.requests.limits import Limits, check_prompt_tokens, prompt_tokens
-from millm.steering.bases import RequestSteering
+from millm.steering.core import RequestSteering
 from millm.steering.scope import ALL, Scope
 
 if TYPE_CHECKING:
@@ -31,7 +31,7 @@ class Prepared:
     ``millm.render.headers.prepared_headers``."""
 
     plans: list[Plan]
-    steer: RequestSteering
+    steering: RequestSteering
     label: str
     check: Callable[[], None] | None
     scope: Scope = ALL  # where its steering applies (the request's steering_scope, else its profile's)
@@ -47,31 +47,32 @@ def refuse_unsteerable(engine: Engine, built: Built) -> None:
 
 
 def resolve_steering(engine: Engine, target: SteeringTarget | None, built: Built, service: SteeringService | None,
-                     steer: RequestSteering | None) -> RequestSteering:
-    """The request's steering on ``engine`` (whose steering target is ``target``): ``steer`` when already decided,
-    else resolved through ``service`` (``profile`` and ``steering_intensity``); on an engine that cannot steer,
-    those fields are refused."""
+                     steering: RequestSteering | None) -> RequestSteering:
+    """The request's steering on ``engine`` (whose steering target is ``target``): ``steering`` when already
+    decided, else resolved through ``service`` (``profile`` and ``steering_intensity``); on an engine that cannot
+    steer, those fields are refused."""
     if target is None:
         refuse_unsteerable(engine, built)
-        return steer or RequestSteering()
-    if steer is None:
+        return steering or RequestSteering()
+    if steering is None:
         assert service is not None, "steering is resolved through the steering service"
-        steer = service.for_request(target, built.profile, built.intensity)
-    return steer
+        steering = service.for_request(target, built.profile, built.intensity)
+    return steering
 
 
 def prepare(engine: Engine, built: Built, limits: Limits, service: SteeringService | None = None,
-            steer: RequestSteering | None = None) -> Prepared:
+            steering: RequestSteering | None = None) -> Prepared:
     """Resolve the request's steering (``profile`` and ``steering_intensity`` through ``service``, unless
-    ``steer`` is already decided), tokenise and check every plan, and check the prompt tokens against
+    ``steering`` is already decided), tokenise and check every plan, and check the prompt tokens against
     ``limits``. Runs on the engine thread; raises before any forward pass."""
     target = engine.steering_target()
-    steer = resolve_steering(engine, target, built, service, steer)
-    scope = built.scope or steer.scope or ALL
-    plans = [engine.prepare(replace(g, override=steer.override, scope=scope)) for g in built.generations]
+    decided = resolve_steering(engine, target, built, service, steering)
+    scope = built.scope or decided.scope or ALL
+    rows = decided if decided.values is not None else None  # the plans carry values of its own, else the live ones
+    plans = [engine.prepare(replace(g, steering=rows, scope=scope)) for g in built.generations]
     check_prompt_tokens("messages" if built.route == "chat" else "prompt", prompt_tokens(plans), limits)
     if target is None:
-        return Prepared(plans, steer, "none", None)
-    steering, decided = target.steering, steer
-    check = (lambda: decided.check(steering)) if steer.pinned else None
-    return Prepared(plans, steer, steering.label(steer.override), check, scope)
+        return Prepared(plans, decided, "none", None)
+    core = target.steering
+    check = (lambda: decided.check(core)) if decided.pinned else None
+    return Prepared(plans, decided, core.label(decided), check, scope)

@@ -34,7 +34,7 @@ from millm.engine.scoring import ScoreRequest, ScoreRow, ScoringParams
 from millm.errors import InvalidParameter
 from millm.research.answers import UNSTEERED, sample_answers
 from millm.research.words import concept_rate
-from millm.steering.core import Override
+from millm.steering.core import RequestSteering
 from millm.steering.scope import ALL, Scope
 
 NEUTRAL_PROMPTS = (
@@ -100,8 +100,8 @@ class Case:
         return cls(strength, {sae_id: {feature: strength}} if strength else {}, tuple(words))
 
     @property
-    def override(self) -> Override:
-        return Override("measure", {sae: dict(v) for sae, v in self.values.items()})
+    def steering(self) -> RequestSteering:
+        return RequestSteering("measure", {sae: dict(v) for sae, v in self.values.items()})
 
 
 def check_engine(engine: Engine) -> None:
@@ -145,9 +145,9 @@ class Measure:
         assert self._plain is not None
         return self._plain
 
-    def answers(self, overrides: Sequence[Override]) -> list[list[str]]:
-        """Each override's answers to every prompt: one engine job of plans, decoded as batched rows."""
-        return sample_answers(self.engine, self.prompts, self.seed, self.tokens, overrides, scope=self.scope)
+    def answers(self, steerings: Sequence[RequestSteering]) -> list[list[str]]:
+        """Each steering's answers to every prompt: one engine job of plans, decoded as batched rows."""
+        return sample_answers(self.engine, self.prompts, self.seed, self.tokens, steerings, scope=self.scope)
 
     def logprobs(self, answers: Sequence[str], prompted: bool = True) -> list[tuple[float, int]]:
         """Per answer (to the prompt of its position, cycling): its tokens' summed log-probability after its
@@ -172,11 +172,11 @@ class Measure:
         unsteered model. A case that steers nothing is the unsteered answers themselves."""
         steered = [c for c in cases if any(c.values.values())]
         first = self._plain is None  # the unsteered answers ride in the first job
-        overrides = [UNSTEERED] * first + [c.override for c in steered]
-        answered = self.answers(overrides) if overrides else []
+        steerings = [UNSTEERED] * first + [c.steering for c in steered]
+        answered = self.answers(steerings) if steerings else []
         flat = [a for answers in answered for a in answers]
-        both = self.logprobs(flat, True) if overrides else []
-        bare = self.logprobs(flat, False) if overrides else []
+        both = self.logprobs(flat, True) if steerings else []
+        bare = self.logprobs(flat, False) if steerings else []
         per, measured = len(self.prompts), {}
         scores = [Scored(mean(both[n * per:(n + 1) * per]), mean(bare[n * per:(n + 1) * per]),
                          sum(bigram_share(a) for a in answers) / max(1, len(answers)))

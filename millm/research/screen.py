@@ -29,7 +29,7 @@ from millm.engine.params import ChatPrompt, Forced, TextPrompt
 from millm.research.measure import NEUTRAL_PROMPTS, SEED, Case, Measure, Point, check_engine
 from millm.research.sweep import check_sizes, recommend, swept_points
 from millm.research.words import concept_rate, label_words, word_forms
-from millm.steering.core import Override
+from millm.steering.core import RequestSteering
 
 FLOOR = 0.2  # estimated rise in the chance of a mention that earns a feature the sampled sweep
 ESTIMATE_STRENGTHS = (60.0,)
@@ -132,7 +132,7 @@ def estimate(engine: Engine, read: Sequence[tuple[int, ...]], sae_id: str,
     per = max(1, batch // len(read))
     for at in range(0, len(cases), per):
         chunk = cases[at:at + per]
-        reads = [Forced(tuple(c[1:]), c[0], Override("estimate", {sae_id: {f: s}}), tokens[f])
+        reads = [Forced(tuple(c[1:]), c[0], RequestSteering("estimate", {sae_id: {f: s}}), tokens[f])
                  for f, s in chunk for c in read]
         watched = engine.forced(reads)
         for k, (f, _) in enumerate(chunk):

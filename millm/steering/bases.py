@@ -10,13 +10,12 @@ hook controller; changes neither.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from functools import partial
 from typing import NamedTuple
 
-from millm.errors import InvalidFeatureIndex, ProfileNotFound
+from millm.errors import ProfileNotFound
 from millm.names import STORED
-from millm.steering.core import Attachment, Override, SteeringCore
+from millm.steering.core import LIVE, Attachment, RequestSteering, Values
 from millm.steering.documents import Registered, Serving, ServingMode, parse_shape, stored_serving_mode
 from millm.steering.imports import stored_cluster
 from millm.steering.intensity import Base, BaseKind, Context, Dial, IntensitySettings, Strengths, Symbol, resolve
@@ -24,9 +23,6 @@ from millm.steering.profiles import ProfileDoc, resolve_entries
 from millm.steering.scope import Scope
 from millm.steering.target import SteeringTarget
 from millm.store import Store
-
-LIVE = "live"
-"""The override's name when the live values (or a chat's own values) are the base."""
 
 
 def profile_row(store: Store, name: str) -> dict[str, object]:
@@ -63,35 +59,8 @@ def circuit_serving(store: Store, name: str, reg: Registered) -> Serving:
     return stored_serving_mode(row["document"], reg, cluster_names(store))
 
 
-@dataclass(frozen=True)
-class RequestSteering:
-    """One request's steering, decided before it is queued, and what its response headers say about it."""
-
-    override: Override | None = None  # None: the operator's steering runs as it is
-    echo: str | None = None  # X-miLLM-Steering-Intensity
-    rung: int | None = None  # X-miLLM-Circuit-Rung: a circuit steers this response natively
-    pinned: Mapping[str, Attachment] = field(default_factory=dict)  # the SAEs the override steers through
-    scope: Scope | None = None  # the profile's steering_scope (None: it names none)
-
-    def check(self, steering: SteeringCore) -> None:
-        """Between decode steps: stop a request whose steering an operator change made invalid.
-
-        An SAE the override steers through that was detached, or replaced by another attachment, since
-        the request was resolved makes its feature indices meaningless; the request ends with
-        ``invalid_feature_index`` and the operator's change stands.
-        """
-        for sae_id, attachment in self.pinned.items():
-            now = steering.attachments.get(sae_id)
-            if now is not attachment:
-                name = self.override.name if self.override is not None else LIVE
-                what = "detached" if now is None else "replaced"
-                raise InvalidFeatureIndex(f"SAE {sae_id}, which this request's steering ('{name}') runs through, "
-                                          f"was {what} while the request was generating; its feature indices no "
-                                          "longer apply, so the request stopped.")
-
-
 class _Basis(NamedTuple):
-    """What a request's steering starts from: the override's ``name``, whether its values are ``empty``, the
+    """What a request's steering starts from: its ``name``, whether its values are ``empty``, the
     profile whose circuit may back it, and its ``base`` (read only when the dial needs it)."""
 
     name: str
@@ -183,7 +152,7 @@ class Bases:
             return RequestSteering(rung=self._rung(self.circuit(active), None), scope=scope)
         basis = self._basis(profile, own, active, doc)
         if explicit and not self.steering.attachments:
-            return RequestSteering(Override(basis.name, {}))  # nothing to steer through: the request runs unsteered
+            return RequestSteering(basis.name, {})  # nothing to steer through: the request runs unsteered
         return self._resolved(dial, explicit, basis, scope)
 
     def _profile_doc(self, name: str | None) -> ProfileDoc | None:
@@ -206,7 +175,7 @@ class Bases:
 
     def _resolved(self, dial: Dial, explicit: bool, basis: _Basis, scope: Scope | None) -> RequestSteering:
         """The steering ``dial`` resolves from ``basis`` (``explicit``: a profile or own values were named), with
-        the SAEs its override steers through pinned."""
+        the SAEs its values steer through pinned."""
         steering = self.steering
         context = Context(dial_only=not explicit, steering_enabled=steering.enabled,
                           sae_attached=bool(steering.attachments), base_empty=basis.empty)
@@ -214,18 +183,18 @@ class Bases:
         # "off" pins the request unsteered even where the dial changes nothing now (no values, steering
         # disabled): following the live values instead, an operator change before it runs would steer it
         pins = explicit or dial is Symbol.OFF
-        override = Override(basis.name, res.strengths) if res.applies else Override(basis.name, {}) if pins else None
-        return RequestSteering(override, res.echo, self._rung(self.circuit(basis.circuit), override),
-                               self._pinned(override), scope)
+        values = res.strengths if res.applies else {} if pins else None
+        rows = RequestSteering(basis.name, values)  # what its rows steer with
+        return RequestSteering(basis.name, values, res.echo, self._rung(self.circuit(basis.circuit), rows), scope,
+                               self._pinned(values))
 
-    def _pinned(self, override: Override | None) -> dict[str, Attachment]:
-        """The attachments ``override`` steers through: each SAE it gives values for that is attached."""
-        values = override.values if override is not None else {}
-        return {sae: self.steering.attachments[sae] for sae, strengths in values.items()
+    def _pinned(self, values: Values | None) -> dict[str, Attachment]:
+        """The attachments ``values`` steer through: each SAE they give values for that is attached."""
+        return {sae: self.steering.attachments[sae] for sae, strengths in (values or {}).items()
                 if strengths and sae in self.steering.attachments}
 
-    def _rung(self, circuit: str | None, override: Override | None) -> int | None:
+    def _rung(self, circuit: str | None, rows: RequestSteering | None) -> int | None:
         """The circuit's rung when it genuinely steers the response: serving natively, and something steers."""
-        if circuit is None or self.steering.label(override) == "none":
+        if circuit is None or self.steering.label(rows) == "none":
             return None
         return self.serving(circuit).rung

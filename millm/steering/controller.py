@@ -1,6 +1,6 @@
 """Live steering of one loaded HF model: the forward hooks that apply the attached SAEs' deltas.
 
-What steering is (attachments, values, overrides, rows, deltas, labels, operator wins) lives in
+What steering is (attachments, values, requests' own values, rows, deltas, labels, operator wins) lives in
 ``millm.steering.core.SteeringCore``; this class hooks each attachment onto its decoder layer's output.
 Every forward of the scheduler adds each row's own delta (``rows``: a ``RowView``); nothing else is steered.
 Values are changed by rewriting buffers in place, so a captured decode graph would read the new values
@@ -17,9 +17,9 @@ from typing import Any
 import torch
 
 from millm.sae.activations import decoder_layers
-from millm.steering.core import Attachment, Override, Reader, SteeringCore
+from millm.steering.core import Attachment, Reader, RequestSteering, SteeringCore
 
-__all__ = ["Attachment", "Override", "Reader", "RowView", "Steering"]
+__all__ = ["Attachment", "Reader", "RequestSteering", "RowView", "Steering"]
 
 
 @dataclass(frozen=True)
@@ -67,22 +67,22 @@ class Steering(SteeringCore):
             self._view = previous
 
     @contextmanager
-    def each_row(self, overrides: Sequence[Override]) -> Iterator[None]:
-        """Forwards in this block are batches of ``len(overrides)`` rows, row ``i`` steered by ``overrides[i]``
-        alone (no live value steers them): a sweep's many strengths and features in one batch.
+    def each_row(self, steerings: Sequence[RequestSteering]) -> Iterator[None]:
+        """Forwards in this block are batches of ``len(steerings)`` rows, row ``i`` steered by ``steerings[i]``'s
+        own values alone (no live value steers them): a sweep's many strengths and features in one batch.
 
         The rows take slots past every slot a request holds (a command runs between the scheduler's steps,
-        with its requests' rows still bound) and are released afterwards; an override that cannot steer
-        raises with every slot released."""
+        with its requests' rows still bound) and are released afterwards; values that cannot steer raise
+        with every slot released."""
         first = 1 + max(self._row_sources, default=-1)
-        self.reserve_rows(first + len(overrides))
+        self.reserve_rows(first + len(steerings))
         try:
-            for i, override in enumerate(overrides):
-                self.bind_row(first + i, override)
-            with self.rows(RowView(first, len(overrides))):
+            for i, steering in enumerate(steerings):
+                self.bind_row(first + i, steering)
+            with self.rows(RowView(first, len(steerings))):
                 yield
         finally:
-            for i in range(len(overrides)):
+            for i in range(len(steerings)):
                 self.release_row(first + i)
 
     @contextmanager

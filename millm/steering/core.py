@@ -2,11 +2,11 @@
 
 Each attached SAE has a preallocated delta buffer (``sum_i clamp(strength_i) * W_dec[i]``, the live
 base) and a preallocated row buffer (``[rows, d_model]``): every generated row is bound to a row of
-its own, carrying its request's override (a profile, a dial) or else the live base. Values are changed
-by rewriting those buffers in place.
+its own, carrying its request's own values (``RequestSteering``: a profile, a dial) or else the live base.
+Values are changed by rewriting those buffers in place.
 
-Operators change the *base* values. Rows that follow the base are rewritten at once; a row with its own
-override keeps it until it leaves, so an operator change made during such a request is never undone
+Operators change the *base* values. Rows that follow the base are rewritten at once; a row with values of its
+own keeps them until it leaves, so an operator change made during such a request is never undone
 (operator wins), and is reported not live until the request ends.
 
 ``SteeringCore`` holds these rules once. How the deltas reach a model is a subclass's: forward hooks on
@@ -17,7 +17,7 @@ HF decoder layers (``millm.steering.controller.Steering``), or llama.cpp's contr
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +30,10 @@ from millm.steering.scope import ALL, Scope, gates
 from millm.steering.values import check_values, clamp
 
 Reader = Callable[[torch.Tensor], None]
+Values = dict[str, dict[int, float]]  # strengths per SAE id, per feature index
+
+LIVE = "live"
+"""What steers a response that the live values (or a chat's own values over them) steer (X-miLLM-Steering)."""
 
 
 @dataclass
@@ -49,11 +53,42 @@ class Attachment:
 
 
 @dataclass(frozen=True)
-class Override:
-    """A request's own steering: a name for the response header and values per SAE."""
+class RequestSteering:
+    """What steers one request, decided before it is queued: the values its rows steer with, and what its
+    response headers say about it. Every front end, the engine's plans and research carry this one type.
 
-    name: str
-    values: dict[str, dict[int, float]]
+    ``values`` None: its rows follow the live values, as the operator leaves them; otherwise they are its own
+    (a profile's, the live values at a dial, a chat's ``--steer``, a research case's; empty: pinned unsteered),
+    under ``name`` (X-miLLM-Steering when they steer: a profile's name, or ``live``).
+    """
+
+    name: str = LIVE
+    values: Values | None = None
+    echo: str | None = None  # X-miLLM-Steering-Intensity
+    rung: int | None = None  # X-miLLM-Circuit-Rung: a circuit steers this response natively
+    scope: Scope | None = None  # the profile's steering_scope (None: it names none)
+    pinned: Mapping[str, Attachment] = field(default_factory=dict, compare=False, repr=False)
+    """The SAEs its own values steer through, as resolved (``check``)."""
+
+    def check(self, steering: SteeringCore) -> None:
+        """Between decode steps: stop a request whose steering an operator change made invalid.
+
+        An SAE its values steer through that was detached, or replaced by another attachment, since the request
+        was resolved makes its feature indices meaningless; the request ends with ``invalid_feature_index`` and
+        the operator's change stands.
+        """
+        for sae_id, attachment in self.pinned.items():
+            now = steering.attachments.get(sae_id)
+            if now is not attachment:
+                what = "detached" if now is None else "replaced"
+                raise InvalidFeatureIndex(f"SAE {sae_id}, which this request's steering ('{self.name}') runs through, "
+                                          f"was {what} while the request was generating; its feature indices no "
+                                          "longer apply, so the request stopped.")
+
+
+def own_values(steering: RequestSteering | None) -> Values | None:
+    """The values a request's rows steer with of their own; None: they follow the live values."""
+    return steering.values if steering is not None else None
 
 
 class SteeringCore:
@@ -73,7 +108,7 @@ class SteeringCore:
         self._suppressed = False
         self._lock = threading.RLock()
         self._slots = 0  # rows reserved in each attachment's row buffer (0: none yet)
-        self._row_sources: dict[int, Override | None] = {}  # bound slot -> its override (None: the base)
+        self._row_sources: dict[int, RequestSteering | None] = {}  # bound slot -> its own steering (None: the base)
         self._row_scopes: dict[int, Scope] = {}  # bound slot -> where its steering applies
         self.row_errors: dict[int, Exception] = {}  # bound slot -> why its delta could not be rewritten
 
@@ -242,16 +277,17 @@ class SteeringCore:
                     row_gates[:, :old].copy_(att.gates)
                 att.rows, att.gates = rows, row_gates
 
-    def bind_row(self, slot: int, override: Override | None, scope: Scope = ALL) -> None:
-        """Slot ``slot`` now steers with ``override`` (None: the live base, following operator changes), at
-        the positions ``scope`` names.
+    def bind_row(self, slot: int, steering: RequestSteering | None, scope: Scope = ALL) -> None:
+        """Slot ``slot`` now steers with ``steering``'s own values (None, or its values None: the live base,
+        following operator changes), at the positions ``scope`` names.
 
-        Its deltas are computed first: an override that cannot steer (a feature index the SAE lacks)
-        raises with nothing recorded, so the slot stays unbound."""
+        Its deltas are computed first: values that cannot steer (a feature index the SAE lacks) raise with
+        nothing recorded, so the slot stays unbound."""
+        own = own_values(steering)
         with self._lock:
-            deltas = [(att, self._delta(att, self._row_values(att, override)))
+            deltas = [(att, self._delta(att, self._row_values(att, own)))
                       for att in self.attachments.values() if att.rows is not None]
-            self._row_sources[slot] = override
+            self._row_sources[slot] = steering if own is not None else None
             self._row_scopes[slot] = scope
             self.row_errors.pop(slot, None)
             for att, delta in deltas:
@@ -294,13 +330,14 @@ class SteeringCore:
         finally:
             self._suppressed = previous
 
-    def label(self, override: Override | None = None) -> str:
+    def label(self, steering: RequestSteering | None = None) -> str:
         """What steers a response: ``none``, ``live`` or a profile's name (for X-miLLM-Steering)."""
-        if override is not None:
-            return override.name if any(override.values.values()) and self.attachments else "none"
+        own = own_values(steering)
+        if steering is not None and own is not None:
+            return steering.name if any(own.values()) and self.attachments else "none"
         if not self.enabled or not any(att.values for att in self.attachments.values()):
             return "none"
-        return self.active_profile or "live"
+        return self.active_profile or LIVE
 
     # the buffers
     def _delta(self, att: Attachment, values: dict[int, float]) -> torch.Tensor | None:
@@ -323,8 +360,8 @@ class SteeringCore:
     def _base_values(self, att: Attachment) -> dict[int, float]:
         return att.values if self.enabled else {}
 
-    def _row_values(self, att: Attachment, override: Override | None) -> dict[int, float]:
-        return override.values.get(att.sae_id, {}) if override is not None else self._base_values(att)
+    def _row_values(self, att: Attachment, own: Values | None) -> dict[int, float]:
+        return own.get(att.sae_id, {}) if own is not None else self._base_values(att)
 
     def _write_row(self, att: Attachment, slot: int, delta: torch.Tensor | None) -> None:
         assert att.rows is not None
@@ -337,7 +374,7 @@ class SteeringCore:
         """Rewrite every delta buffer in place from the base, and every bound row from its source.
 
         Every delta is computed before any buffer is written, so a change whose own delta cannot be
-        computed raises with the buffers untouched. A bound row whose override no longer fits an
+        computed raises with the buffers untouched. A bound row whose own values no longer fit an
         attachment (an SAE replaced under it) does not hold the change back: it steers nothing and its
         error waits in ``row_errors`` for its request to end alone.
 
@@ -349,15 +386,16 @@ class SteeringCore:
         bound = [att for att in attachments if att.rows is not None]
         rows: dict[int, list[tuple[Attachment, torch.Tensor | None]]] = {}
         errors: dict[int, Exception] = {}
-        for slot, override in self._row_sources.items():
-            if override is None:
+        for slot, source in self._row_sources.items():
+            own = own_values(source)
+            if source is None or own is None:
                 rows[slot] = [(att, live[att.sae_id]) for att in bound]
                 continue
             try:
-                rows[slot] = [(att, self._delta(att, override.values.get(att.sae_id, {}))) for att in bound]
+                rows[slot] = [(att, self._delta(att, own.get(att.sae_id, {}))) for att in bound]
             except Exception as exc:  # this row's own steering is broken: it alone stops
                 rows[slot] = [(att, None) for att in bound]
-                errors[slot] = InvalidFeatureIndex(f"This request's steering ('{override.name}') no longer fits the "
+                errors[slot] = InvalidFeatureIndex(f"This request's steering ('{source.name}') no longer fits the "
                                                    f"attached SAEs ({exc}); the request stopped.")
         for att in attachments:
             self._write(att.delta, live[att.sae_id])

@@ -2,7 +2,7 @@
 
 llama.cpp adds one vector per layer to that layer's output (``llama_set_adapter_cvec``): exactly where an
 SAE's steering delta goes (resid_post of layer L). The rules are ``SteeringCore``'s, unchanged: the live
-base, one row per generation with its request's override or the base, operator wins. llama.cpp decodes one
+base, one row per generation with its request's own values or the base, operator wins. llama.cpp decodes one
 sequence at a time here, so there is one row (slot 0); the engine binds it for each generation, uploads
 ``vector()`` before its first forward and again whenever the row changes (an operator change between two
 tokens), and clears the control vector when the generation ends.

@@ -18,7 +18,8 @@ from millm.errors import InvalidParameter, MillmError, ProfileConflict, ProfileN
 from millm.paths import user_path
 from millm.sae.bundled import register_bundled
 from millm.sae.formats import load_sae
-from millm.steering.bases import Bases, RequestSteering, circuit_serving, profile_row, registered, stored_profile
+from millm.steering.bases import Bases, circuit_serving, profile_row, registered, stored_profile
+from millm.steering.core import RequestSteering
 from millm.steering.documents import Document, Registered, Serving, ServingMode
 from millm.steering.imports import import_document, stored_cluster
 from millm.steering.intensity import Dial, IntensitySettings, check_stored_dial

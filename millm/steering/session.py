@@ -14,26 +14,25 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from millm.sae.model import SAE
-    from millm.steering.bases import RequestSteering
-    from millm.steering.core import SteeringCore
+    from millm.steering.core import RequestSteering, SteeringCore
     from millm.steering.intensity import Dial
     from millm.steering.service import SteeringService
     from millm.steering.target import SteeringTarget
 
 
 def _request_steering() -> RequestSteering:
-    from millm.steering.bases import RequestSteering  # torch: imported when a chat is steered, not by `millm --help`
+    from millm.steering.core import RequestSteering  # torch: imported when a chat is steered, not by `millm --help`
 
     return RequestSteering()
 
 
 @dataclass(frozen=True)
-class ChatSteering:
-    """What one chat's answers run with: ``steer`` (its override None: the live values as they are), whether it
-    is the chat's own ``--steer`` values, why a profile steers nothing (``unfit``), and the SAEs ``--sae`` set
-    aside for the chat."""
+class SteeredChat:
+    """One chat, steered for its duration: the ``steering`` each of its answers is prepared with (its values None:
+    the live values as they are), whether those are the chat's own ``--steer`` values, why a profile steers nothing
+    (``unfit``), and the SAEs ``--sae`` set aside for the chat."""
 
-    steer: RequestSteering = field(default_factory=_request_steering)
+    steering: RequestSteering = field(default_factory=_request_steering)
     own: bool = False
     unfit: str | None = None
     set_aside: tuple[str, ...] = ()
@@ -119,25 +118,24 @@ def _placed(service: SteeringService, steering: SteeringCore, sae: str | None,
 
 
 def _dialled(service: SteeringService, engine: SteeringTarget, sae: str | None, profile: str | None,
-             dial: Dial, aside: tuple[str, ...]) -> ChatSteering:
+             dial: Dial, aside: tuple[str, ...]) -> SteeredChat:
     """A chat steered by ``profile`` (else the active profile) at ``dial``; with ``sae`` given, a profile that does
     not fit what is attached steers nothing, and a dial alone falls back to the live values."""
-    from millm.steering.bases import RequestSteering
-    from millm.steering.core import Override
+    from millm.steering.core import RequestSteering
 
     steering, bases = engine.steering, service.bases(engine)
     name = profile if profile is not None else bases.active()
     unfit = profile_unfit(service, steering, name) if sae is not None and name is not None else None
     if unfit is None:
-        return ChatSteering(bases.request(profile, dial), set_aside=aside)
+        return SteeredChat(bases.request(profile, dial), set_aside=aside)
     if profile is not None:  # the named profile steers nothing in this chat
-        return ChatSteering(RequestSteering(Override(profile, {})), unfit=unfit, set_aside=aside)
+        return SteeredChat(RequestSteering(profile, {}), unfit=unfit, set_aside=aside)
     live = {a.sae_id: dict(a.values) for a in steering.attachments.values()} if steering.enabled else {}
-    return ChatSteering(bases.request(None, dial, own=live), unfit=unfit, set_aside=aside)  # the live values
+    return SteeredChat(bases.request(None, dial, own=live), unfit=unfit, set_aside=aside)  # the live values
 
 
 def _assigned(service: SteeringService, engine: SteeringTarget, sae: str | None, assignments: dict[int, float],
-              dial: Dial, aside: tuple[str, ...]) -> ChatSteering:
+              dial: Dial, aside: tuple[str, ...]) -> SteeredChat:
     """A chat steered by the live values with ``assignments`` added on ``sae`` (or the one attached SAE)."""
     from millm.errors import InvalidParameter
     from millm.steering.values import check_values
@@ -148,12 +146,12 @@ def _assigned(service: SteeringService, engine: SteeringTarget, sae: str | None,
         raise InvalidParameter("--steer needs --sae when zero or several SAEs are attached.", param="steer")
     values = {a.sae_id: dict(a.values) for a in steering.attachments.values()}
     values[target] = {**values[target], **check_values(assignments, steering.attachments[target].sae.d_sae, "steer")}
-    return ChatSteering(service.bases(engine).request(None, dial, own=values), own=True, set_aside=aside)
+    return SteeredChat(service.bases(engine).request(None, dial, own=values), own=True, set_aside=aside)
 
 
 @contextmanager
 def chat_steering(service: SteeringService, engine: SteeringTarget, sae: str | None, layer: int | None,
-                  assignments: dict[int, float], profile: str | None, dial: Dial = None) -> Iterator[ChatSteering]:
+                  assignments: dict[int, float], profile: str | None, dial: Dial = None) -> Iterator[SteeredChat]:
     """Steering for one chat, undone afterwards, never persisted.
 
     ``sae`` is attached for the chat at ``layer`` (default: where it is attached, else its hint); it takes
@@ -169,4 +167,4 @@ def chat_steering(service: SteeringService, engine: SteeringTarget, sae: str | N
         elif assignments:
             yield _assigned(service, engine, sae, assignments, dial, aside)
         else:
-            yield ChatSteering(set_aside=aside)
+            yield SteeredChat(set_aside=aside)

@@ -12,15 +12,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from millm.steering.controller import RowView, Steering
-from millm.steering.core import Override, Reader, SteeringCore
+from millm.steering.core import Reader, RequestSteering, SteeringCore, own_values
 from millm.steering.cvec import ROW, ControlVector, ControlVectorSteering
 from millm.steering.monitor import Monitor, MonitorSession
 from millm.steering.readout import UNSTEERED, ReadoutAsk, ReadoutRecorder, ReadoutSpec, bind_readout
 from millm.steering.scope import GENERATED_PHASE, PROMPT_PHASE, Scope, applies
 
 __all__ = ["GENERATED_PHASE", "PROMPT_PHASE", "ROW", "UNSTEERED", "ControlVector", "ControlVectorSteering",
-           "Monitor", "MonitorSession", "Override", "ReadoutAsk", "ReadoutRecorder", "ReadoutSpec", "Reader",
-           "RowView", "Scope", "Steering", "SteeringCore", "SteeringTarget", "applies", "bind_readout"]
+           "Monitor", "MonitorSession", "ReadoutAsk", "ReadoutRecorder", "ReadoutSpec", "Reader", "RequestSteering",
+           "RowView", "Scope", "Steering", "SteeringCore", "SteeringTarget", "applies", "bind_readout", "own_values"]
 
 
 @dataclass(frozen=True)

@@ -88,12 +88,12 @@ def test_waiting_requests_join_when_a_slot_frees(engine):
 
 
 def test_two_profiles_and_live_values_in_one_batch(engine, scheduler, sae):
-    from millm.steering.controller import Override
+    from millm.steering.controller import RequestSteering
 
-    one = Override("one", {sae: {1: 40.0}})
-    two = Override("two", {sae: {5: -30.0}})
+    one = RequestSteering("one", {sae: {1: 40.0}})
+    two = RequestSteering("two", {sae: {5: -30.0}})
     prompt = "My favourite hobby is"
-    plans = [plan(engine, prompt, override=one, max_tokens=8), plan(engine, prompt, override=two, max_tokens=8),
+    plans = [plan(engine, prompt, steering=one, max_tokens=8), plan(engine, prompt, steering=two, max_tokens=8),
              plan(engine, prompt, max_tokens=8)]
     expected = [alone(engine, p) for p in plans]
     assert len({text for text, _ in expected}) == 3  # each steering changes the text
@@ -103,10 +103,10 @@ def test_two_profiles_and_live_values_in_one_batch(engine, scheduler, sae):
 
 
 def test_operator_change_reaches_live_rows_only(engine, scheduler, sae):
-    from millm.steering.controller import Override
+    from millm.steering.controller import RequestSteering
 
     prompt = "My favourite hobby is"
-    own = plan(engine, prompt, override=Override("own", {sae: {1: 40.0}}), max_tokens=8)
+    own = plan(engine, prompt, steering=RequestSteering("own", {sae: {1: 40.0}}), max_tokens=8)
     live = plan(engine, prompt, max_tokens=8)
     expected_own, unsteered = alone(engine, own), alone(engine, live)
     calls = []
@@ -162,12 +162,12 @@ def test_a_steering_error_fails_only_its_row(engine, scheduler):
 
 
 def test_a_request_whose_steering_cannot_be_bound_fails_alone(engine, scheduler, sae):
-    from millm.steering.controller import Override
+    from millm.steering.controller import RequestSteering
 
     keep = plan(engine, "Say hello.", chat=True, max_tokens=10)
     a = submit(scheduler, keep)
     scheduler.step()
-    b = submit(scheduler, plan(engine, "Hi", override=Override("bad", {sae: {999: 1.0}})))
+    b = submit(scheduler, plan(engine, "Hi", steering=RequestSteering("bad", {sae: {999: 1.0}})))
     scheduler.step()  # binding b's row fails inside the step; the step itself goes on
     assert b.ended and b.error is not None and b.events == []
     assert scheduler.active_rows == 1 and sorted(scheduler.free) == [1, 2, 3]
@@ -178,14 +178,14 @@ def test_a_request_whose_steering_cannot_be_bound_fails_alone(engine, scheduler,
 
 
 def test_an_sae_replaced_under_a_row_ends_that_row_and_the_change_stands(engine, scheduler, sae):
-    from millm.steering.controller import Override
+    from millm.steering.controller import RequestSteering
 
-    own = plan(engine, "My favourite hobby is", override=Override("own", {sae: {20: 40.0}}), max_tokens=12)
+    own = plan(engine, "My favourite hobby is", steering=RequestSteering("own", {sae: {20: 40.0}}), max_tokens=12)
     live = plan(engine, "My favourite hobby is", max_tokens=12)
     a, b = submit(scheduler, own), submit(scheduler, live)
     scheduler.step()
     smaller = random_sae(engine.steering.d_model, 8, seed=4)
-    engine.steering.attach(sae, smaller, 10)  # feature 20 of a's override no longer exists
+    engine.steering.attach(sae, smaller, 10)  # feature 20 of a's own values no longer exists
     assert engine.steering.attachments[sae].sae.d_sae == 8
     drain(scheduler)
     assert isinstance(a.error, InvalidFeatureIndex) and not any(isinstance(e, Usage) for e in a.events)

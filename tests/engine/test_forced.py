@@ -1,5 +1,5 @@
 """Teacher-forced research reads (``Engine.forced``, the screen's estimate) on the bundled model: unsteered they
-are the scoring path's own distribution; steered, each read is steered by its own override alone."""
+are the scoring path's own distribution; steered, each read is steered by its own values alone."""
 
 from __future__ import annotations
 
@@ -35,14 +35,14 @@ def test_an_unsteered_read_is_the_scoring_paths_distribution(attached):
 def test_each_read_is_steered_by_its_own_override_alone(attached):
     import torch
 
-    from millm.steering.core import Override
+    from millm.steering.core import RequestSteering
 
     engine = attached
     engine.steering.set_values(SAE_ID, {5: 80.0}, merge=False)  # live values: they steer no read
     try:
         ids = tuple(engine.tokenize(TextPrompt("Tell me about the sea and the ships")))
         watch = tuple(range(100, 140))
-        steer = Override("s", {SAE_ID: {7: 60.0}})
+        steer = RequestSteering("s", {SAE_ID: {7: 60.0}})
         alone_plain, alone_steered = engine.forced([Forced(ids, 3, None, watch)]), engine.forced(
             [Forced(ids, 3, steer, watch)])
         together = engine.forced([Forced(ids, 3, steer, watch), Forced(ids, 3, None, watch)])
@@ -55,9 +55,9 @@ def test_each_read_is_steered_by_its_own_override_alone(attached):
 
 def test_same_forward_groups_unsteered_reads_of_the_same_tokens():
     from millm.engine.scoring import same_forward
-    from millm.steering.core import Override
+    from millm.steering.core import RequestSteering
 
-    steer = Override("s", {SAE_ID: {7: 60.0}})
+    steer = RequestSteering("s", {SAE_ID: {7: 60.0}})
     reads = [Forced((1, 2, 3), 1, None, (5,)), Forced((1, 2, 3), 1, None, (6,)), Forced((1, 2, 3), 2, None, (5,)),
              Forced((1, 2, 3), 1, steer, (5,)), Forced((1, 2, 4), 1, None), Forced((1, 2, 3), 1, steer, (6,)),
              Forced((1, 2, 3), 1, None)]
@@ -69,12 +69,12 @@ def test_unsteered_reads_of_the_same_tokens_each_get_their_own_words(attached):
     each read still gets its own words' chances."""
     import torch
 
-    from millm.steering.core import Override
+    from millm.steering.core import RequestSteering
 
     engine = attached
     ids = tuple(engine.tokenize(TextPrompt("The weather today is cold and wet, with rain and snow")))
     watches = [tuple(engine.tokenize(TextPrompt(w, add_special_tokens=False))) for w in (" rain", " snow", " cold")]
-    steer = Override("s", {SAE_ID: {7: 60.0}})
+    steer = RequestSteering("s", {SAE_ID: {7: 60.0}})
     together = engine.forced([Forced(ids, 4, None, w) for w in watches] + [Forced(ids, 4, steer, watches[0])])
     alone = [engine.forced([Forced(ids, 4, None, w)])[0] for w in watches]
     same = lambda a, b: torch.allclose(torch.tensor(a), torch.tensor(b), rtol=1e-3, atol=1e-9)  # noqa: E731

@@ -25,7 +25,7 @@ from tests.support.saes import random_sae
 
 if TYPE_CHECKING:
     from millm.engine.llama_engine import LlamaCppEngine
-    from millm.steering.controller import Override
+    from millm.steering.controller import RequestSteering
     from millm.steering.cvec import ControlVectorSteering
 
 SAE_ID, LAYER, FEATURE, STRENGTH = "sae_gguf_test", 10, 3, 60.0
@@ -53,9 +53,9 @@ def steering(steered) -> Iterator[ControlVectorSteering]:
     target.steering.set_enabled(True)
 
 
-def text(eng: LlamaCppEngine, prompt=CHAT, override: Override | None = None, control: StepControl | None = None,
+def text(eng: LlamaCppEngine, prompt=CHAT, steering: RequestSteering | None = None, control: StepControl | None = None,
          params: SamplingParams = GREEDY) -> str:
-    plan = eng.prepare(GenerationRequest([prompt], params, override=override))
+    plan = eng.prepare(GenerationRequest([prompt], params, steering=steering))
     return "".join(e.text for e in eng.run(plan, control) if isinstance(e, Delta))
 
 
@@ -80,34 +80,34 @@ def test_steering_changes_greedy_output_and_clearing_restores_it(steered, steeri
 
 
 def test_a_request_profile_steers_it_alone_and_is_released_after_it(steered, steering):
-    from millm.steering.controller import Override
+    from millm.steering.controller import RequestSteering
 
     before = unsteered_cold(steered)
-    profile = Override("p", {SAE_ID: {FEATURE: STRENGTH}})
+    profile = RequestSteering("p", {SAE_ID: {FEATURE: STRENGTH}})
     lives: list[bool] = []
     control = StepControl(run_commands=lambda: lives.append(steering.live))
-    alone = text(steered, override=profile, control=control)
+    alone = text(steered, steering=profile, control=control)
     assert alone != before and lives and not any(lives)  # not live while the request runs
     assert steering.live and steering.vector() is None
     assert text(steered) == before
 
 
 def test_released_after_an_error_and_after_a_disconnect(steered, steering):
-    from millm.steering.controller import Override
+    from millm.steering.controller import RequestSteering
 
     before = unsteered_cold(steered)
-    profile = Override("p", {SAE_ID: {FEATURE: STRENGTH}})
+    profile = RequestSteering("p", {SAE_ID: {FEATURE: STRENGTH}})
 
     def boom() -> None:
         raise RuntimeError("between steps")
 
     with pytest.raises(RuntimeError):
-        text(steered, override=profile, control=StepControl(run_commands=boom))
+        text(steered, steering=profile, control=StepControl(run_commands=boom))
     assert steering.live and steered._uploaded is None
     assert text(steered) == before
 
     control = StepControl()
-    events = steered.run(steered.prepare(GenerationRequest([CHAT], GREEDY, override=profile)), control)
+    events = steered.run(steered.prepare(GenerationRequest([CHAT], GREEDY, steering=profile)), control)
     assert isinstance(next(e for e in events if isinstance(e, Delta)), Delta)
     assert not steering.live
     events.close()  # the consumer went away
@@ -116,17 +116,17 @@ def test_released_after_an_error_and_after_a_disconnect(steered, steering):
 
     control = StepControl()
     control.cancel.set()  # a client gone after its first token
-    text(steered, override=profile, control=control)
+    text(steered, steering=profile, control=control)
     assert steering.live and steered._uploaded is None
     assert text(steered) == before
 
 
 def test_operator_change_during_a_profile_request_wins(steered, steering):
-    from millm.steering.controller import Override
+    from millm.steering.controller import RequestSteering
 
-    profile = Override("p", {SAE_ID: {FEATURE: STRENGTH}})
+    profile = RequestSteering("p", {SAE_ID: {FEATURE: STRENGTH}})
     steered.llm.reset()
-    alone = text(steered, override=profile)
+    alone = text(steered, steering=profile)
     changed: list[bool] = []
 
     def operator() -> None:
@@ -135,7 +135,7 @@ def test_operator_change_during_a_profile_request_wins(steered, steering):
             changed.append(steering.live)
 
     steered.llm.reset()  # both cold: a warm cache evaluates the prompt's last token alone
-    during = text(steered, override=profile, control=StepControl(run_commands=operator))
+    during = text(steered, steering=profile, control=StepControl(run_commands=operator))
     assert during == alone  # the request keeps its own steering
     assert changed == [False]  # the operator's value was not live while it ran
     assert steering.live and steering.snapshot()["saes"][SAE_ID]["values"] == {"7": -STRENGTH}  # not undone
@@ -159,13 +159,13 @@ def test_operator_change_reaches_a_live_request_at_the_next_token(steered, steer
 
 
 def test_embeddings_are_never_steered(steered, steering):
-    from millm.steering.controller import Override
+    from millm.steering.controller import RequestSteering
 
     inputs = ["The weather today is sunny.", "hello"]
     before, _ = steered.embed(inputs)
     steering.set_values(SAE_ID, {FEATURE: 200.0}, merge=False)
     during, _ = steered.embed(inputs)
-    text(steered, override=Override("p", {SAE_ID: {FEATURE: 200.0}}), params=SamplingParams(0.0, max_tokens=2))
+    text(steered, steering=RequestSteering("p", {SAE_ID: {FEATURE: 200.0}}), params=SamplingParams(0.0, max_tokens=2))
     after, _ = steered.embed(inputs)
     assert before == during == after
 
@@ -212,11 +212,11 @@ def test_readouts_and_monitoring_stay_refused(steered, steering):
 
 
 def test_off_by_default_nothing_steers(gguf_engine):
-    from millm.steering.controller import Override
+    from millm.steering.controller import RequestSteering
 
     assert gguf_engine.steering_target() is None
     with pytest.raises(FieldNotHonoured) as exc:
-        gguf_engine.prepare(GenerationRequest([CHAT], GREEDY, override=Override("p", {})))
+        gguf_engine.prepare(GenerationRequest([CHAT], GREEDY, steering=RequestSteering("p", {})))
     assert exc.value.param == "profile"
 
 
@@ -244,9 +244,9 @@ def _hf_logits(engine, ids: list[int], values: dict[int, float] | None = None) -
     """The transformers engine's last logits for ``ids``, as a scheduler row steered by ``values`` on "pin"."""
     import torch
 
-    from millm.steering.controller import Override
+    from millm.steering.controller import RequestSteering
 
-    with torch.no_grad(), engine.steering.each_row([Override("pin", {"pin": values or {}})]):
+    with torch.no_grad(), engine.steering.each_row([RequestSteering("pin", {"pin": values or {}})]):
         return engine.model(torch.tensor([ids], device=engine.model.device)).logits[0, -1].float().cpu().numpy()
 
 

@@ -96,14 +96,14 @@ def counting_forwards(scheduler: Scheduler) -> list[tuple[int, int, int]]:
 
 def test_rows_of_different_lengths_and_steering_prefilled_together_decode_as_alone(engine, sae):
     from millm.engine.decode.scheduler import Scheduler
-    from millm.steering.controller import Override
+    from millm.steering.controller import RequestSteering
 
     scheduler = Scheduler(engine, BatchSettings(max_rows=4, max_tokens=4 * 256, prefill_chunk=256))
-    one, two = Override("one", {sae: {1: 40.0}}), Override("two", {sae: {5: -30.0}})
-    plans = [plan(engine, "My favourite hobby is", override=one, max_tokens=8),
+    one, two = RequestSteering("one", {sae: {1: 40.0}}), RequestSteering("two", {sae: {5: -30.0}})
+    plans = [plan(engine, "My favourite hobby is", steering=one, max_tokens=8),
              plan(engine, "Write one sentence about the sea and the ships that sail on it.", chat=True,
                   max_tokens=8),
-             plan(engine, "Red, green, blue, yellow,", override=two, max_tokens=8),
+             plan(engine, "Red, green, blue, yellow,", steering=two, max_tokens=8),
              plan(engine, "Once upon a time, in a land far away, there lived a", max_tokens=8)]
     lengths = [len(p.prompt_ids[0]) for p in plans]
     assert len(set(lengths)) == 4  # every row but the longest is padded
@@ -119,12 +119,12 @@ def test_rows_of_different_lengths_and_steering_prefilled_together_decode_as_alo
 
 def test_a_merged_prefill_beside_a_decoding_row_leaves_it_untouched(engine, sae):
     from millm.engine.decode.scheduler import Scheduler
-    from millm.steering.controller import Override
+    from millm.steering.controller import RequestSteering
 
     scheduler = Scheduler(engine, BatchSettings(max_rows=4, max_tokens=4 * 128, prefill_chunk=128))
     first = [plan(engine, "Count with me: 1, 2, 3,", max_tokens=30),
              plan(engine, "Hi", max_tokens=2),
-             plan(engine, "The capital of France is", override=Override("own", {sae: {3: 30.0}}), max_tokens=30)]
+             plan(engine, "The capital of France is", steering=RequestSteering("own", {sae: {3: 30.0}}), max_tokens=30)]
     late = [plan(engine, "Name a colour.", chat=True, max_tokens=6), plan(engine, "Monday, Tuesday,", max_tokens=6)]
     expected = [alone(engine, p) for p in first + late]
     a, b, c = (submit(scheduler, p) for p in first)

@@ -142,7 +142,7 @@ def seeded_run(engine: Any, fed: list[Any], heads: list[Any]) -> Run:
     from millm.research.answers import UNSTEERED
 
     request = GenerationRequest([ChatPrompt([{"role": "user", "content": "Tell me a one-line story."}])],
-                                SamplingParams(temperature=1.0, seed=7, max_tokens=12), override=UNSTEERED)
+                                SamplingParams(temperature=1.0, seed=7, max_tokens=12), steering=UNSTEERED)
     fed.clear()
     heads.clear()
     text = "".join(e.text for e in engine.generate(request) if isinstance(e, Delta))

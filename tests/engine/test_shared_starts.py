@@ -45,15 +45,15 @@ def test_the_prompt_steering_key_is_equal_where_the_prompts_kv_is():
     from millm.engine.params import SamplingParams
     from millm.engine.plan import Plan
     from millm.engine.shared_prefix import prompt_steering
-    from millm.steering.target import Override
+    from millm.steering.target import RequestSteering
 
-    def key(override: Override | None, scope: str = "all") -> object:
-        return prompt_steering(Plan([[1]], SamplingParams(), 4, override, scope=scope))  # type: ignore[arg-type]
+    def key(steering: RequestSteering | None, scope: str = "all") -> object:
+        return prompt_steering(Plan([[1]], SamplingParams(), 4, steering, scope=scope))  # type: ignore[arg-type]
 
-    rain, rain_too = Override("a", {"sae": {3: 40.0, 1: 2.0}}), Override("b", {"sae": {1: 2.0, 3: 40.0}})
+    rain, rain_too = RequestSteering("a", {"sae": {3: 40.0, 1: 2.0}}), RequestSteering("b", {"sae": {1: 2.0, 3: 40.0}})
     assert key(rain) == key(rain_too) == key(rain, "prompt")  # values decide, not the name or the order
-    assert key(rain) != key(Override("c", {"sae": {3: 60.0}}))
-    assert key(rain, "generated") == key(Override("off", {})) == key(None, "generated")  # an unsteered prompt
+    assert key(rain) != key(RequestSteering("c", {"sae": {3: 60.0}}))
+    assert key(rain, "generated") == key(RequestSteering("off", {})) == key(None, "generated")  # an unsteered prompt
     assert key(None) is None  # the live values may move between two rows' prefills
 
 
@@ -84,12 +84,12 @@ def prompt_tokens_fed(engine, monkeypatch) -> list[int]:
 def test_rows_sharing_a_chat_start_feed_it_once_and_answer_as_alone(engine, sae, monkeypatch):
     from millm.engine.events import Delta
     from millm.engine.shared_prefix import common_prefix
-    from millm.steering.target import Override
+    from millm.steering.target import RequestSteering
 
-    steer = Override("steer", {sae: {3: 40.0}})
+    steer = RequestSteering("steer", {sae: {3: 40.0}})
     prompts = ["Tell me about your day.", "Name a colour.", "What is a river?"]
-    plans = [plan(engine, p, override=o, chat=True, temperature=0.8, seed=7 + i, max_tokens=6, scope=scope)
-             for o, scope in ((Override("off", {}), "all"), (steer, "all"), (steer, "generated"))
+    plans = [plan(engine, p, steering=o, chat=True, temperature=0.8, seed=7 + i, max_tokens=6, scope=scope)
+             for o, scope in ((RequestSteering("off", {}), "all"), (steer, "all"), (steer, "generated"))
              for i, p in enumerate(prompts)]
     expected = [alone(engine, p)[0] for p in plans]
     fed = prompt_tokens_fed(engine, monkeypatch)
@@ -110,9 +110,9 @@ def test_rows_sharing_a_chat_start_feed_it_once_and_answer_as_alone(engine, sae,
 @pytest.mark.model
 def test_monitored_rows_share_no_start(engine, sae, monkeypatch):
     from millm.steering.monitor import MonitorConfig
-    from millm.steering.target import Override
+    from millm.steering.target import RequestSteering
 
-    plans = [plan(engine, p, chat=True, max_tokens=2, override=Override("off", {}))
+    plans = [plan(engine, p, chat=True, max_tokens=2, steering=RequestSteering("off", {}))
              for p in ("Name a colour.", "Name a fruit.")]
     engine.monitor.configure(MonitorConfig(True, sae, [0, 1]))
     try:

@@ -18,21 +18,21 @@ from tests.support.saes import random_sae
 
 if TYPE_CHECKING:
     from millm.engine.llama_engine import LlamaCppEngine
-    from millm.steering.core import Override
+    from millm.steering.core import RequestSteering
 
 SAE_ID, LAYER = "sae_scope_test", 10
 CHAT = ChatPrompt([{"role": "user", "content": "Tell me about your day."}])
 
 
-def steer() -> Override:
-    from millm.steering.core import Override
+def steer() -> RequestSteering:
+    from millm.steering.core import RequestSteering
 
-    return Override("scoped", {SAE_ID: {3: 60.0}})
+    return RequestSteering("scoped", {SAE_ID: {3: 60.0}})
 
 
 def text(eng, scope: str = "all", steered: bool = True, tokens: int = 12) -> str:
     request = GenerationRequest([CHAT], SamplingParams(temperature=0.0, max_tokens=tokens),
-                                override=steer() if steered else None, scope=scope)  # type: ignore[arg-type]
+                                steering=steer() if steered else None, scope=scope)  # type: ignore[arg-type]
     return "".join(e.text for e in eng.generate(request) if isinstance(e, Delta))
 
 
@@ -73,7 +73,7 @@ def test_a_scoped_row_beside_others_is_gated_alone(transformers_steered):
     """Rows of one job with different scopes share each forward; each keeps its own gate."""
     alone = {scope: text(transformers_steered, scope) for scope in ("all", "generated", "prompt")}
     plans = [transformers_steered.prepare(GenerationRequest([CHAT], SamplingParams(temperature=0.0, max_tokens=12),
-                                                            override=steer(), scope=scope))  # type: ignore[arg-type]
+                                                            steering=steer(), scope=scope))  # type: ignore[arg-type]
              for scope in alone]
     texts: dict[int, str] = {}  # choice indices follow on, plan by plan: one choice each
     for event in transformers_steered.run_all(plans):

@@ -77,7 +77,7 @@ def test_an_unsteerable_engine_runs_unsteered_and_says_none():
 
     prepared = prepare(FakeEngine(), chat(), LIMITS)
     assert prepared.label == "none" and prepared.check is None and prepared.scope == "all"
-    assert prepared.steer.override is None and prepared.plans[0].override is None
+    assert prepared.steering.values is None and prepared.plans[0].steering is None
     assert prepared_headers(prepared, chat())["X-miLLM-Steering"] == "none"
 
 
@@ -121,19 +121,19 @@ def test_without_a_profile_or_dial_the_live_values_run_and_the_label_follows_the
     from millm.requests.generation import prepare
 
     prepared = prepare(steerable, chat(), LIMITS, service)
-    assert prepared.steer.override is None and prepared.label == "none" and prepared.check is None
+    assert prepared.steering.values is None and prepared.label == "none" and prepared.check is None
     steerable.steering.set_values(SAE_ID, {3: 10.0}, merge=False)
     live = prepare(steerable, chat(), LIMITS, service)
-    assert live.label == "live" and live.plans[0].override is None
+    assert live.label == "live" and live.plans[0].steering is None
 
 
-def test_a_profile_resolves_to_an_override_on_every_plan_pinned_to_its_sae(steerable, service):
+def test_a_profile_resolves_to_steering_on_every_plan_pinned_to_its_sae(steerable, service):
     from millm.requests.generation import prepare
 
     prepared = prepare(steerable, chat(profile="loud"), LIMITS, service)
-    override = prepared.steer.override
-    assert override is not None and override.name == "loud" and override.values == {SAE_ID: {3: 20.0}}
-    assert all(plan.override is override for plan in prepared.plans)
+    decided = prepared.steering
+    assert decided.name == "loud" and decided.values == {SAE_ID: {3: 20.0}}
+    assert all(plan.steering is decided for plan in prepared.plans)
     assert prepared.label == "loud" and prepared_headers(prepared, chat(profile="loud"))["X-miLLM-Steering"] == '"loud"'
     assert prepared.check is not None
     prepared.check()  # the SAE it steers through is still attached
@@ -146,10 +146,10 @@ def test_a_dial_scales_the_profile(steerable, service):
     from millm.requests.generation import prepare
 
     prepared = prepare(steerable, chat(profile="loud", steering_intensity=0.5), LIMITS, service)
-    assert prepared.steer.override is not None and prepared.steer.override.values == {SAE_ID: {3: 10.0}}
-    assert prepared.steer.echo == "0.5"
+    assert prepared.steering.values == {SAE_ID: {3: 10.0}}
+    assert prepared.steering.echo == "0.5"
     off = prepare(steerable, chat(profile="loud", steering_intensity="off"), LIMITS, service)
-    assert off.label == "none" and off.steer.override is not None  # pinned unsteered
+    assert off.label == "none" and off.steering.values == {}  # pinned unsteered
 
 
 def test_the_request_scope_wins_over_the_profiles_and_every_plan_carries_it(steerable, service):
@@ -170,15 +170,14 @@ def test_an_unknown_profile_is_refused(steerable, service):
 
 
 def test_steering_decided_by_the_front_end_is_used_as_it_is(steerable):
-    """``millm chat`` decides its steering itself (``steer``): no service is asked, and its override reaches the
-    plans as given."""
+    """``millm chat`` decides its steering itself (``steering``): no service is asked, and it reaches the plans as
+    given."""
     from millm.requests.generation import prepare
-    from millm.steering.bases import RequestSteering
-    from millm.steering.core import Override
+    from millm.steering.core import RequestSteering
 
-    own = RequestSteering(Override("live", {SAE_ID: {5: 8.0}}), scope="prompt")
-    prepared = prepare(steerable, chat(), LIMITS, steer=own)
-    assert prepared.steer is own and prepared.plans[0].override is own.override
+    own = RequestSteering("live", {SAE_ID: {5: 8.0}}, scope="prompt")
+    prepared = prepare(steerable, chat(), LIMITS, steering=own)
+    assert prepared.steering is own and prepared.plans[0].steering is own
     assert prepared.label == "live" and prepared.scope == "prompt" and prepared.check is None  # nothing pinned
 
 

@@ -115,17 +115,17 @@ def test_several_saes_and_suppression(model):
     assert all(torch.equal(x, y) for x, y in zip(layer_outputs(model, prompt_ids(), steering), steered))
 
 
-def test_row_override_keeps_the_base_and_operator_wins(model):
+def test_a_requests_own_row_keeps_the_base_and_operator_wins(model):
     import torch
 
-    from millm.steering.controller import Override, Steering
+    from millm.steering.controller import RequestSteering, Steering
 
     steering = Steering(model)
     att = steering.attach("sae_a", random_sae(D, 64), layer=1)
     steering.set_values("sae_a", {1: 2.0}, merge=False)
     steering.reserve_rows(2)
     base_delta = att.delta.clone()
-    steering.bind_row(0, Override("p", {"sae_a": {5: 9.0}}))  # a request with its own profile
+    steering.bind_row(0, RequestSteering("p", {"sae_a": {5: 9.0}}))  # a request with its own profile
     steering.bind_row(1, None)  # a request on the live values
     assert att.rows is not None and not steering.live
     assert torch.allclose(att.rows[0], 9.0 * att.sae.W_dec[5]) and torch.equal(att.rows[1], base_delta)
@@ -141,12 +141,12 @@ def test_row_override_keeps_the_base_and_operator_wins(model):
 def test_reserving_more_rows_keeps_the_bound_ones(model):
     import torch
 
-    from millm.steering.controller import Override, Steering
+    from millm.steering.controller import RequestSteering, Steering
 
     steering = Steering(model)
     att = steering.attach("sae_a", random_sae(D, 64), layer=1)
     steering.reserve_rows(1)
-    steering.bind_row(0, Override("p", {"sae_a": {5: 9.0}}))
+    steering.bind_row(0, RequestSteering("p", {"sae_a": {5: 9.0}}))
     steering.reserve_rows(3)
     assert att.rows is not None and att.rows.shape[0] == 3
     assert torch.allclose(att.rows[0], 9.0 * att.sae.W_dec[5]) and torch.count_nonzero(att.rows[1:]) == 0

@@ -66,12 +66,10 @@ def test_they_import_and_steer_with_the_bundled_saes_attached(engine, tmp_path):
         bases = Bases(store, SteeringTarget(engine.model_id, steering, Monitor()), IntensitySettings(2.0, 0.5, 0.0))
         native = bases.request("weather-circuit", 1.2)
         assert native.rung == 0 and native.echo == "1.2"
-        assert native.override is not None
-        assert native.override.values == {"sae_l10": {1604: 24.0}, "sae_l20": {3497: 36.0, 1806: 30.0}}
+        assert native.values == {"sae_l10": {1604: 24.0}, "sae_l20": {3497: 36.0, 1806: 30.0}}
         assert bases.request("weather-cluster", Symbol.MIN).echo == "0.5"
         steering.detach("sae_l10")
         fallback = bases.request("weather-circuit", 1.2)
-        assert fallback.rung is None and fallback.override is not None
-        assert fallback.override.values == {"sae_l20": {3497: 36.0, 1806: 30.0, 3448: 24.0}}
+        assert fallback.rung is None and fallback.values == {"sae_l20": {3497: 36.0, 1806: 30.0, 3448: 24.0}}
     finally:
         steering.detach_all()

@@ -17,13 +17,13 @@ from tests.support.saes import random_sae
 if TYPE_CHECKING:
     import torch
 
-    from millm.steering.controller import Override, Steering
+    from millm.steering.controller import RequestSteering, Steering
 
 
-def steer() -> Override:
-    from millm.steering.controller import Override
+def steer() -> RequestSteering:
+    from millm.steering.controller import RequestSteering
 
-    return Override("test", {"sae": {5: 8.0}})
+    return RequestSteering("test", {"sae": {5: 8.0}})
 
 
 def forward(model, steering: Steering, rows: int, phase: int | None) -> torch.Tensor:

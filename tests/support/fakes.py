@@ -114,7 +114,7 @@ class FakeEngine(NoModelInternals):
         ids = [self.tokenize(p) for p in request.prompts]
         budget = token_budget(ids, request.params.max_tokens, self.context_window, 64, prompt_names(request.prompts))
         self.requests.append(request)
-        return Plan(ids, request.params, budget, override=request.override, constraint=request.constraint,
+        return Plan(ids, request.params, budget, steering=request.steering, constraint=request.constraint,
                     scope=request.scope)
 
     def generate(self, request: GenerationRequest, control: StepControl | None = None) -> Iterator[Event]:
@@ -131,7 +131,7 @@ class FakeEngine(NoModelInternals):
         from millm.steering.cvec import ROW
 
         steering = target.steering
-        steering.bind_row(ROW, plan.override, plan.scope)
+        steering.bind_row(ROW, plan.steering, plan.scope)
         try:
             vector = steering.vector(ROW)
         finally:

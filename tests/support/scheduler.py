@@ -34,11 +34,11 @@ class Consumer:
         return [e.reason for e in self.events if isinstance(e, Finish)]
 
 
-def plan(engine, prompt: str, override=None, chat: bool = False, scope: str = "all", **params) -> Plan:
+def plan(engine, prompt: str, steering=None, chat: bool = False, scope: str = "all", **params) -> Plan:
     params.setdefault("temperature", 0.0)
     params.setdefault("max_tokens", 8)
     p = ChatPrompt([{"role": "user", "content": prompt}]) if chat else TextPrompt(prompt)
-    return engine.prepare(GenerationRequest([p], SamplingParams(**params), override=override, scope=scope))
+    return engine.prepare(GenerationRequest([p], SamplingParams(**params), steering=steering, scope=scope))
 
 
 def alone(engine, p: Plan) -> tuple[str, list[str]]:

@@ -19,10 +19,10 @@ from tui.widgets.message_box import MessageBox
 from tui.widgets.monitor_panel import MonitorPanel
 from tui.widgets.sae_list import SAEList
 from tui.widgets.steered_list import SteeredList
-from tui.widgets.strength_dial import StrengthDial
+from tui.widgets.strength_slider import StrengthSlider
 
 
-def test_attach_search_and_dial_a_feature(engine, sae_id):
+def test_attach_search_and_slide_a_feature(engine, sae_id):
     from tui.local import LocalClient
 
     target = engine.steering_target()
@@ -40,9 +40,9 @@ def test_attach_search_and_dial_a_feature(engine, sae_id):
         await settle(pilot)
         found = app.main.query_one("#search").features
         assert [(f.index, f.label) for f in found] == [(5, "weather, storm, rain"), (9, "stormy seas")]
-        await pilot.press("enter")  # the best match goes on the dial, which takes focus
-        dial = app.main.query_one(StrengthDial)
-        assert dial.has_focus and dial.feature.index == 5
+        await pilot.press("enter")  # the best match goes on the strength slider, which takes focus
+        slider = app.main.query_one(StrengthSlider)
+        assert slider.has_focus and slider.feature.index == 5
 
         async def values_after(*keys: str) -> dict[int, float]:
             await pilot.press(*keys)
@@ -279,7 +279,7 @@ def test_strip_and_sparklines_show_what_the_model_computed(engine, attached):
         await pilot.press("right")
         assert strip.cursor == 1
         await pilot.press("enter")  # the token's most active feature goes on the dial
-        assert app.main.query_one(StrengthDial).feature.index == strip.tokens[1].features[0][0]
+        assert app.main.query_one(StrengthSlider).feature.index == strip.tokens[1].features[0][0]
         await settle(pilot)
         spark = app.main.query_one(MonitorPanel).query_one("#spark-5")
         assert len(spark.data) == len(target.monitor.history) >= 1
@@ -298,10 +298,10 @@ def test_a_dial_change_mid_answer_applies_between_steps(engine, attached):
     target = engine.steering_target()
 
     async def scenario(app, pilot) -> None:
-        app.main.query_one(StrengthDial).show(Feature(attached, 5, ""), 0.0)
+        app.main.query_one(StrengthSlider).show(Feature(attached, 5, ""), 0.0)
         await send(app, pilot, "Tell me a long story about the sea.")
         await until(pilot, lambda: any(b.text for b in app.main.query(MessageBox) if b.role != "you"))
-        app.main.query_one(StrengthDial).focus()
+        app.main.query_one(StrengthSlider).focus()
         await pilot.press("1", "5", "0", "enter")
         await until(pilot, lambda: target.steering.attachments[attached].values == {5: 150.0})
         assert app.main.busy  # applied between two decode steps, not after the answer

@@ -13,7 +13,7 @@ from millm.steering.intensity import Symbol
 from millm.steering.rung import LADDER, rung_header
 from millm.steering.values import STRENGTH_LIMIT
 from tui.client import SteeringState, readout_ask, readout_tokens, rung_phrase
-from tui.dials import (
+from tui.controls import (
     LAMBDA_STEP,
     STRENGTH_STEP,
     dial_fraction,
@@ -25,7 +25,7 @@ from tui.dials import (
     step_strength,
     wire_dial,
 )
-from tui.session import Conversation, Steer, chat_body, compare_bodies, parse_field, sampling_fields
+from tui.session import Conversation, SteeringFields, chat_body, compare_bodies, parse_field, sampling_fields
 
 
 def test_typing_into_a_dial():
@@ -95,21 +95,21 @@ def engine_of(_: str) -> str:
 def test_chat_bodies_are_what_the_builder_takes():
     conv = Conversation(system="Be brief.")
     messages = conv.messages("Hi")
-    body = chat_body("m", messages, {"temperature": 0, "max_tokens": 8}, Steer(Symbol.MIN, "calm", "sae_x"))
+    body = chat_body("m", messages, {"temperature": 0, "max_tokens": 8}, SteeringFields(Symbol.MIN, "calm", "sae_x"))
     assert body["steering_intensity"] == "min" and body["profile"] == "calm" and body["stream"] is True
     assert body["return_sae_activations"] == readout_ask("sae_x")
     built = build_chat(body, engine_of)
     assert built.intensity is Symbol.MIN and built.profile == "calm" and built.stream
     assert built.generations[0].prompts[0].messages == messages
-    plain = chat_body("m", messages, {}, Steer())
+    plain = chat_body("m", messages, {}, SteeringFields())
     assert set(plain) == {"model", "messages", "stream"}
     with pytest.raises(InvalidParameter) as exc:
-        build_chat(chat_body("m", messages, sampling_fields({"temperature": "warm"}), Steer()), engine_of)
+        build_chat(chat_body("m", messages, sampling_fields({"temperature": "warm"}), SteeringFields()), engine_of)
     assert exc.value.param == "temperature"
 
 
 def test_compare_bodies_share_one_seed():
-    body = chat_body("m", [{"role": "user", "content": "Hi"}], {"temperature": 0.7}, Steer(0.5))
+    body = chat_body("m", [{"role": "user", "content": "Hi"}], {"temperature": 0.7}, SteeringFields(0.5))
     off, on = compare_bodies(body, random.Random(3))
     assert off["seed"] == on["seed"] and off["steering_intensity"] == "off" and on["steering_intensity"] == 0.5
     off, on = compare_bodies({**body, "seed": 9})

@@ -8,7 +8,7 @@ from tests.tui.helpers import PROMPT, answers, ask, drive, greedy_answer, settle
 from tui.remote import RemoteClient, RemoteError
 from tui.widgets.activation_strip import ActivationStrip
 from tui.widgets.sae_list import SAEList
-from tui.widgets.strength_dial import StrengthDial
+from tui.widgets.strength_slider import StrengthSlider
 
 
 def test_url_mode_steers_and_chats_through_the_server(engine, server, sae_id):
@@ -25,7 +25,7 @@ def test_url_mode_steers_and_chats_through_the_server(engine, server, sae_id):
         await type_text(pilot, "weather")
         await settle(pilot)
         await pilot.press("enter")
-        assert app.main.query_one(StrengthDial).feature.index == 5
+        assert app.main.query_one(StrengthSlider).feature.index == 5
         await pilot.press("1", "5", "0", "enter")
         await settle(pilot)
         state = httpx.get(server + "/api/steering").json()

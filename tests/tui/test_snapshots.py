@@ -38,8 +38,8 @@ def test_main_screen_after_an_answer(snap_compare):
     assert snap_compare(app(), terminal_size=SIZE, run_before=steady(answered))
 
 
-def test_main_screen_with_a_feature_on_the_dial(snap_compare):
-    async def dialled(pilot: Pilot[Any]) -> None:
+def test_main_screen_with_a_feature_on_the_slider(snap_compare):
+    async def on_slider(pilot: Pilot[Any]) -> None:
         await answered(pilot)
         await pilot.press("ctrl+f")
         await type_text(pilot, "storm")
@@ -47,7 +47,7 @@ def test_main_screen_with_a_feature_on_the_dial(snap_compare):
         await pilot.press("enter", "right", "right")
         await settle(pilot)
 
-    assert snap_compare(app(), terminal_size=SIZE, run_before=steady(dialled))
+    assert snap_compare(app(), terminal_size=SIZE, run_before=steady(on_slider))
 
 
 def test_compare_mode(snap_compare):

@@ -1,4 +1,4 @@
-"""The TUI's sweep (``s`` on the strength dial) and the dial's ⇧ step from a feature's recommended strength."""
+"""The TUI's sweep (``s`` on the strength slider) and the slider's ⇧ step from a feature's recommended strength."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from rich.console import Console
 from millm.sae.cards import FeatureCard
 from tests.tui.fakes import LABELS, SAE, ScriptedClient
 from tests.tui.helpers import drive, settle, type_text
-from tui.dials import STRENGTH_LARGE_STEP, large_step
+from tui.controls import STRENGTH_LARGE_STEP, large_step
 from tui.screens.sweep import SweepScreen, sweep_view
-from tui.widgets.strength_dial import StrengthDial
+from tui.widgets.strength_slider import StrengthSlider
 
 if TYPE_CHECKING:
     from millm.research.sweep import SweepResult
@@ -53,7 +53,7 @@ def test_large_step_is_the_recommended_strength():
     assert large_step(40.0) == 40.0 and large_step(-60.0) == 60.0 and large_step(900.0) == 200.0
 
 
-def test_dial_steps_by_the_recommended_strength_and_s_sweeps():
+def test_the_slider_steps_by_the_recommended_strength_and_s_sweeps():
     client = MeasuredClient()
 
     async def scenario(app, pilot) -> None:
@@ -63,9 +63,9 @@ def test_dial_steps_by_the_recommended_strength_and_s_sweeps():
         await settle(pilot)
         await pilot.press("enter")
         await settle(pilot)
-        dial = app.main.query_one(StrengthDial)
-        assert dial.feature.index == THUNDER and dial.recommended == 40.0
-        assert "recommended 40" in str(dial.render())
+        slider = app.main.query_one(StrengthSlider)
+        assert slider.feature.index == THUNDER and slider.recommended == 40.0
+        assert "recommended 40" in str(slider.render())
         await pilot.press("shift+right")
         await settle(pilot)
         assert client.values[SAE][THUNDER] == 40.0  # one ⇧→ from 0 lands on the recommended strength
@@ -85,7 +85,7 @@ def test_dial_steps_by_the_recommended_strength_and_s_sweeps():
         await settle(pilot)
         await pilot.press("enter")
         await settle(pilot)
-        assert dial.feature.index == 40 and dial.recommended is None
+        assert slider.feature.index == 40 and slider.recommended is None
 
     drive(client, scenario)
 

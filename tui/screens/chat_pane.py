@@ -21,8 +21,8 @@ from textual.widgets import ContentSwitcher, Input
 from millm.errors import MillmError
 from millm.steering.readout import SAE_ACTIVATIONS_MAX_ENTRIES
 from tui.client import READOUT_TOP_K, ChatResult, Client, Done, Feature, ModelInfo
-from tui.messages import Answered, Asked, Busy, Dial
-from tui.session import Conversation, Steer, chat_body, compare_bodies, sampling_fields
+from tui.messages import Answered, Asked, Busy, PutOnSlider
+from tui.session import Conversation, SteeringFields, chat_body, compare_bodies, sampling_fields
 from tui.widgets.activation_strip import ActivationStrip
 from tui.widgets.chat_log import ChatLog
 from tui.widgets.compare_view import CompareView
@@ -81,7 +81,7 @@ class ChatPane(Vertical):
 
     def on_activation_strip_chosen(self, message: ActivationStrip.Chosen) -> None:
         message.stop()
-        self.post_message(Dial(message.feature))
+        self.post_message(PutOnSlider(message.feature))
 
     # the prompt
     def on_input_submitted(self, event: Input.Submitted) -> None:
@@ -109,18 +109,18 @@ class ChatPane(Vertical):
             self._take_slot("comparing" if self.compare else "generating")
             self.post_message(Asked(text))
 
-    def answer(self, prompt: str, steer: Steer) -> None:
-        """Answer ``prompt`` steered by ``steer`` (the screen's reply to ``Asked``); in compare mode unsteered,
+    def answer(self, prompt: str, steering: SteeringFields) -> None:
+        """Answer ``prompt`` steered by ``steering`` (the screen's reply to ``Asked``); in compare mode unsteered,
         then steered."""
-        (self.run_compare if self.compare else self.run_answer)(prompt, steer)
+        (self.run_compare if self.compare else self.run_answer)(prompt, steering)
 
-    def body(self, messages: list[dict[str, object]], steer: Steer) -> dict[str, object]:
+    def body(self, messages: list[dict[str, object]], steering: SteeringFields) -> dict[str, object]:
         """The request body; the strip reads no SAE when the answer could be too long for a read-out of every
         token."""
         sampling = sampling_fields(self.query_one(SamplingForm).fields())
         if readout_too_long(sampling):
-            steer = replace(steer, readout_sae=None)
-        return chat_body(self.info.model_id, messages, sampling, steer)
+            steering = replace(steering, readout_sae=None)
+        return chat_body(self.info.model_id, messages, sampling, steering)
 
     # answers
     async def stream_into(self, body: dict[str, object], box: MessageBox, log: ChatLog) -> ChatResult | None:
@@ -145,10 +145,10 @@ class ChatPane(Vertical):
         return result
 
     @work(exclusive=True, group="answer")
-    async def run_answer(self, prompt: str, steer: Steer) -> None:
+    async def run_answer(self, prompt: str, steering: SteeringFields) -> None:
         conversation = self.conversation
         try:
-            body = self.body(conversation.messages(prompt), steer)
+            body = self.body(conversation.messages(prompt), steering)
             log = self.query_one("#chat", ChatLog)
             log.add("you", prompt)
             result = await self.stream_into(body, log.add(self.info.model_id), log)
@@ -159,10 +159,10 @@ class ChatPane(Vertical):
             self.post_message(Answered(result))
 
     @work(exclusive=True, group="answer")
-    async def run_compare(self, prompt: str, steer: Steer) -> None:
+    async def run_compare(self, prompt: str, steering: SteeringFields) -> None:
         """The prompt alone (after the system prompt), unsteered then steered, with one seed."""
         try:
-            off, on = compare_bodies(self.body(Conversation(self.conversation.system).messages(prompt), steer))
+            off, on = compare_bodies(self.body(Conversation(self.conversation.system).messages(prompt), steering))
             view = self.query_one(CompareView)
             box_off, box_on = view.begin(prompt, on["seed"])
             self._take_slot("comparing: unsteered")

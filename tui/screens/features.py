@@ -1,5 +1,5 @@
-"""What the steering screen does with one feature beyond dialling it: its label read by index, its card and a
-short sweep. ``MainScreen`` builds on this."""
+"""What the steering screen does with one feature beyond putting it on the strength slider: its label read by index,
+its card and a short sweep. ``MainScreen`` builds on this."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from tui.screens.sweep import SweepScreen
 from tui.widgets.activation_strip import ActivationStrip
 from tui.widgets.feature_search import FeatureSearch
 from tui.widgets.steered_list import SteeredList
-from tui.widgets.strength_dial import StrengthDial
+from tui.widgets.strength_slider import StrengthSlider
 
 
 class FeatureActions(Screen[None]):
@@ -62,7 +62,7 @@ class FeatureActions(Screen[None]):
             return
         await self.app.push_screen(CardScreen(card))
 
-    def on_strength_dial_sweep(self, message: StrengthDial.Sweep) -> None:
+    def on_strength_slider_sweep(self, message: StrengthSlider.Sweep) -> None:
         if self.busy:
             self.notify(f"wait until {self.busy} is done", severity="warning", title="not swept")
             return

@@ -19,13 +19,12 @@ from millm.errors import MillmError
 from millm.steering.intensity import Dial
 from tui.client import Client, Feature, ModelInfo, SAEInfo, SteeringState
 from tui.labels import LabelBook
-from tui.messages import Answered, Asked, Busy, Refresh, SteeringRead, Watching
-from tui.messages import Dial as DialFeature
+from tui.messages import Answered, Asked, Busy, PutOnSlider, Refresh, SteeringRead, Watching
 from tui.screens.chat_pane import CHAT_COMMANDS, ChatPane
 from tui.screens.features import FeatureActions
 from tui.screens.profiles import ProfileActions
 from tui.screens.steering_pane import SteeringPane
-from tui.session import Conversation, Steer
+from tui.session import Conversation, SteeringFields
 from tui.widgets.feature_search import FeatureSearch
 from tui.widgets.intensity_dial import IntensityDial
 from tui.widgets.status_line import Status, StatusLine
@@ -93,7 +92,7 @@ class MainScreen(FeatureActions, ProfileActions):
                                               if self.state.active_profile else "the live values")
 
     def show_state(self, state: SteeringState) -> None:
-        """The steering pane's lists and dial, the labels they need, and the status line."""
+        """The steering pane's lists, slider and dial, the labels they need, and the status line."""
         self.state = state
         self.query_one(SteeringPane).show_state(state)
         self.fill_labels([(sae, index) for sae, values in state.values.items() for index in values])
@@ -124,11 +123,11 @@ class MainScreen(FeatureActions, ProfileActions):
         attached = [s for s in self.saes if s.attached_layer is not None]
         return attached[0].id if attached else None
 
-    def steer(self) -> Steer:
+    def steering_fields(self) -> SteeringFields:
         """How the next answer is steered: the dial, the loaded profile, the SAE to read (none unsteerable)."""
         if not self.info.steerable:
-            return Steer()
-        return Steer(self.dial, self.loaded_profile, self.readout_sae())
+            return SteeringFields()
+        return SteeringFields(self.dial, self.loaded_profile, self.readout_sae())
 
     @property
     def dial(self) -> Dial:
@@ -158,8 +157,8 @@ class MainScreen(FeatureActions, ProfileActions):
     def on_refresh(self, message: Refresh) -> None:
         self.refresh_all()
 
-    def on_dial(self, message: DialFeature) -> None:
-        self.query_one(SteeringPane).dial(message.feature)
+    def on_put_on_slider(self, message: PutOnSlider) -> None:
+        self.query_one(SteeringPane).put_on_slider(message.feature)
 
     def on_watching(self, message: Watching) -> None:
         self.watched = message.features
@@ -172,7 +171,7 @@ class MainScreen(FeatureActions, ProfileActions):
         self.show_status()
 
     def on_asked(self, message: Asked) -> None:
-        self.query_one(ChatPane).answer(message.prompt, self.steer())
+        self.query_one(ChatPane).answer(message.prompt, self.steering_fields())
 
     @work(group="answered")
     async def on_answered(self, message: Answered) -> None:

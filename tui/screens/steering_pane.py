@@ -25,13 +25,14 @@ from tui.widgets.feature_search import FeatureSearch
 from tui.widgets.intensity_dial import IntensityDial
 from tui.widgets.sae_list import SAEList
 from tui.widgets.steered_list import SteeredList
-from tui.widgets.strength_dial import StrengthDial
+from tui.widgets.strength_slider import StrengthSlider
 
 SEARCH_DEBOUNCE = 0.15
 
 
 class SteeringPane(VerticalScroll):
-    """SAEs, features and dials; the screen holds the steering state they show and tells it here."""
+    """SAEs, features, the strength slider and the intensity dial; the screen holds the steering state they show and
+    tells it here."""
 
     def __init__(self, client: Client, book: LabelBook, **kwargs: object) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
@@ -45,17 +46,17 @@ class SteeringPane(VerticalScroll):
         yield SAEList(id="saes")
         yield FeatureSearch(id="search")
         yield SteeredList(id="steered")
-        yield StrengthDial(id="strength")
+        yield StrengthSlider(id="strength")
         yield IntensityDial(id="intensity")
 
     # what the screen shows here
     def show_state(self, state: SteeringState) -> None:
-        """The steered list and the strength dial's value (unless a newer one is on its way)."""
+        """The steered list and the strength slider's value (unless a newer one is on its way)."""
         self.state = state
         self.query_one(SteeredList).show(state, self.book.labels)
-        dial = self.query_one(StrengthDial)
-        if dial.feature is not None and (dial.feature.sae_id, dial.feature.index) not in self.pending:
-            dial.value = state.values.get(dial.feature.sae_id, {}).get(dial.feature.index, 0.0)
+        slider = self.query_one(StrengthSlider)
+        if slider.feature is not None and (slider.feature.sae_id, slider.feature.index) not in self.pending:
+            slider.value = state.values.get(slider.feature.sae_id, {}).get(slider.feature.index, 0.0)
 
     def show_saes(self, saes: list[SAEInfo]) -> None:
         self.query_one(SAEList).show(saes)
@@ -114,38 +115,38 @@ class SteeringPane(VerticalScroll):
         self.book.add(sae.id, {f.index: f.label for f in features})
         search.show(features, f"no label of {sae.name} contains {text!r}" if text else f"{sae.name} has no labels")
 
-    def dial(self, feature: Feature) -> None:
-        """Put ``feature`` on the strength dial, at its live strength."""
+    def put_on_slider(self, feature: Feature) -> None:
+        """Put ``feature`` on the strength slider, at its live strength."""
         value = self.state.values.get(feature.sae_id, {}).get(feature.index, 0.0)
-        dial = self.query_one(StrengthDial)
-        dial.show(feature, value)
-        dial.focus()
+        slider = self.query_one(StrengthSlider)
+        slider.show(feature, value)
+        slider.focus()
         self.recommended_step(feature)
 
     @work(exclusive=True, group="recommended")
     async def recommended_step(self, feature: Feature) -> None:
-        """The dial's ⇧ step from the feature's recommended strength, when its card has one."""
+        """The slider's ⇧ step from the feature's recommended strength, when its card has one."""
         try:
             card = await self.client.feature(feature.sae_id, feature.index)
         except MillmError:
             return
-        dial = self.query_one(StrengthDial)
-        if dial.feature == feature:
-            dial.recommended = card.recommended_strength
+        slider = self.query_one(StrengthSlider)
+        if slider.feature == feature:
+            slider.recommended = card.recommended_strength
 
     def on_feature_search_chosen(self, message: FeatureSearch.Chosen) -> None:
-        self.dial(message.feature)
+        self.put_on_slider(message.feature)
 
     def on_steered_list_chosen(self, message: SteeredList.Chosen) -> None:
-        self.dial(message.feature)
+        self.put_on_slider(message.feature)
 
     def on_steered_list_remove(self, message: SteeredList.Remove) -> None:
         self.set_strength(message.feature, 0.0)
 
-    def on_strength_dial_set(self, message: StrengthDial.Set) -> None:
+    def on_strength_slider_set(self, message: StrengthSlider.Set) -> None:
         self.set_strength(message.feature, message.strength)
 
-    def on_strength_dial_refused(self, message: StrengthDial.Refused) -> None:
+    def on_strength_slider_refused(self, message: StrengthSlider.Refused) -> None:
         self.notify(message.message, severity="error")
 
     def set_strength(self, feature: Feature, strength: float) -> None:

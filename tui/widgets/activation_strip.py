@@ -45,13 +45,13 @@ class ActivationStrip(Widget, can_focus=True):
         Binding("left", "move(-1)", "previous token"),
         Binding("home", "move_to(0)", "first"),
         Binding("end", "move_to(-1)", "last"),
-        Binding("enter", "choose", "dial its top feature"),
+        Binding("enter", "choose", "put its top feature on the slider"),
     ]
 
     cursor: reactive[int] = reactive(0)
 
     class Chosen(Message):
-        """Put this feature (the cursor token's most active) on the strength dial."""
+        """Put this feature (the cursor token's most active) on the strength slider."""
 
         def __init__(self, feature: Feature) -> None:
             super().__init__()

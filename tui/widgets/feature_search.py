@@ -1,4 +1,4 @@
-"""Search an SAE's features by label as you type; pick one to put it on the strength dial."""
+"""Search an SAE's features by label as you type; pick one to put it on the strength slider."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from tui.client import Feature
 
 
 class FeatureResults(OptionList):
-    """The matches of the search; Enter puts one on the dial, w watches it, i shows its card."""
+    """The matches of the search; Enter puts one on the strength slider, w watches it, i shows its card."""
 
     BINDINGS = [Binding("w", "watch", "watch"), Binding("i", "card", "feature card")]
 
@@ -40,7 +40,7 @@ class FeatureSearch(Vertical):
             self.query = query
 
     class Chosen(Message):
-        """A feature was picked for the strength dial."""
+        """A feature was picked for the strength slider."""
 
         def __init__(self, feature: Feature) -> None:
             super().__init__()

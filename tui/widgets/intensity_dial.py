@@ -17,7 +17,7 @@ from textual.widget import Widget
 
 from millm.errors import InvalidParameter
 from millm.steering.intensity import ENVELOPE, Dial, Symbol
-from tui.dials import (
+from tui.controls import (
     LAMBDA_LARGE_STEP,
     LAMBDA_STEP,
     dial_fraction,

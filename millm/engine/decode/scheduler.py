@@ -267,8 +267,8 @@ class Scheduler:
             for r in share_starts(self._rows(job), starts):
                 lane.take(r)
                 job.rows.append(r)
-                engine.steering.bind_row(lane.first + r.slot, r.plan.override, r.plan.scope)  # each plan its own
-            job.send(Steered(engine.steering.label(job.plans[0].override)))
+                engine.steering.bind_row(lane.first + r.slot, r.plan.steering, r.plan.scope)  # each plan its own
+            job.send(Steered(engine.steering.label(job.plans[0].steering)))
             self._observe(job, monitored)
         except Exception as exc:  # this request's own setup failed: it ends, the others go on
             self._finish(job, exc)

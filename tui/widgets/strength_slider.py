@@ -16,14 +16,14 @@ from textual.widget import Widget
 from millm.errors import InvalidParameter
 from millm.steering.values import STRENGTH_LIMIT
 from tui.client import Feature
-from tui.dials import STRENGTH_LARGE_STEP, STRENGTH_STEP, edit_typed, large_step, parse_strength, step_strength
+from tui.controls import STRENGTH_LARGE_STEP, STRENGTH_STEP, edit_typed, large_step, parse_strength, step_strength
 from tui.widgets.gauge import gauge
 
 TYPED = frozenset("0123456789.-+")
 
 
-class StrengthDial(Widget, can_focus=True):
-    """A dial over ±STRENGTH_LIMIT for one feature of one attached SAE."""
+class StrengthSlider(Widget, can_focus=True):
+    """A slider over ±STRENGTH_LIMIT for one feature of one attached SAE."""
 
     BINDINGS = [
         Binding("right,up", f"step({STRENGTH_STEP})", f"+{STRENGTH_STEP:g}"),
@@ -63,7 +63,7 @@ class StrengthDial(Widget, can_focus=True):
             self.message = message
 
     def show(self, feature: Feature | None, value: float) -> None:
-        """Put ``feature`` (at ``value``) on the dial."""
+        """Put ``feature`` (at ``value``) on the slider."""
         self.feature = feature
         self.value = value
         self.typed = ""

@@ -1,4 +1,5 @@
-"""The two dials' arithmetic: a feature's strength and the steering intensity λ. Pure functions.
+"""The steering controls' arithmetic: the strength slider's (a feature's strength) and the intensity dial's (λ).
+Pure functions.
 
 Every bound comes from where the engine keeps it: strengths clamp at ``millm.steering.values``'
 STRENGTH_LIMIT exactly as the hooks clamp them, and λ lives in ``millm.steering.intensity``'s ENVELOPE,
@@ -23,7 +24,7 @@ LAMBDA_LARGE_STEP = 0.5
 
 def edit_typed(typed: str, key: str, character: str | None,
                allowed: frozenset[str]) -> tuple[str, str | None] | None:
-    """A value typed into a dial, after one key: (what is typed now, the text Enter entered or None), or None
+    """A value typed into a control, after one key: (what is typed now, the text Enter entered or None), or None
     when the key is not the typing's. A character from ``allowed`` extends it; while something is typed,
     Backspace edits it, Esc drops it and Enter enters it."""
     if character is not None and character in allowed:
@@ -43,8 +44,8 @@ def step_strength(strength: float, delta: float) -> float:
 
 
 def large_step(recommended: float | None) -> float:
-    """The dial's ⇧ step for a feature: the size of its recommended strength (``millm steer sweep --save``), so
-    one ⇧→ from 0 lands on it; STRENGTH_LARGE_STEP for a feature never measured."""
+    """The strength slider's ⇧ step for a feature: the size of its recommended strength (``millm steer sweep
+    --save``), so one ⇧→ from 0 lands on it; STRENGTH_LARGE_STEP for a feature never measured."""
     if recommended is None or not math.isfinite(recommended) or recommended == 0:
         return STRENGTH_LARGE_STEP
     return min(abs(clamp(recommended)), STRENGTH_LIMIT)
