@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from millm.config import Settings
 from millm.engine import Engine, load_engine, preflight
+from millm.engine.decode.driver import wound_down
 from millm.engine.dtypes import dtype_bytes, load_device, load_dtype
 from millm.engine.worker import EngineWorker
 from millm.errors import MillmError, ModelBusy, ModelLoadFailed, ModelLocked, ModelNotFound, ModelNotLoaded
@@ -214,18 +215,15 @@ class ModelManager:
         """Let running requests finish (up to the graceful timeout), cancel the rest, then drop the engine."""
         assert self.engine is not None
         self.state = "UNLOADING"
-        timeout = self.settings.graceful_unload_timeout
-        if not await self.worker.wait_idle(timeout):
-            busy = ModelBusy(f"'{self.engine.model_id}' was unloaded after {timeout:g} s while this request ran; "
-                             "retry it.")
-            log.warning("unloading %s: cancelling what still runs after %.0f s", self.engine.model_id, timeout)
-            self.worker.cancel_all(busy)  # and refuses what comes to be admitted until the engine is gone
-            await self.worker.wait_idle(None)  # the engine thread has let go of the model
-        try:
+        timeout, model_id = self.settings.graceful_unload_timeout, self.engine.model_id
+        busy = ModelBusy(f"'{model_id}' was unloaded after {timeout:g} s while this request ran; retry it.")
+
+        def stopping() -> None:
+            log.warning("unloading %s: cancelling what still runs after %.0f s", model_id, timeout)
+
+        async with wound_down(self.worker.admitted, timeout, busy, stopping):  # the driver's graceful wait
             engine, self.engine = self.engine, None
             engine.close()
-        finally:
-            self.worker.resume()
         await asyncio.to_thread(_give_memory_back)
 
 

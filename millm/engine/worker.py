@@ -9,25 +9,24 @@ A transformers generation joins the engine's scheduler (its one decode loop): th
 run here as jobs of their own, so calls and commands interleave with them. With continuous batching
 enabled (``batching``) a request the batch can serve shares it; every other one is served alone (the
 serial path), one at a time, beside the batch. An engine without a scheduler (llama.cpp) runs each
-generation as a serial stream, which runs one batch step between each of its own steps.
+generation as a serial stream, which runs one batch step between each of its own steps. What an unload waits
+for, and stops past its graceful timeout, is the driver's (``Admitted``): the worker adds each request it admits.
 """
 
 from __future__ import annotations
 
 import asyncio
-import copy
 import queue
-import threading
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import Future
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from millm.engine.base import StepControl
 from millm.engine.busy import TimedExecutor
-from millm.engine.decode.driver import BatchSettings, Job, Loop, loop_of, route, step, typed
+from millm.engine.decode.driver import Admitted, BatchSettings, Job, Loop, loop_of, route, step, typed
 from millm.errors import QueueFull
 
 __all__ = ["EngineWorker", "typed"]  # typed: millm.engine.decode.driver's, the one mapping of failures
@@ -59,15 +58,14 @@ class EngineWorker:
         self._ticking = False
         self._in_step = False
         self._executor = TimedExecutor(max_workers=1, thread_name_prefix="millm-engine")
-        self._lock = threading.Lock()
+        self.admitted = Admitted()  # what an unload waits for and stops (the driver's ``wound_down``)
+        self._lock = self.admitted.lock
         self._pending = 0
         self._leases = 0  # requests between their model check and their admission here (``lease``)
-        self._refusal: Exception | None = None  # while set (``cancel_all``), new work is refused with it
         self._running = 0
-        self._idle = threading.Event()
-        self._idle.set()
+        self._idle = self.admitted.idle  # set while nothing is queued, running or leased
         self._commands: queue.SimpleQueue[tuple[Callable[..., Any], tuple[Any, ...], Future[Any]]] = queue.SimpleQueue()
-        self._controls: set[StepControl] = set()  # every admitted stream, queued or running
+        self._controls = self.admitted.controls  # every admitted stream, queued or running
 
     @property
     def pending(self) -> int:
@@ -87,8 +85,7 @@ class EngineWorker:
 
     def _admit(self) -> None:
         with self._lock:
-            if self._refusal is not None:
-                raise copy.copy(self._refusal)
+            self.admitted.refuse_if_stopping()
             if self._pending >= self.max_queue:
                 raise QueueFull(f"The request queue is full ({self.max_queue} requests queued or running); "
                                 "retry shortly.")
@@ -171,21 +168,6 @@ class EngineWorker:
         self._executor.submit(self.run_commands)
         return await asyncio.wrap_future(future)
 
-    async def wait_idle(self, timeout: float | None) -> bool:
-        """Wait until no job is queued or running and no request holds a lease; False if ``timeout`` passed
-        first."""
-        return await asyncio.to_thread(self._idle.wait, timeout)
-
-    def cancel_all(self, reason: Exception) -> None:
-        """Cancel every admitted stream, queued or running (each consumer gets ``reason`` as its error), and
-        refuse new work with a copy of ``reason`` until ``resume``: a request holding a lease is refused
-        when it comes to be admitted, so an unload past its grace period waits for nothing new."""
-        with self._lock:
-            self._refusal = reason
-            controls = list(self._controls)
-        for control in controls:
-            control.stop(reason)
-
     def serving_others(self, own_leases: int = 0) -> bool:
         """Whether other work than the caller's holds the engine: a job queued or running, or a request between its
         model check and its admission (a lease; ``own_leases`` of them are the caller's). A background job that
@@ -193,25 +175,10 @@ class EngineWorker:
         with self._lock:
             return self._pending > 0 or self._leases > own_leases
 
-    @contextmanager
-    def stoppable(self, control: StepControl) -> Iterator[StepControl]:
-        """Count ``control`` among the admitted work that ``cancel_all`` stops while the block runs: a job made of
-        several engine calls (learning a vector, in slices) is stopped by an unload past its graceful timeout as a
-        stream is, within the call running then (its decode steps check ``control``) or between two."""
-        with self._lock:
-            self._controls.add(control)
-            if self._refusal is not None:
-                control.stop(copy.copy(self._refusal))
-        try:
-            yield control
-        finally:
-            with self._lock:
-                self._controls.discard(control)
-
-    def resume(self) -> None:
-        """Admit work again (the unload that cancelled everything is over)."""
-        with self._lock:
-            self._refusal = None
+    def stoppable(self, control: StepControl) -> AbstractContextManager[StepControl]:
+        """Count ``control`` among the admitted work an unload past its graceful timeout stops while the block runs
+        (``Admitted.stoppable``: a job of several engine calls, learning a vector)."""
+        return self.admitted.stoppable(control)
 
     def stream(self, make_events: Callable[[StepControl], Iterator[T]]) -> AsyncIterator[T]:
         """Admit now (raising QueueFull before any response starts), then run ``make_events(control)`` on

@@ -6,7 +6,8 @@ A job's model work runs in slices (``millm.vectors.learn``: a few answers writte
 slice), each an engine job on the engine thread (``EngineWorker.call``), so a request or an unload waiting for
 the engine gets its turn between two; within a slice the decode loop runs the queued commands and checks the
 job's ``StepControl`` at every step. Stopping that control ends the job where it is, storing nothing: ``DELETE
-/api/vectors/jobs/{id}`` (``cancel``), or an unload past its graceful timeout (``EngineWorker.cancel_all``)."""
+/api/vectors/jobs/{id}`` (``cancel``), or an unload past its graceful timeout (the decode driver's
+``Admitted.cancel_all``)."""
 
 from __future__ import annotations
 

@@ -212,7 +212,7 @@ def test_disconnected_stream_cancels_at_the_next_step(tmp_path):
         first = await events.__anext__()
         await events.aclose()  # the consumer leaves, as a disconnected client's response does
         engine.gate.set()
-        await services.worker.wait_idle(10)
+        await services.worker.admitted.wait_idle(10)
         return first, control_seen[0].cancel.is_set()
 
     first, cancelled = run(app, scenario)

@@ -11,7 +11,11 @@ It owns what is the same for all of them:
   iterator ends its request;
 - the errors: a failure becomes the contract's error here (``typed``: running out of memory is
   insufficient_memory, the same code and message under every front end), whether it ends one request or,
-  outside any one row, every request in the step.
+  outside any one row, every request in the step;
+- the graceful-unload wait (``wound_down``): the work admitted to the engine thread (``Admitted``: each
+  request's ``StepControl``, whether any is queued, running or leased) runs to its end for the graceful
+  timeout, then every request still admitted is stopped with the unload's error, new work refused with it until
+  the engine is gone.
 
 The engine's serial entry (``run``) is for clients that run a request on their own thread (the CLI's chat,
 research's sampled answers): on a scheduler it is ``drive``, elsewhere the engine's own loop, its failures typed
@@ -21,10 +25,13 @@ it through ``Loop``.
 
 from __future__ import annotations
 
+import asyncio
+import copy
 import sys
+import threading
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, asynccontextmanager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -38,8 +45,8 @@ if TYPE_CHECKING:
     from millm.engine.events import Event
     from millm.engine.plan import Plan
 
-__all__ = ["BatchSettings", "Job", "Loop", "Request", "drive", "loop_of", "route", "run", "run_together", "step",
-           "typed"]
+__all__ = ["Admitted", "BatchSettings", "Job", "Loop", "Request", "drive", "loop_of", "route", "run", "run_together",
+           "step", "typed", "wound_down"]
 
 
 class Loop(Protocol):
@@ -226,3 +233,75 @@ def _settle(engine: Engine, request: Request, alone: bool, ended: dict[int, Base
     elif error is not None:
         error = typed(error)
         request.error = error if isinstance(error, Exception) else Exception(str(error))
+
+
+class Admitted:
+    """The work admitted to the engine thread, as the graceful-unload wait sees it: every admitted request's
+    ``StepControl`` (``controls``: a stream, a batched job, or a job of several engine calls, ``stoppable``),
+    ``idle`` while nothing is queued, running or leased (the worker counts those, under ``lock``), and while an
+    unload stops them, the ``refusal`` new work gets."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()  # the worker's: it counts queued, running and leased work under it
+        self.idle = threading.Event()
+        self.idle.set()
+        self.controls: set[StepControl] = set()
+        self.refusal: Exception | None = None  # while set (``cancel_all``), new work is refused with it
+
+    def refuse_if_stopping(self) -> None:
+        """Raise a copy of the refusal while an unload stops everything (the caller holds ``lock``)."""
+        if self.refusal is not None:
+            raise copy.copy(self.refusal)
+
+    async def wait_idle(self, timeout: float | None) -> bool:
+        """Wait until no job is queued or running and no request holds a lease; False if ``timeout`` passed
+        first."""
+        return await asyncio.to_thread(self.idle.wait, timeout)
+
+    def cancel_all(self, reason: Exception) -> None:
+        """Cancel every admitted request, queued or running (each consumer gets ``reason`` as its error), and
+        refuse new work with a copy of ``reason`` until ``resume``: a request holding a lease is refused
+        when it comes to be admitted, so an unload past its grace period waits for nothing new."""
+        with self.lock:
+            self.refusal = reason
+            controls = list(self.controls)
+        for control in controls:
+            control.stop(reason)
+
+    def resume(self) -> None:
+        """Admit work again (the unload that cancelled everything is over)."""
+        with self.lock:
+            self.refusal = None
+
+    @contextmanager
+    def stoppable(self, control: StepControl) -> Iterator[StepControl]:
+        """Count ``control`` among the admitted work that ``cancel_all`` stops while the block runs: a job made of
+        several engine calls (learning a vector, in slices) is stopped by an unload past its graceful timeout as a
+        stream is, within the call running then (its decode steps check ``control``) or between two."""
+        with self.lock:
+            self.controls.add(control)
+            if self.refusal is not None:
+                control.stop(copy.copy(self.refusal))
+        try:
+            yield control
+        finally:
+            with self.lock:
+                self.controls.discard(control)
+
+
+@asynccontextmanager
+async def wound_down(admitted: Admitted, timeout: float, busy: Exception,
+                     stopping: Callable[[], None] | None = None) -> AsyncIterator[None]:
+    """The graceful-unload wait: the admitted work runs to its end for up to ``timeout`` seconds; past it
+    (``stopping`` is told) every admitted request is cancelled with ``busy`` as its error, what comes to be
+    admitted is refused with it, and the wait goes on until the engine thread has let go of the model. The block
+    (closing the engine) runs then; afterwards work is admitted again."""
+    if not await admitted.wait_idle(timeout):
+        if stopping is not None:
+            stopping()
+        admitted.cancel_all(busy)  # and refuses what comes to be admitted until the engine is gone
+        await admitted.wait_idle(None)  # the engine thread has let go of the model
+    try:
+        yield
+    finally:
+        admitted.resume()
