@@ -91,6 +91,13 @@ def own_values(steering: RequestSteering | None) -> Values | None:
     return steering.values if steering is not None else None
 
 
+def _own(steering: RequestSteering | None) -> tuple[str, Values] | None:
+    """A request's name and its own values; None: its rows follow the live values."""
+    if steering is None or steering.values is None:
+        return None
+    return steering.name, steering.values
+
+
 class SteeringCore:
     """Attached SAEs and live steering values for one model of ``n_layers`` layers of width ``d_model``.
 
@@ -108,7 +115,7 @@ class SteeringCore:
         self._suppressed = False
         self._lock = threading.RLock()
         self._slots = 0  # rows reserved in each attachment's row buffer (0: none yet)
-        self._row_sources: dict[int, RequestSteering | None] = {}  # bound slot -> its own steering (None: the base)
+        self._row_sources: dict[int, tuple[str, Values] | None] = {}  # bound slot -> (name, own values); None: base
         self._row_scopes: dict[int, Scope] = {}  # bound slot -> where its steering applies
         self.row_errors: dict[int, Exception] = {}  # bound slot -> why its delta could not be rewritten
 
@@ -283,11 +290,11 @@ class SteeringCore:
 
         Its deltas are computed first: values that cannot steer (a feature index the SAE lacks) raise with
         nothing recorded, so the slot stays unbound."""
-        own = own_values(steering)
+        own = _own(steering)
         with self._lock:
             deltas = [(att, self._delta(att, self._row_values(att, own)))
                       for att in self.attachments.values() if att.rows is not None]
-            self._row_sources[slot] = steering if own is not None else None
+            self._row_sources[slot] = own
             self._row_scopes[slot] = scope
             self.row_errors.pop(slot, None)
             for att, delta in deltas:
@@ -332,9 +339,9 @@ class SteeringCore:
 
     def label(self, steering: RequestSteering | None = None) -> str:
         """What steers a response: ``none``, ``live`` or a profile's name (for X-miLLM-Steering)."""
-        own = own_values(steering)
-        if steering is not None and own is not None:
-            return steering.name if any(own.values()) and self.attachments else "none"
+        own = _own(steering)
+        if own is not None:
+            return own[0] if any(own[1].values()) and self.attachments else "none"
         if not self.enabled or not any(att.values for att in self.attachments.values()):
             return "none"
         return self.active_profile or LIVE
@@ -360,8 +367,8 @@ class SteeringCore:
     def _base_values(self, att: Attachment) -> dict[int, float]:
         return att.values if self.enabled else {}
 
-    def _row_values(self, att: Attachment, own: Values | None) -> dict[int, float]:
-        return own.get(att.sae_id, {}) if own is not None else self._base_values(att)
+    def _row_values(self, att: Attachment, own: tuple[str, Values] | None) -> dict[int, float]:
+        return own[1].get(att.sae_id, {}) if own is not None else self._base_values(att)
 
     def _write_row(self, att: Attachment, slot: int, delta: torch.Tensor | None) -> None:
         assert att.rows is not None
@@ -387,15 +394,15 @@ class SteeringCore:
         rows: dict[int, list[tuple[Attachment, torch.Tensor | None]]] = {}
         errors: dict[int, Exception] = {}
         for slot, source in self._row_sources.items():
-            own = own_values(source)
-            if source is None or own is None:
+            if source is None:
                 rows[slot] = [(att, live[att.sae_id]) for att in bound]
                 continue
+            name, own = source
             try:
                 rows[slot] = [(att, self._delta(att, own.get(att.sae_id, {}))) for att in bound]
             except Exception as exc:  # this row's own steering is broken: it alone stops
                 rows[slot] = [(att, None) for att in bound]
-                errors[slot] = InvalidFeatureIndex(f"This request's steering ('{source.name}') no longer fits the "
+                errors[slot] = InvalidFeatureIndex(f"This request's steering ('{name}') no longer fits the "
                                                    f"attached SAEs ({exc}); the request stopped.")
         for att in attachments:
             self._write(att.delta, live[att.sae_id])
