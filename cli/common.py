@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import wraps
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import typer
 from rich.console import Console
@@ -80,6 +80,22 @@ def check_seed(seed: int, option: str = "seed") -> int:
     from millm.requests.validation import SEED_MAX, check_int
 
     return check_int(option, seed, low=0, high=SEED_MAX)
+
+
+Weights = Literal["auto", "dtype", "int8"]  # --weights, as MILLM_WEIGHTS takes it
+WEIGHTS_HELP = ("Linear weights (as MILLM_WEIGHTS): int8 (the decoder layers in 8 bits; transformers on the CPU "
+                "only), dtype (as MILLM_DTYPE) or auto.")
+
+
+def use_weights(weights: str | None) -> None:
+    """``--weights``: MILLM_WEIGHTS for every load this process makes (nothing when not given). A value that cannot
+    apply to the model is refused when it loads, naming ``weights``."""
+    if weights is None:
+        return
+    import os
+
+    os.environ["MILLM_WEIGHTS"] = weights
+    get_settings.cache_clear()
 
 
 def engine_of(model: str) -> str:

@@ -26,6 +26,9 @@ class Settings(BaseSettings):
     default_model: str = "SmolLM2-135M-Instruct"
     device: str = "auto"
     dtype: str = "auto"
+    # MILLM_WEIGHTS (--weights): "int8" keeps the decoder layers' linear weights in 8 bits (transformers on the CPU,
+    # float32 activations; refused elsewhere), "dtype" in MILLM_DTYPE, "auto" the CPU default (docs/settings.md)
+    weights: Literal["auto", "dtype", "int8"] = "auto"
     default_max_tokens: int = 1024
     max_queue: int = 32
     # what one request may ask for (millm.requests.limits): past these it is refused with 400 naming the field

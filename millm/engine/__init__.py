@@ -12,8 +12,12 @@ if TYPE_CHECKING:
 
 
 def load_engine(entry: ModelEntry, settings: Settings) -> Engine:
-    """Load the engine that runs ``entry``: llama.cpp for GGUF ids, transformers otherwise."""
+    """Load the engine that runs ``entry``: llama.cpp for GGUF ids, transformers otherwise. ``MILLM_WEIGHTS=int8``
+    on llama.cpp is refused here (400 naming ``weights``), before anything loads."""
     if entry.engine == "llama.cpp":
+        from millm.engine.dtypes import weights_mode
+
+        weights_mode(settings.weights, entry.engine, settings.device, "file")
         from millm.engine.llama_engine import LlamaCppEngine
 
         return LlamaCppEngine.load(entry, settings)

@@ -13,8 +13,9 @@ from typing import Any
 import torch
 
 from millm.config import Settings
-from millm.engine.dtypes import load_device, load_dtype
+from millm.engine.dtypes import load_device, load_dtype, weights_mode
 from millm.engine.packed import pack_linears
+from millm.engine.weights import can_quantize, quantize_layers
 from millm.errors import InsufficientMemory, ModelLoadFailed
 from millm.registry import ModelEntry
 
@@ -165,9 +166,14 @@ def placement(model: Any, free: dict[int, int], reserve: int = 0) -> dict[str, i
 def load(entry: ModelEntry, settings: Settings) -> tuple[Any, Any, torch.device, torch.dtype]:
     """Load ``entry`` for the transformers engine, in eval mode on the chosen device; with several CUDA
     cards and none large enough, split across them by layers; on the CPU in fp32, its linear layers packed
-    for oneDNN (``millm.engine.packed``)."""
+    for oneDNN (``millm.engine.packed``), or with ``MILLM_WEIGHTS=int8`` its decoder layers' linears in int8
+    (``millm.engine.weights``) and the rest packed."""
     device = pick_device(settings.device)
     dtype = pick_dtype(settings.dtype, device)
+    weights = weights_mode(settings.weights, "transformers", device.type, str(dtype).removeprefix("torch."))
+    if weights == "int8" and not can_quantize():
+        raise ModelLoadFailed(f"Loading '{entry.id}' with int8 weights failed: this torch build has no quantized "
+                              "CPU backend (FBGEMM or oneDNN); use MILLM_WEIGHTS=dtype.")
     try:
         model, tokenizer = load_weights(entry, settings, dtype)
     except Exception as exc:  # any loader failure becomes one typed error naming the model
@@ -184,5 +190,7 @@ def load(entry: ModelEntry, settings: Settings) -> tuple[Any, Any, torch.device,
     else:
         model.to(device)
     if device.type == "cpu" and dtype == torch.float32:
+        if weights == "int8":
+            quantize_layers(model)
         pack_linears(model)
     return model.eval(), tokenizer, device, dtype

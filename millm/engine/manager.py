@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from millm.config import Settings
 from millm.engine import Engine, load_engine, preflight
 from millm.engine.decode.driver import wound_down
-from millm.engine.dtypes import dtype_bytes, load_device, load_dtype
+from millm.engine.dtypes import dtype_bytes, load_device, load_dtype, weights_mode
 from millm.engine.worker import EngineWorker
 from millm.errors import MillmError, ModelBusy, ModelLoadFailed, ModelLocked, ModelNotFound, ModelNotLoaded
 from millm.registry import ModelEntry, list_models, resolve
@@ -258,6 +258,8 @@ def default_preflight(entry: ModelEntry, current: ModelEntry | None, settings: S
     across several cards, whose shares are unknown, only toward a split.
     """
     device, size = priced(entry, settings)
+    dtype = "file" if entry.engine == "llama.cpp" else load_dtype(settings.dtype, device)
+    weights_mode(settings.weights, entry.engine, device, dtype)  # int8 where it cannot apply: 400 naming weights
     need = preflight.footprint(entry, size)
     free = preflight.free_memory(device)
     unplaced = 0

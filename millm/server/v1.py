@@ -172,8 +172,14 @@ async def embeddings() -> Any:
 
 
 def model_card(entry: ModelEntry) -> dict[str, Any]:
-    return {"id": entry.id, "object": "model", "created": int(entry.path.stat().st_mtime),
-            "owned_by": entry.repo_id or "millm"}
+    """OpenAI's model object; the loaded model's also carries its ``system_fingerprint`` (dtype, int8 weights,
+    quantization, engine), as its completions do."""
+    card: dict[str, Any] = {"id": entry.id, "object": "model", "created": int(entry.path.stat().st_mtime),
+                            "owned_by": entry.repo_id or "millm"}
+    engine = services().manager.engine
+    if engine is not None and engine.model_id == entry.id:
+        card["system_fingerprint"] = engine.fingerprint
+    return card
 
 
 @bp.get("/models")
