@@ -16,6 +16,8 @@ from cli import models as models_cli
 from cli import score as score_cli
 from cli import steering as steering_cli
 from cli.common import (
+    WEIGHTS_HELP,
+    Weights,
     engine_for,
     engine_of,
     err,
@@ -26,6 +28,7 @@ from cli.common import (
     sae_ref,
     steerable,
     steering_service,
+    use_weights,
 )
 from cli.sae_train import steer_assignments
 from cli.vectors import vectors_app
@@ -198,11 +201,13 @@ def chat(
                                                        "live values.")] = None,
     scope: Annotated[str | None, typer.Option(help="Where steering applies: all (default), generated (only the "
                                                    "answer's tokens) or prompt (only the prompt's).")] = None,
+    weights: Annotated[Weights | None, typer.Option(help=WEIGHTS_HELP)] = None,
 ) -> None:
     """Chat with a model: one answer, stdin, or an interactive session (/reset, /exit). Each answer goes to
     stdout; one line on stderr says what steered it."""
     from millm.requests.builder import build_chat
 
+    use_weights(weights)
     fields = {"temperature": temperature, "top_p": top_p, "max_tokens": max_tokens, "seed": seed, "stop": stop,
               "steering_intensity": dial_value(intensity), "steering_scope": scope}
     sae = sae_ref(sae) if sae is not None else None
@@ -292,6 +297,7 @@ def serve(
                                            "MILLM_BATCHING=true).")] = False,
     no_console: Annotated[bool, typer.Option("--no-console", help="Serve no web console at / (as "
                                              "MILLM_CONSOLE=false).")] = False,
+    weights: Annotated[Weights | None, typer.Option(help=WEIGHTS_HELP)] = None,
 ) -> None:
     """Serve the OpenAI-compatible /v1 API, the management API and the web console with Hypercorn."""
     import logging
@@ -300,6 +306,7 @@ def serve(
     from millm.server.run import is_loopback, run
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    use_weights(weights)
     settings = get_settings()
     if batching:
         settings = settings.model_copy(update={"batching": True})

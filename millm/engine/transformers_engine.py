@@ -43,6 +43,7 @@ from millm.engine.scoring import (
 )
 from millm.engine.shared_prefix import SHARED_MIN, batches, common_prefix, shareable, shared_forward
 from millm.engine.templates import END_OF_TURN_TOKENS, has_chat_template, render_chat
+from millm.engine.weights import INT8, weights_of
 from millm.errors import ContextLengthExceeded, InvalidParameter, InvalidScoringRequest, MillmError, NoChatTemplate
 from millm.registry import ModelEntry
 from millm.steering.target import (
@@ -94,6 +95,7 @@ class TransformersEngine:
         self.tokenizer = tokenizer
         self.device = device
         self.dtype = dtype
+        self.weights = weights_of(model)  # "int8": the decoder layers' linears in 8 bits (millm.engine.weights)
         self.default_max_tokens = default_max_tokens
         self.context_window = int(getattr(model.config, "max_position_embeddings", None)
                                   or tokenizer.model_max_length)
@@ -138,8 +140,8 @@ class TransformersEngine:
 
     @property
     def fingerprint(self) -> str:
-        return fingerprint(self.entry.id, self.entry.revision, str(self.dtype).removeprefix("torch."),
-                           self.entry.quantization, self.engine_name)
+        dtype = str(self.dtype).removeprefix("torch.") + ("+int8" if self.weights == INT8 else "")
+        return fingerprint(self.entry.id, self.entry.revision, dtype, self.entry.quantization, self.engine_name)
 
     @property
     def vocab_size(self) -> int:
