@@ -32,12 +32,14 @@ def engine_for(model: str | None,
     ``loading(model_id)``, a progress display), with the SAE attachments and steering values persisted for
     it re-applied."""
     from millm.engine import load_engine
+    from millm.engine.manager import planned_weights
     from millm.registry import resolve
 
     settings = get_settings()
     entry = resolve(model or settings.default_model, settings, paths=True)
-    if entry.id not in ENGINES:
-        with loading(entry.id):
+    wanted = planned_weights(entry, settings)  # refused here even when the model is loaded already
+    if entry.id not in ENGINES or ENGINES[entry.id].weights != wanted:  # a load's settings are honoured, not
+        with loading(entry.id):  # dropped because an engine loaded under others is at hand
             engine = load_engine(entry, settings)
             steering_service().restore(engine.steering_target())
             ENGINES[entry.id] = engine

@@ -79,6 +79,7 @@ class Engine(Protocol):
     entry: ModelEntry
     capabilities: Capabilities
     context_window: int
+    weights: str  # how its linear weights are kept: "dtype" (its dtype, or a GGUF file's own) or "int8"
     max_token_bytes: int  # the most bytes one token holds: bounds the characters a window can take
 
     @property

@@ -117,6 +117,7 @@ class LlamaCppEngine(NoModelInternals):
     """
 
     engine_name = "llama.cpp"
+    weights = "dtype"  # a GGUF file's weights are the file's quantization
 
     def __init__(self, entry: ModelEntry, llm: Any, default_max_tokens: int = 1024, steerable: bool = False) -> None:
         import llama_cpp

@@ -249,6 +249,14 @@ def priced(entry: ModelEntry, settings: Settings) -> tuple[str, int]:
     return device, dtype_bytes(load_dtype(settings.dtype, device))
 
 
+def planned_weights(entry: ModelEntry, settings: Settings) -> str:
+    """How a load of ``entry`` under ``settings`` keeps its linear weights (``int8`` or ``dtype``), by the
+    loader's rule; a setting that cannot apply is refused (400 naming ``weights``)."""
+    device, _ = priced(entry, settings)
+    dtype = "file" if entry.engine == "llama.cpp" else load_dtype(settings.dtype, device)
+    return weights_mode(settings.weights, entry.engine, device, dtype)
+
+
 def default_preflight(entry: ModelEntry, current: ModelEntry | None, settings: Settings,
                       freed: Mapping[str, int] | None = None) -> None:
     """Files, quantization and memory, with what unloading ``current`` frees counted as free on the devices
@@ -258,8 +266,7 @@ def default_preflight(entry: ModelEntry, current: ModelEntry | None, settings: S
     across several cards, whose shares are unknown, only toward a split.
     """
     device, size = priced(entry, settings)
-    dtype = "file" if entry.engine == "llama.cpp" else load_dtype(settings.dtype, device)
-    weights_mode(settings.weights, entry.engine, device, dtype)  # int8 where it cannot apply: 400 naming weights
+    planned_weights(entry, settings)  # int8 where it cannot apply: 400 naming weights
     need = preflight.footprint(entry, size)
     free = preflight.free_memory(device)
     unplaced = 0

@@ -37,7 +37,7 @@ WEIGHT_LEVELS = 127  # qint8 weights, symmetric
 TINY = 1e-12  # the scale of an all-zero row or channel (its products are 0 either way)
 
 INT8 = "int8"
-DENSE = "dense"
+DENSE = "dtype"  # MILLM_WEIGHTS' name for weights kept in the model's dtype (millm.engine.dtypes.weights_mode)
 
 
 class Int8Linear(nn.Module):
@@ -104,5 +104,6 @@ def quantize_layers(model: Any) -> int:
 
 
 def weights_of(model: Any) -> str:
-    """``int8`` when the model's decoder layers multiply int8 weights, else ``dense`` (weights in the dtype)."""
+    """``int8`` when the model's decoder layers multiply int8 weights, else ``dtype`` (weights in the dtype): the
+    names ``weights_mode`` plans a load with."""
     return INT8 if any(isinstance(m, Int8Linear) for m in model.modules()) else DENSE

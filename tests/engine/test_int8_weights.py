@@ -251,3 +251,38 @@ def test_v1_models_shows_the_loaded_models_fingerprint_and_a_gguf_load_under_int
     assert cards[engine.model_id]["system_fingerprint"] == engine.fingerprint
     assert "system_fingerprint" not in cards["tinyrepo:Q4_0"]  # not loaded: nothing to say how it runs
     assert status == 400 and body["error"]["param"] == "weights", body
+
+
+def test_a_loaded_engine_is_reused_only_under_the_weights_asked_for(monkeypatch: pytest.MonkeyPatch):
+    """The process's engine cache honours MILLM_WEIGHTS: a model loaded under other weights is loaded again, and
+    int8 on a GGUF model is refused even when that model is loaded already."""
+    import millm.engine as engines
+    from millm import local
+    from millm.config import get_settings
+    from millm.registry import BUNDLED_ID
+    from tests.support.fakes import FakeEngine
+
+    loads: list[str] = []
+
+    def load(entry: Any, settings: Settings) -> FakeEngine:
+        loads.append(settings.weights)
+        engine = FakeEngine(entry.id)
+        engine.weights = "int8" if settings.weights == "int8" else "dtype"
+        return engine
+
+    monkeypatch.setattr(engines, "load_engine", load)
+    for model in (BUNDLED_ID, "SmolLM2-135M-Instruct:Q4_1"):
+        monkeypatch.setitem(local.ENGINES, model, FakeEngine(model))  # loaded already, weights in the dtype
+    try:
+        for weights in ("dtype", "int8", "int8", "auto"):
+            monkeypatch.setenv("MILLM_WEIGHTS", weights)
+            get_settings.cache_clear()
+            assert local.engine_for(BUNDLED_ID).weights == ("int8" if weights == "int8" else "dtype")
+        assert loads == ["int8", "auto"]  # reloaded when the weights asked for changed, reused otherwise
+        monkeypatch.setenv("MILLM_WEIGHTS", "int8")
+        get_settings.cache_clear()
+        with pytest.raises(InvalidParameter) as caught:
+            local.engine_for("SmolLM2-135M-Instruct:Q4_1")
+        assert caught.value.param == "weights"
+    finally:
+        get_settings.cache_clear()

@@ -73,6 +73,7 @@ class FakeEngine(NoModelInternals):
         self.scored: list[ScoreRequest] = []  # every scoring request, in order
         self.entry = ModelEntry(id=model_id, engine=engine_name, source="path", path=Path(__file__))
         self.context_window = context_window
+        self.weights = "dtype"
         self.max_token_bytes = max(len(t.encode()) for t in VOCAB)
         self.script = [VOCAB.index(ch) for ch in script] + [0]
         self.gate = threading.Event()
