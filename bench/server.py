@@ -1,6 +1,9 @@
 """The same greedy request in-process vs through the HTTP server (streaming), then 16 concurrent clients.
 
-    python bench/server.py [--tokens 64] [--rounds 3] [--clients 16]
+    python bench/server.py [--tokens 64] [--rounds 3] [--clients 16] [--model SmolLM2-135M-Instruct:Q4_1]
+
+``--model`` picks the model both sides load (default: the settings' default, on transformers; a ``:QUANT`` id
+runs on llama.cpp).
 
 Starts `millm serve` as a subprocess on a loopback port (the model loads from MILLM_HOME's cache),
 measures the engine in this process, and prints tokens/s, time to first token and their ratios.
@@ -67,11 +70,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--port", type=int, default=8765)
+    parser.add_argument("--model", default=None, help="the model id (default: the settings' default model)")
     args = parser.parse_args()
 
     settings = get_settings()
-    engine = load_engine(resolve(settings.default_model, settings), settings)
-    with millm_server(args.port) as base:
+    engine = load_engine(resolve(args.model or settings.default_model, settings), settings)
+    with millm_server(args.port, args.model) as base:
         in_process(engine, args.tokens), over_http(base, engine.model_id, args.tokens)  # warm up
         local, remote, reference = [], [], None
         for _ in range(args.rounds):
