@@ -19,7 +19,7 @@ from rich.progress import Progress
 
 from millm.config import Settings
 from millm.errors import MillmError
-from millm.hub import PullResult, parse_spec, pull
+from millm.hub import PullResult, PullSpec, parse_spec, pull
 from millm.server.api import body
 from millm.server.auth import guard_management
 from millm.server.state import services
@@ -85,11 +85,10 @@ def pulls() -> OrderedDict[str, Pull]:
     return table
 
 
-def run(job: Pull, settings: Settings) -> None:
+def run(job: Pull, spec: PullSpec, settings: Settings) -> None:
     """The pull itself, on a worker thread; every ending is recorded on ``job``."""
     try:
-        job.succeed(pull(parse_spec(job.model), settings, model_id=job.model_id, revision=job.revision,
-                         progress=job.progress))
+        job.succeed(pull(spec, settings, model_id=job.model_id, revision=job.revision, progress=job.progress))
     except MillmError as exc:
         job.fail(exc)
     except Exception as exc:  # a job's thread has no one to raise to: its record says what happened
@@ -100,7 +99,7 @@ def run(job: Pull, settings: Settings) -> None:
 async def start_pull() -> Any:
     """Start pulling a model from the Hub: 202 with the job; 409 while another pull runs."""
     data = await body()
-    parse_spec(data["model"])  # a malformed spec is a 400 now, not a failed job
+    spec = parse_spec(data["model"])  # a malformed spec is a 400 now, not a failed job
     table = pulls()
     running = next((j for j in table.values() if j.status == "running"), None)
     if running is not None:
@@ -109,7 +108,7 @@ async def start_pull() -> Any:
     table[job.id] = job
     while len(table) > KEPT:
         table.popitem(last=False)
-    current_app.add_background_task(run, job, services().settings)  # a plain function: Quart runs it on a thread
+    current_app.add_background_task(run, job, spec, services().settings)  # a plain function: Quart runs it on a thread
     return job.view(), 202
 
 

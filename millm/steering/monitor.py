@@ -120,9 +120,9 @@ class Tally:
         means = self.sums / n
         order = torch.argsort(means, descending=True, stable=True)[:top_k] if top_k else range(len(features))
         std = (self.squares / n - means.square()).clamp_min(0).sqrt()
+        seen = self.positions > 0  # before any position, min and max are the identities +-inf: shown as 0
         out: dict[str, dict[str, float | int]] = {}
         for i in [int(i) for i in order]:
-            seen = self.positions > 0
             out[str(features[i])] = {
                 "count": int(self.active[i]), "mean": float(means[i]), "std": float(std[i]),
                 "min": float(self.mins[i]) if seen else 0.0, "max": float(self.maxes[i]) if seen else 0.0,
