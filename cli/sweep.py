@@ -5,7 +5,8 @@ The measures are ``millm.research``'s (the ones the benches report), sampled and
 request path. The SAE is attached for the sweep only (``millm chat --sae``'s session,
 ``millm.steering.session.chat_steering``); live values steer none of the sweep's answers, and afterwards
 attachments, values and the active profile are as before; nothing is persisted, except recommended
-strengths with ``--save``.
+measures with ``--save``: a strength is chosen on the calibration prompts and verified on the held-out prompts
+(``millm.research.held_out``); only a held-out interval that reaches the target makes it recommended.
 """
 
 from __future__ import annotations
@@ -36,9 +37,10 @@ from millm.paths import output_file, user_path
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from millm.research.saving import Recommendation
+    from millm.research.saving import Measured
     from millm.research.screen import Screen, Screened
     from millm.research.sweep import SweepResult
+    from millm.sae.measured import HeldOut
     from millm.steering.service import SteeringService
     from millm.steering.target import SteeringTarget
 
@@ -84,14 +86,13 @@ def check_feature(service: SteeringService, sae_id: str, feature: str) -> int:
 
 
 def result_table(result: SweepResult) -> Table:
-    recommended = result.recommended
     title = (f"feature {result.feature} ({result.label or 'no label'}) on {result.sae} L{result.layer}: "
              f"{result.prompts} prompts, {result.tokens} tokens, seed {result.seed}")
     table = Table("strength", "concept rate", "fluency Δ", "inside bound?", "relevance Δ", "degenerate",
                   Column("e.g. (first answer)", no_wrap=True, overflow="ellipsis", max_width=60),
                   title=Text(title))  # labels and answers are never markup
     for p in result.points:
-        mark = " ←" if p.strength == recommended else ""
+        mark = " ←" if p.strength == result.chosen else ""
         table.add_row(f"{p.strength:g}{mark}", f"{p.rate:.0%}", f"{p.fluency:+.2f}",
                       "yes" if p.inside else "no", f"{p.relevance:+.2f}", f"{p.degenerate:.0%}",
                       Text(p.example.replace("\n", " ")))
@@ -101,35 +102,36 @@ def result_table(result: SweepResult) -> Table:
 def _print_sweep(result: SweepResult) -> None:
     """The sweep as a table, a bar per strength, the unsteered figures and the recommended strength."""
     from millm.research.plots import bar_lines
+    from millm.research.sweep import verdict
 
     out.print(result_table(result))
     for line in bar_lines(result.points, bound=result.bound):
         out.print(line, markup=False)
     out.print(f"unsteered: concept rate {result.unsteered_rate:.0%}, log-prob {result.unsteered_logprob:.3f} "
               f"nats/token; concept words: {', '.join(result.words)}", markup=False)
-    recommended = result.recommended
-    out.print(f"recommended strength: {recommended:g}" if recommended is not None else
-              f"recommended strength: none (no strength mentions the concept inside the fluency bound "
-              f"-{result.bound:g})", markup=False)
+    out.print(verdict(result), markup=False)
 
 
 def _save_sweep(folder: Path, index: int, label: str, result: SweepResult) -> None:
-    """The sweep's recommended strength (and its concept rate) stored in the SAE's ``features.jsonl``; a sweep
-    that recommends none saves nothing and says so."""
-    from millm.research.saving import Recommendation, save_recommendations
+    """The sweep's held-out measure stored in the SAE's ``features.jsonl`` (recommended or not, so the card says
+    the best held-out point); a sweep whose calibration chose no strength saves nothing and says so."""
+    from millm.research.saving import Measured, save_measured
 
-    recommended = result.recommended
-    if recommended is None:
-        raise InvalidParameter("Nothing saved: this sweep recommends no strength.", param="save")
-    point = result.point(recommended)
-    path = save_recommendations(folder, {index: Recommendation(recommended, point.rate if point else 0.0, label)})
-    err.print(f"recommended_strength {recommended:g} saved for feature {index} in {path}", markup=False)
+    if result.held_out is None:
+        raise InvalidParameter("Nothing saved: no strength mentions the concept on the calibration prompts.",
+                               param="save")
+    path = save_measured(folder, {index: Measured(result.held_out, label)})
+    what = (f"recommended_strength {result.recommended:g}" if result.recommended is not None
+            else "no recommended strength (the best held-out point)")
+    err.print(f"{what} saved for feature {index} in {path}", markup=False)
 
 
 def sweep(
     feature: Annotated[str, typer.Argument(help="Feature index or label (as chat --steer names it).")],
     strengths: Annotated[str, typer.Option(help="Comma-separated strengths.")] = "0,20,40,60,80",
-    prompts: Annotated[int, typer.Option(help="Neutral prompts, one seeded sampled answer each (1-20).")] = 8,
+    prompts: Annotated[int, typer.Option(help="Calibration prompts, one seeded sampled answer each (1-20).")] = 16,
+    held_out: Annotated[int, typer.Option(help="Held-out prompts the chosen strength is verified on (1-16).")
+                        ] = 16,
     sae: SaeOption = None,
     layer: LayerOption = None,
     tokens: Annotated[int, typer.Option(help="Tokens per answer.")] = 48,
@@ -170,7 +172,8 @@ def sweep(
     check_engine(engine)
     with err.status(f"sweeping feature {index} on {sae_id} ..."):
         result = sweep_feature(service, engine, sae_id, index, label=label, words=words,
-                               strengths=values, prompts=prompts, seed=seed, tokens=tokens, layer=layer)
+                               strengths=values, prompts=prompts, held_out=held_out, seed=seed, tokens=tokens,
+                               layer=layer)
     if as_json:
         out.print(json.dumps(result.to_json(), indent=2), markup=False)
     else:
@@ -189,13 +192,12 @@ def _labels_to_screen(labels: dict[int, str], first: int | None, sae_id: str) ->
     return labels if first is None else dict(list(labels.items())[:first])
 
 
-def _recommendations(batch: list[Screened]) -> dict[int, Recommendation | None]:
-    """What a swept batch stores: each feature's recommended strength and concept rate, None where it steers no
-    more (a recommendation saved before is removed)."""
-    from millm.research.saving import Recommendation
+def _measured(batch: list[Screened]) -> dict[int, Measured]:
+    """What a swept batch stores: each feature's held-out measure (recommending a strength or not; one saved
+    before is replaced)."""
+    from millm.research.saving import Measured
 
-    return {s.feature: None if s.recommended is None else Recommendation(s.recommended, s.rate, s.label)
-            for s in batch}
+    return {s.feature: Measured(s.held_out, s.label) for s in batch}
 
 
 def _screen_json(sae_id: str, found: Screen) -> str:
@@ -205,54 +207,61 @@ def _screen_json(sae_id: str, found: Screen) -> str:
         "estimates": {str(f): round(r, 4) for f, r in found.estimates.items()},
         "swept": [{"index": s.feature, "label": s.label, "estimate": round(s.estimate, 4),
                    "unsteered_rate": s.baseline, "recommended_strength": s.recommended,
-                   "concept_rate": s.rate, "points": [dataclasses.asdict(p) for p in s.points]}
+                   "concept_rate": s.rate, "held_out": s.held_out.to_json(),
+                   "points": [dataclasses.asdict(p) for p in s.points]}
                   for s in found.swept]}, indent=2)
 
 
 def _screen_table(sae_id: str, found: Screen) -> Table:
-    """The features that steer their label, with their estimates, recommended strengths and concept rates."""
-    table = Table("feature", "label", "estimated rise", "recommended", "concept rate",
+    """The features that steer their label, with their estimates, recommended strengths and held-out rates."""
+    table = Table("feature", "label", "estimated rise", "recommended", "held-out rate [90%]", "calibration",
                   title=Text(f"{sae_id}: {len(found.steers)} of {len(found.swept)} swept features steer their "
                              f"label ({len(found.estimates)} estimated; {found.prompts} prompts, {found.tokens} "
                              f"tokens, seed {found.seed})"))
     for s in found.steers:
-        table.add_row(str(s.feature), Text(s.label), f"{s.estimate:+.2f}", f"{s.recommended:g}", f"{s.rate:.0%}")
+        held = s.held_out
+        table.add_row(str(s.feature), Text(s.label), f"{s.estimate:+.2f}", f"{s.recommended:g}",
+                      f"{held.rate:.0%} [{held.low:.0%}-{held.high:.0%}]", f"{held.calibration_rate:.0%}")
     return table
 
 
 def _saved_line(found: Screen, measured: Mapping[int, float], folder: Path) -> str:
-    """What ``--save`` stored: how many features' strengths, where, and how many measured before lost theirs."""
+    """What ``--save`` stored: how many features were measured, how many keep a recommended strength, where, and
+    how many recommended before lost theirs."""
     from millm.sae.cards import FEATURES_FILE
 
     lost = sum(s.recommended is None and s.feature in measured for s in found.swept)
-    cleared = f"; {lost} measured before steer no more and lost theirs" if lost else ""
-    return f"recommended strengths saved for {len(found.steers)} features in {folder / FEATURES_FILE}{cleared}"
+    cleared = f"; {lost} recommended before lost theirs" if lost else ""
+    return (f"held-out measures saved for {len(found.swept)} features ({len(found.steers)} recommended) in "
+            f"{folder / FEATURES_FILE}{cleared}")
 
 
 def screen(
     sae: SaeOption = None,
     layer: LayerOption = None,
-    prompts: Annotated[int, typer.Option(help="Neutral prompts per sampled sweep (1-20).")] = 4,
+    prompts: Annotated[int, typer.Option(help="Calibration prompts per sampled sweep (1-20).")] = 16,
+    held_out: Annotated[int, typer.Option(help="Held-out prompts each chosen strength is verified on (1-16).")
+                        ] = 16,
     tokens: Annotated[int, typer.Option(help="Tokens per answer.")] = 24,
     limit: Annotated[int | None, typer.Option(min=1, help="Sweep at most this many features, the highest "
                                                           "estimates first.")] = None,
     first: Annotated[int | None, typer.Option(min=1, help="Screen only the first N labelled features.")] = None,
     again: Annotated[bool, typer.Option(help="Sweep features measured before too (default: a feature whose "
-                                             "features.jsonl row has a recommended strength is not swept again)."
-                                        )] = False,
+                                             "features.jsonl row has a held-out measure on the current prompt "
+                                             "set is not swept again).")] = False,
     seed: Annotated[int, typer.Option(help="Sampling seed.")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Print the swept features as JSON.")] = False,
-    save: Annotated[bool, typer.Option(help="Store each swept feature's recommended strength and concept rate "
-                                            "in the SAE's features.jsonl as each batch is swept (a feature "
-                                            "swept again that steers no more loses its own; writable SAE "
-                                            "folders only).")] = False,
+    save: Annotated[bool, typer.Option(help="Store each swept feature's held-out measure (and its recommended "
+                                            "strength, when the held-out interval reaches the target) in the "
+                                            "SAE's features.jsonl as each batch is swept (writable SAE folders "
+                                            "only).")] = False,
     model: Annotated[str | None, typer.Option(help="Model id (default: the configured one).")] = None,
 ) -> None:
     """Screen every labelled feature of an SAE for steering: a cheap teacher-forced estimate of how much each
     raises the chance of mentioning its label's words, then a sampled sweep (as ``steer sweep``) of those
     the estimate picks; prints the features that steer, with their recommended strengths."""
     from millm.research.measure import check_engine
-    from millm.research.saving import save_recommendations, saveable
+    from millm.research.saving import save_measured, saveable
     from millm.research.screen import screen_sae
     from millm.sae.cards import folder_of
 
@@ -272,17 +281,24 @@ def screen(
             status.update(f"screening {sae_id}: {stage} {done}/{total}")
 
         def keep(batch: list[Screened]) -> None:  # each batch saved as it is swept: an interrupt keeps them
-            save_recommendations(folder, _recommendations(batch))
+            save_measured(folder, _measured(batch))
 
-        found = screen_sae(service, engine, sae_id, labels, prompts=prompts, tokens=tokens,
+        found = screen_sae(service, engine, sae_id, labels, prompts=prompts, held_out=held_out, tokens=tokens,
                            seed=seed, limit=limit, layer=layer, on_progress=progress,
-                           on_swept=keep if save else None, skip=() if again else set(index.measured))
+                           on_swept=keep if save else None, skip=() if again else remeasured(index.held))
     if as_json:
         out.print(_screen_json(sae_id, found), markup=False)
     else:
         out.print(_screen_table(sae_id, found))
     if save:
         err.print(_saved_line(found, index.measured, folder), markup=False)
+
+
+def remeasured(held: Mapping[int, HeldOut]) -> set[int]:
+    """The features already measured on the current prompt set (what a screen skips, so a run resumes)."""
+    from millm.research.prompt_sets import PROMPT_SET
+
+    return {i for i, h in held.items() if h.prompt_set == PROMPT_SET}
 
 
 def register(steer_app: typer.Typer) -> None:

@@ -26,10 +26,13 @@ def example_text(text: str) -> Text:
 
 
 def _measured(card: FeatureCard) -> str:
-    """The line saying the feature was measured to steer: its recommended strength and concept rate, when known."""
-    strength = "" if card.recommended_strength is None else f": recommended strength {card.recommended_strength:g}"
-    rate = "" if card.concept_rate is None else f" (concept in {card.concept_rate:.0%} of answers)"
-    return f"\nmeasured to steer{strength}{rate}"
+    """The line saying how the feature was measured to steer: its recommended strength with the held-out rate and
+    interval it rests on, or that none is recommended and the best held-out point."""
+    held = card.held_out
+    assert held is not None
+    if held.recommended:
+        return f"\nmeasured to steer: recommended strength {held.strength:g} ({held.describe()})"
+    return f"\nmeasured: no recommended strength ({held.describe()}; target {held.target:.0%})"
 
 
 def _firing(card: FeatureCard) -> str:
@@ -73,7 +76,7 @@ def card_text(card: FeatureCard) -> Text:
     out = Text.assemble((f"#{card.index}", "bold cyan"), "  ", (card.label or "(no label)", "bold"),
                         (f"   {card.sae}, {card.d_sae} features", "dim"))
     if card.measured:
-        out.append(_measured(card), style="green")
+        out.append(_measured(card), style="green" if card.recommended_strength is not None else "yellow")
     if not card.recorded:
         out.append(f"\n{card.note}", style="dim")
         return out

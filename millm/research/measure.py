@@ -1,7 +1,8 @@
 """Measuring steered answers on the engine's request path: sampled as a chat request is, scored by the scoring
 path.
 
-- answers: one seeded answer per neutral prompt (``NEUTRAL_PROMPTS``) and case, sampled as chat requests
+- answers: one seeded answer per neutral prompt (``NEUTRAL_PROMPTS``, the shipped calibration set; a held-out
+  measure answers ``HELD_OUT_PROMPTS``) and case, sampled as chat requests
   (``millm.research.answers``: prompt ``i`` seeded ``seed + i`` in every case, so two strengths differ by their
   steering, not their draw); every case's answers are one engine job, decoded as batched rows;
 - concept rate: the share of answers that mention a concept word (``millm.research.words.mentions``) and are
@@ -33,19 +34,13 @@ from millm.engine.params import ChatPrompt, TextPrompt, TokenPrompt
 from millm.engine.scoring import ScoreRequest, ScoreRow, ScoringParams
 from millm.errors import InvalidParameter
 from millm.research.answers import UNSTEERED, sample_answers
+from millm.research.prompt_sets import prompt_set
 from millm.research.words import concept_rate
 from millm.steering.core import RequestSteering
 from millm.steering.scope import ALL, Scope
 
-NEUTRAL_PROMPTS = (
-    "Tell me about your day.", "What should I do this weekend?", "Write a short paragraph about anything you like.",
-    "Give me some advice for tomorrow.", "Tell me a short story.", "What is your favourite thing?",
-    "What did you learn today?", "Write a few sentences about life.", "What makes a good morning?",
-    "Tell me something interesting.", "How do you relax?", "What would you do with a free afternoon?",
-    "Write a short note to a friend.", "What are you thinking about?", "Describe an ordinary day.",
-    "Tell me about a memory.", "What is something you like?", "Write about something that makes you smile.",
-    "Plan a simple day for me.", "Say something nice.",
-)
+NEUTRAL_PROMPTS = prompt_set().calibration  # the shipped calibration prompts (millm.research.prompt_sets)
+HELD_OUT_PROMPTS = prompt_set().held_out
 FLUENCY_BOUND = 1.5  # nats/token the steered answers may lose against the unsteered answers' own log-prob
 TARGET_RATE = 0.6  # share of answers that should mention the concept
 SEED = 0

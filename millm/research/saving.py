@@ -1,4 +1,5 @@
-"""Recommended strengths stored where an SAE's feature cards are read from (its ``features.jsonl``)."""
+"""Held-out measures stored where an SAE's feature cards are read from (its ``features.jsonl``; the row's keys
+are ``millm.sae.measured``'s)."""
 
 from __future__ import annotations
 
@@ -10,17 +11,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from millm.errors import InvalidParameter
+from millm.sae.measured import HELD_OUT_KEY, MEASURED_KEY, HeldOut
 
 
-def saveable(folder: str | Path) -> Path:
+def saveable(folder: str | Path, shipped: bool = False) -> Path:
     """The ``features.jsonl`` a recommended strength can be written into; refused for an SAE without the file,
-    a folder or file not writable, or an SAE shipped inside the package (measure a copy of it instead)."""
+    a folder or file not writable, or an SAE shipped inside the package (measure a copy of it instead) unless
+    ``shipped`` (the re-measure of the bundled SAEs, ``bench/remeasure.py``)."""
     from millm.sae.bundled import BUNDLED_DIR
     from millm.sae.cards import FEATURES_FILE, folder_of
 
     base = folder_of(folder)
     path = base / FEATURES_FILE
-    if base.resolve().is_relative_to(BUNDLED_DIR.resolve()):
+    if not shipped and base.resolve().is_relative_to(BUNDLED_DIR.resolve()):
         raise InvalidParameter(f"{base.name} ships inside the package and is not changed by --save: copy its folder "
                                f"({base}) somewhere of yours and sweep it with --sae FOLDER --save.", param="save")
     if not path.is_file():
@@ -32,22 +35,30 @@ def saveable(folder: str | Path) -> Path:
 
 
 @dataclass(frozen=True)
-class Recommendation:
-    """What a sweep found for one feature: its recommended strength and the concept rate there."""
+class Measured:
+    """What a measure found for one feature: its held-out measure (recommending a strength or not), and its
+    label (for a row the file does not have yet)."""
 
-    strength: float
-    rate: float
+    held_out: HeldOut
     label: str = ""
 
 
-def save_recommendations(folder: str | Path, found: Mapping[int, Recommendation | None]) -> Path:
-    """Write each feature's ``recommended_strength`` and ``concept_rate`` into its row of the SAE's
-    ``features.jsonl`` (a row is added for a feature that has none); a feature mapped to None was measured
-    again and steers no more, so its row loses both. One atomic replace; refused where :func:`saveable`
-    refuses."""
-    from millm.sae.cards import MEASURED_KEY, RATE_KEY
+def measured_row(row: dict[str, object], found: Measured) -> dict[str, object]:
+    """``row`` with ``found``'s held-out measure, and its recommended strength only when that recommends one; an
+    older single-set measure's keys are dropped, never kept beside the new ones."""
+    from millm.sae.cards import RATE_KEY
 
-    path = saveable(folder)
+    out = {k: v for k, v in row.items() if k not in (MEASURED_KEY, RATE_KEY, HELD_OUT_KEY)}
+    out[HELD_OUT_KEY] = found.held_out.to_json()
+    if found.held_out.recommended:
+        out[MEASURED_KEY] = found.held_out.strength
+    return out
+
+
+def save_measured(folder: str | Path, found: Mapping[int, Measured], shipped: bool = False) -> Path:
+    """Write each feature's held-out measure (:func:`measured_row`) into its row of the SAE's ``features.jsonl``
+    (a row is added for a feature that has none). One atomic replace; refused where :func:`saveable` refuses."""
+    path = saveable(folder, shipped)
     lines = path.read_text(encoding="utf-8").splitlines()
     left = dict(found)
     for n, line in enumerate(lines):
@@ -55,19 +66,16 @@ def save_recommendations(folder: str | Path, found: Mapping[int, Recommendation 
             continue
         row = json.loads(line)
         index = int(row.get("index", -1))
-        if index not in left:
-            continue
-        rec = left.pop(index)
-        if rec is None:
-            row.pop(MEASURED_KEY, None)
-            row.pop(RATE_KEY, None)
-        else:
-            row[MEASURED_KEY], row[RATE_KEY] = rec.strength, rec.rate
-        lines[n] = json.dumps(row, ensure_ascii=False)
+        if index in left:
+            lines[n] = json.dumps(measured_row(row, left.pop(index)), ensure_ascii=False)
     for index, rec in sorted(left.items()):
-        if rec is not None:
-            lines.append(json.dumps({"index": index, "label": rec.label, MEASURED_KEY: rec.strength,
-                                     RATE_KEY: rec.rate}, ensure_ascii=False))
+        lines.append(json.dumps(measured_row({"index": index, "label": rec.label}, rec), ensure_ascii=False))
+    write_atomic(path, lines)
+    return path
+
+
+def write_atomic(path: Path, lines: list[str]) -> None:
+    """``lines`` as the file at ``path``, replaced in one step (a reader sees the old file or the new one)."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".features-", suffix=".jsonl")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -76,4 +84,3 @@ def save_recommendations(folder: str | Path, found: Mapping[int, Recommendation 
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return path

@@ -8,10 +8,11 @@ Sweeping thousands of features by sampling answers is hours on a CPU, so the scr
   position, the steered model's probability of starting one of the label's words (:func:`word_tokens`);
   an answer's chance of mentioning the concept is estimated as ``1 - prod(1 - p)``, averaged over the
   answers, and the feature's estimate is how much its delta raises that over the unsteered model's own;
-- measure: a feature whose estimate rises by ``FLOOR`` or more is swept with ``millm.research.sweep``
-  (sampled answers, concept rate, fluency against the unsteered answers, refined at the fluency crossing),
-  and its recommended strength is that sweep's (:func:`millm.research.sweep.recommend`), when some
-  strength mentions the concept more often than the unsteered answers do.
+- measure: a feature whose estimate rises by ``FLOOR`` or more is swept with ``millm.research.sweep`` on the
+  calibration prompts (sampled answers, concept rate, fluency against the unsteered answers, refined at the
+  fluency crossing), and the strength that sweep chooses (:func:`millm.research.sweep.recommend`, when some
+  strength mentions the concept more often than the unsteered answers do) is measured on the held-out
+  prompts (``millm.research.held_out``); it is recommended when the held-out interval reaches the target.
 
 A feature the estimate passes over is not recorded: the screen says nothing about it, and ``millm steer
 sweep`` measures it on demand.
@@ -26,9 +27,12 @@ from typing import Any
 
 from millm.engine.base import Engine
 from millm.engine.params import ChatPrompt, Forced, TextPrompt
-from millm.research.measure import NEUTRAL_PROMPTS, SEED, Case, Measure, Point, check_engine
+from millm.research.held_out import Measuring, unverified, verify
+from millm.research.measure import HELD_OUT_PROMPTS, NEUTRAL_PROMPTS, SEED, Case, Measure, Point, check_engine
+from millm.research.prompt_sets import PROMPT_SET
 from millm.research.sweep import check_sizes, recommend, swept_points
 from millm.research.words import concept_rate, label_words, word_forms
+from millm.sae.measured import HeldOut
 from millm.steering.core import RequestSteering
 
 FLOOR = 0.2  # estimated rise in the chance of a mention that earns a feature the sampled sweep
@@ -44,20 +48,28 @@ class Screened:
     feature: int
     label: str
     estimate: float  # the estimated rise in the chance of a mention (the best over ESTIMATE_STRENGTHS)
-    baseline: float  # the unsteered answers' concept rate
-    points: list[Point]
+    baseline: float  # the unsteered answers' concept rate (calibration prompts)
+    points: list[Point]  # on the calibration prompts
+    held_out: HeldOut  # the chosen strength on the held-out prompts (its strength None when none was chosen)
 
     @property
     def recommended(self) -> float | None:
-        """The sweep's recommended strength, when some strength mentions the concept more often than the
-        unsteered answers do (a label's word the model says anyway is not steering)."""
-        return recommend(self.points) if any(p.rate > self.baseline for p in self.points) else None
+        """The chosen strength, when its held-out measure recommends it."""
+        return self.held_out.recommended_strength
 
     @property
     def rate(self) -> float:
-        """The concept rate at the recommended strength (0 when there is none)."""
-        best = next((p for p in self.points if p.strength == self.recommended), None)
-        return best.rate if best is not None else 0.0
+        """The held-out concept rate at the chosen strength (0 when none was chosen)."""
+        return self.held_out.rate
+
+
+def chosen(points: Sequence[Point], baseline: float) -> Point | None:
+    """The calibration sweep's chosen point (:func:`recommend`), when some strength mentions the concept more
+    often than the unsteered answers do (a label's word the model says anyway is not steering)."""
+    if not any(p.rate > baseline for p in points):
+        return None
+    strength = recommend(points)
+    return next((p for p in points if p.strength == strength), None)
 
 
 @dataclass
@@ -142,15 +154,16 @@ def estimate(engine: Engine, read: Sequence[tuple[int, ...]], sae_id: str,
     return {f: chance - unsteered[f] for f, chance in best.items()}
 
 
-def screen(measure: Measure, sae_id: str, labels: dict[int, str],
+def screen(measure: Measure, held: Measuring, sae_id: str, labels: dict[int, str],
            context_prompts: int = 2, floor: float = FLOOR, limit: int | None = None,
            strengths: Sequence[float] = SWEEP_STRENGTHS, skip: Collection[int] = (),
            on_progress: Callable[[str, int, int], None] | None = None,
-           on_swept: Callable[[list[Screened]], None] | None = None) -> Screen:
+           on_swept: Callable[[list[Screened]], None] | None = None, prompt_set: str = PROMPT_SET) -> Screen:
     """Every feature of ``labels`` with concept words estimated; those whose estimate rises by ``floor`` or
-    more, but for ``skip`` (the ``limit`` highest, if given), swept with ``measure`` (whose engine has
-    ``sae_id`` attached), highest estimate first; ``on_swept`` gets each batch of swept
-    features as it is done (so a long screen can keep what it found)."""
+    more, but for ``skip`` (the ``limit`` highest, if given), swept with ``measure`` (the calibration prompts;
+    its engine has ``sae_id`` attached), highest estimate first, each chosen strength verified with ``held``
+    (the held-out prompts); ``on_swept`` gets each batch of swept features as it is done (so a long screen
+    can keep what it found)."""
     features = [(f, label_words(label)) for f, label in sorted(labels.items())]
     features = [(f, w) for f, w in features if w]
     read = contexts(measure, context_prompts)
@@ -163,8 +176,13 @@ def screen(measure: Measure, sae_id: str, labels: dict[int, str],
     for at in range(0, len(chosen), per):
         batch = chosen[at:at + per]
         found = swept_points(measure, [partial(Case.feature, sae_id, f, words=words[f]) for f in batch], strengths)
-        done = [Screened(f, labels[f], rises[f], concept_rate(measure.plain, words[f]), mine)
-                for f, mine in zip(batch, found)]
+        picked = {f: p for f, mine in zip(batch, found)
+                  if (p := chosen(mine, concept_rate(measure.plain, words[f]))) is not None}
+        verified = verify(held, [(Case.feature(sae_id, f, p.strength, words[f]), p.rate) for f, p in picked.items()],
+                          prompt_set)
+        held_out = dict(zip(picked, verified, strict=True))
+        done = [Screened(f, labels[f], rises[f], concept_rate(measure.plain, words[f]), mine,
+                         held_out.get(f) or unverified(prompt_set)) for f, mine in zip(batch, found)]
         swept += done
         if on_swept is not None:
             on_swept(done)
@@ -173,19 +191,20 @@ def screen(measure: Measure, sae_id: str, labels: dict[int, str],
     return Screen(rises, swept, len(measure.prompts), measure.tokens, measure.seed)
 
 
-def screen_sae(service: Any, engine: Engine, sae_id: str, labels: dict[int, str], *, prompts: int = 4,
-               tokens: int = 24, seed: int = SEED, limit: int | None = None, floor: float = FLOOR,
-               layer: int | None = None, skip: Collection[int] = (),
+def screen_sae(service: Any, engine: Engine, sae_id: str, labels: dict[int, str], *, prompts: int = 16,
+               held_out: int = len(HELD_OUT_PROMPTS), tokens: int = 24, seed: int = SEED, limit: int | None = None,
+               floor: float = FLOOR, layer: int | None = None, skip: Collection[int] = (),
                on_progress: Callable[[str, int, int], None] | None = None,
                on_swept: Callable[[list[Screened]], None] | None = None) -> Screen:
     """A screen on a loaded engine, with ``sae_id`` attached for it only, as ``sweep_feature`` does."""
     from millm.steering.session import chat_steering
 
-    check_sizes(prompts, tokens)
+    check_sizes(prompts, tokens, held_out)
     check_engine(engine)
     target = engine.steering_target()
     assert target is not None
     with chat_steering(service, target, sae_id, layer, {}, None):
         measure = Measure(engine, NEUTRAL_PROMPTS[:prompts], seed, tokens)
-        return screen(measure, sae_id, labels, floor=floor, limit=limit, skip=skip, on_progress=on_progress,
+        held = Measure(engine, HELD_OUT_PROMPTS[:held_out], seed, tokens)
+        return screen(measure, held, sae_id, labels, floor=floor, limit=limit, skip=skip, on_progress=on_progress,
                       on_swept=on_swept)

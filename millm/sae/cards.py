@@ -5,8 +5,14 @@ from :func:`read_card`. A card always has the index, the SAE's width and the lab
 none); the rest (firing rate, max activation, top tokens, max-activating examples with the firing token
 between « and », promoted tokens) is there when ``features.jsonl`` has the feature's row, and ``note``
 says why it is not otherwise (no ``features.jsonl`` beside the SAE, or a feature that never fired on the
-labelling set). A row with a ``recommended_strength`` key marks a feature measured to steer, and its
-``concept_rate`` is the share of sampled answers that mentioned the concept at that strength.
+labelling set).
+
+What a steering measure stored (``millm.sae.measured`` documents the row's keys): ``held_out`` on a card (and
+in its JSON body) is the whole held-out measure, or None for a feature never measured so; ``measured`` is
+true when there is one; ``recommended_strength`` is set only when the held-out measure recommends it (its 90%
+interval reaches the target); ``concept_rate`` is the held-out rate at the measured strength (never the
+calibration rate, which ``held_out.calibration_rate`` keeps). An older row's ``recommended_strength`` without a
+``held_out`` object is not read as recommended.
 """
 
 from __future__ import annotations
@@ -20,11 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from millm.errors import InvalidFeatureIndex, InvalidParameter
+from millm.sae.measured import HELD_OUT_KEY, MEASURED_KEY, HeldOut, held_out_of, is_held_out
 
 FEATURES_FILE = "features.jsonl"
 LABELS_FILE = "labels.json"
-MEASURED_KEY = "recommended_strength"
-RATE_KEY = "concept_rate"
+RATE_KEY = "concept_rate"  # an older single-set measure's rate: dropped when a feature is measured again
 _INDEX = re.compile(r"[+-]?[0-9]+")  # ASCII digits only: str.isdigit() and int() also take "²" and "٣"
 
 
@@ -52,10 +58,24 @@ class FeatureCard:
     top_tokens: list[tuple[str, float]] = field(default_factory=list)
     examples: list[Example] = field(default_factory=list)
     promotes: list[str] = field(default_factory=list)
-    recommended_strength: float | None = None
-    measured: bool = False  # the row has a recommended_strength key
-    concept_rate: float | None = None  # measured at the recommended strength
+    held_out: HeldOut | None = None  # the held-out measure (millm.sae.measured), when the row has one
     note: str = ""
+
+    @property
+    def measured(self) -> bool:
+        """Whether a held-out measure is recorded (recommending a strength or not)."""
+        return self.held_out is not None
+
+    @property
+    def recommended_strength(self) -> float | None:
+        """The strength the held-out measure recommends, else None."""
+        return self.held_out.recommended_strength if self.held_out is not None else None
+
+    @property
+    def concept_rate(self) -> float | None:
+        """The held-out concept rate at the measured strength (None when nothing was verified)."""
+        held = self.held_out
+        return held.rate if held is not None and held.strength is not None else None
 
     def to_json(self) -> dict[str, Any]:
         """The body of ``GET /api/saes/{id}/features/{index}``."""
@@ -65,6 +85,7 @@ class FeatureCard:
                 "examples": [{"text": e.text, "activation": e.activation} for e in self.examples],
                 "promotes": list(self.promotes), "measured": self.measured,
                 "recommended_strength": self.recommended_strength, "concept_rate": self.concept_rate,
+                "held_out": self.held_out.to_json() if self.held_out is not None else None,
                 "note": self.note or None}
 
     @classmethod
@@ -74,17 +95,11 @@ class FeatureCard:
                    bool(body.get("recorded")), _float(body.get("frequency")), _float(body.get("max_activation")),
                    [(str(t["token"]), float(t["weight"])) for t in body.get("top_tokens") or []],
                    [Example(str(e["text"]), float(e["activation"])) for e in body.get("examples") or []],
-                   [str(t) for t in body.get("promotes") or []], _float(body.get("recommended_strength")),
-                   bool(body.get("measured")), _float(body.get("concept_rate")), str(body.get("note") or ""))
+                   [str(t) for t in body.get("promotes") or []], held_out_of(body), str(body.get("note") or ""))
 
 
 def _float(value: Any) -> float | None:
     return None if value is None or isinstance(value, bool) else float(value)
-
-
-def _number(value: Any) -> float | None:
-    """A number a file holds, else None (a file may hold anything)."""
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def example_parts(text: str) -> tuple[str, str, str]:
@@ -120,6 +135,7 @@ ROW_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "frequency": (lambda v: v is None or _is_number(v), "a number"),
     "max_activation": (lambda v: v is None or _is_number(v), "a number"),
     MEASURED_KEY: (lambda v: v is None or _is_number(v), "a number"),
+    HELD_OUT_KEY: (is_held_out, "a held-out measure object (millm.sae.measured)"),
     RATE_KEY: (lambda v: v is None or _is_number(v), "a number"),
     "top_tokens": (lambda v: isinstance(v, list) and all(_pair(t) for t in v), "a list of [token, weight] pairs"),
     "examples": (lambda v: isinstance(v, list) and all(_example(e) for e in v),
@@ -167,10 +183,16 @@ def feature_rows(folder: str | Path) -> dict[int, dict[str, Any]]:
     return _rows_cached(str(path), stat.st_mtime_ns, stat.st_size)
 
 
+def held_out_measures(folder: str | Path) -> dict[int, HeldOut]:
+    """Every feature whose ``features.jsonl`` row holds a held-out measure, with it."""
+    rows = feature_rows(folder).items()
+    return {i: held for i, row in rows if (held := held_out_of(row)) is not None}
+
+
 def measured_features(folder: str | Path) -> dict[int, float]:
-    """The features whose ``features.jsonl`` row says they were measured to steer, with the concept rate
-    measured at their recommended strength (0 where the row does not say)."""
-    return {i: _float(row.get(RATE_KEY)) or 0.0 for i, row in feature_rows(folder).items() if MEASURED_KEY in row}
+    """The features a held-out measure recommends a strength for, with their held-out concept rates (what
+    search ranks by)."""
+    return {i: held.rate for i, held in held_out_measures(folder).items() if held.recommended}
 
 
 def index_of(text: str) -> int | None:
@@ -230,8 +252,7 @@ def _recorded_card(name: str, index: int, d_sae: int, label: str, row: Mapping[s
         top_tokens=[(str(t), float(w)) for t, w in row.get("top_tokens") or []],
         examples=[Example(str(e.get("text", "")), float(e.get("activation", 0.0))) for e in row.get("examples") or []],
         promotes=[str(t) for t in row.get("promotes") or []],
-        recommended_strength=_number(row.get(MEASURED_KEY)), measured=MEASURED_KEY in row,
-        concept_rate=_number(row.get(RATE_KEY)))
+        held_out=held_out_of(row))
 
 
 def read_card(folder: str | Path, index: int, d_sae: int, *, name: str,

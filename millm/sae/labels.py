@@ -31,7 +31,8 @@ from typing import Any
 import torch
 
 from millm.errors import InvalidParameter
-from millm.sae.cards import FEATURES_FILE, LABELS_FILE, index_of, measured_features, read_labels_json
+from millm.sae.cards import FEATURES_FILE, LABELS_FILE, held_out_measures, index_of, read_labels_json
+from millm.sae.measured import HeldOut
 from millm.sae.model import SAE
 
 
@@ -150,9 +151,9 @@ def _closeness(terms: list[str], q: str) -> int:
 
 def rank(labels: Mapping[int, str], query: str, measured: Mapping[int, float] | None = None) -> list[Match]:
     """Every feature whose label contains ``query`` (case-insensitively), best first: labels with it as a
-    whole word, then features measured to steer (their ``features.jsonl`` row has a ``recommended_strength``;
-    ``measured`` maps them to the concept rate measured there), then the other substring matches. Within each
-    group measured features come first, the higher concept rate first, then labels whose first term is the
+    whole word, then features measured to steer (a held-out measure recommends them a strength; ``measured``
+    maps them to their held-out concept rate), then the other substring matches. Within each group measured
+    features come first, the higher held-out rate first, then labels whose first term is the
     query, then labels with it as a term, then labels with a term that starts with it ("sporting" for
     "sport", before "transporting"), then by index."""
     measured = measured or {}
@@ -174,14 +175,15 @@ def rank(labels: Mapping[int, str], query: str, measured: Mapping[int, float] | 
 
 class LabelIndex:
     """An SAE's feature labels, searchable, and the one rule that turns a name into a feature index.
-    ``measured`` are the features measured to steer (with their concept rates), which :func:`rank` puts
-    first among equal matches."""
+    ``held`` are the features' held-out measures (``millm.sae.measured``); ``measured`` those recommended a
+    strength, with their held-out rates, which :func:`rank` puts first among equal matches."""
 
-    def __init__(self, labels: dict[int, str], name: str = "this SAE", measured: Mapping[int, float] | None = None,
+    def __init__(self, labels: dict[int, str], name: str = "this SAE", held: Mapping[int, HeldOut] | None = None,
                  ) -> None:
         self.labels = dict(sorted(labels.items()))
         self.name = name
-        self.measured = dict(measured or {})
+        self.held = dict(held or {})
+        self.measured = {i: h.rate for i, h in self.held.items() if h.recommended}
 
     @classmethod
     def load(cls, folder: Path, name: str | None = None) -> LabelIndex:
@@ -190,7 +192,7 @@ class LabelIndex:
         labels = read_labels_json(folder)
         if not labels:
             return cls({}, name or Path(folder).name)
-        return cls(labels, name or Path(folder).name, measured_features(folder))
+        return cls(labels, name or Path(folder).name, held_out_measures(folder))
 
     def tiers(self, query: str) -> list[list[Match]]:
         """Matches by how closely the label fits: first term equal, any term equal, substring."""

@@ -92,11 +92,11 @@ class SteeringService:
     def label_index(self, sae_id: str) -> LabelIndex:
         """The SAE's registered labels, searchable, with the features its ``features.jsonl`` measured to steer:
         the one index the CLI, the TUI and the HTTP API name and rank its features by."""
-        from millm.sae.cards import measured_features
+        from millm.sae.cards import held_out_measures
         from millm.sae.labels import LabelIndex
 
         record = self.sae(sae_id)
-        return LabelIndex(self.store.label_map(sae_id), sae_id, measured_features(record["path"]))
+        return LabelIndex(self.store.label_map(sae_id), sae_id, held_out_measures(record["path"]))
 
     def view(self, record: dict[str, Any], engine: SteeringTarget | None) -> dict[str, Any]:
         """The SAE object the API returns: the record plus where it is attached now."""

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
-from tests.support.cards import ROWS, TABLE
+from tests.support.cards import ROWS, TABLE, measured
 from tests.support.saes import random_sae, write_saelens
 
 runner = CliRunner()
@@ -27,7 +27,7 @@ def sae(tmp_path: Path) -> Path:
     """A 64-feature SAE folder with labels and a features.jsonl (feature 6 measured to steer)."""
     folder = write_saelens(tmp_path / "sae", random_sae(16, 64, seed=2), layer=1)
     (folder / "labels.json").write_text(json.dumps({str(k): v for k, v in TABLE.items()}))
-    rows = ROWS + [{"index": 6, "label": "terrain, maps", "recommended_strength": 40.0}]
+    rows = ROWS + [{"index": 6, "label": "terrain, maps", **measured(40.0)}]
     (folder / "features.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
     return folder
 

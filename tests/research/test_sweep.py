@@ -9,7 +9,8 @@ import zlib
 import pytest
 
 from millm.errors import InvalidParameter
-from millm.research.saving import Recommendation, save_recommendations
+from millm.research.saving import Measured, save_measured
+from millm.sae.measured import HeldOut
 from millm.research.words import concept_rate, label_words, mentions, word_forms
 
 
@@ -163,7 +164,7 @@ def test_a_sweep_reads_the_unsteered_answers_after_its_cases_so_they_ride_in_the
     from millm.research.sweep import run_sweep
 
     measure = UnsteeredLast()
-    result = run_sweep(measure, "sae", 10, 3, "rain", ("rain",), (20, 40))
+    result = run_sweep(measure, measure, "sae", 10, 3, "rain", ("rain",), (20, 40))
     assert measure.asked[0] == [20, 40] and "plain" in measure.asked[1:]
     assert result.unsteered_rate == 0.5 and result.unsteered_logprob == -2.0 and len(result.points) == 2
 
@@ -228,42 +229,48 @@ def test_bar_lines_one_per_strength():
     assert "inside" in lines[1] and "past -1.5" in lines[2]
 
 
-def test_save_recommendations_write_the_keys_into_the_rows_at_once(tmp_path):
+def held(strength, rate):
+    return HeldOut("neutral-v1", strength, 0.75, rate, 0.3, 0.7 if rate >= 0.4 else 0.5, 16, 24, 0, -0.4, 0.0, 0.0)
+
+
+def test_save_measured_writes_the_keys_into_the_rows_at_once(tmp_path):
     rows = [{"index": 3, "label": "rain, storm"}, {"index": 7, "label": "dog, dogs", "top_tokens": [["dog", 1.0]]}]
     (tmp_path / "features.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    save_recommendations(tmp_path, {7: Recommendation(40.0, 0.75)})
+    save_measured(tmp_path, {7: Measured(held(40.0, 0.5))})
     saved = [json.loads(line) for line in (tmp_path / "features.jsonl").read_text().splitlines()]
-    assert saved[0] == rows[0] and saved[1] == {**rows[1], "recommended_strength": 40.0, "concept_rate": 0.75}
+    assert saved[0] == rows[0]
+    assert saved[1] == {**rows[1], "recommended_strength": 40.0, "held_out": held(40.0, 0.5).to_json()}
     # a feature without a row gets one; one with a row is measured again
-    save_recommendations(tmp_path, {9: Recommendation(60.0, 0.5, "cat"), 7: Recommendation(20.0, 1.0)})
+    save_measured(tmp_path, {9: Measured(held(60.0, 0.5), "cat"), 7: Measured(held(20.0, 1.0))})
     saved = [json.loads(line) for line in (tmp_path / "features.jsonl").read_text().splitlines()]
-    assert saved[1]["recommended_strength"] == 20.0 and saved[1]["concept_rate"] == 1.0
-    assert saved[2] == {"index": 9, "label": "cat", "recommended_strength": 60.0, "concept_rate": 0.5}
+    assert saved[1]["recommended_strength"] == 20.0 and saved[1]["held_out"]["rate"] == 1.0
+    assert saved[2] == {"index": 9, "label": "cat", "held_out": held(60.0, 0.5).to_json(), "recommended_strength": 60.0}
     assert not list(tmp_path.glob(".features-*"))  # written by one atomic replace
-    # measured again and steering no more: the row loses its recommendation; a feature without a row gets none
-    save_recommendations(tmp_path, {7: None, 11: None})
+    # measured again and not recommended: the row loses its recommended strength and keeps the held-out point
+    save_measured(tmp_path, {7: Measured(held(40.0, 0.1))})
     saved = [json.loads(line) for line in (tmp_path / "features.jsonl").read_text().splitlines()]
-    assert saved[1] == rows[1] and [r["index"] for r in saved] == [3, 7, 9]
+    assert "recommended_strength" not in saved[1] and saved[1]["held_out"]["strength"] == 40.0
+    assert [r["index"] for r in saved] == [3, 7, 9]
 
 
-def test_save_recommendation_refuses_a_folder_it_cannot_write(tmp_path, monkeypatch):
+def test_save_measured_refuses_a_folder_it_cannot_write(tmp_path, monkeypatch):
     with pytest.raises(InvalidParameter, match="no features.jsonl"):
-        save_recommendations(tmp_path, {1: Recommendation(20.0, 1.0)})
+        save_measured(tmp_path, {1: Measured(held(20.0, 1.0))})
     (tmp_path / "features.jsonl").write_text('{"index": 1}\n')
     # the tests may run as root, who may write anywhere: a read-only folder as os.access reports it
     monkeypatch.setattr("millm.research.saving.os.access", lambda path, mode: False)
     with pytest.raises(InvalidParameter, match="not writable"):
-        save_recommendations(tmp_path, {1: Recommendation(20.0, 1.0)})
+        save_measured(tmp_path, {1: Measured(held(20.0, 1.0))})
     assert (tmp_path / "features.jsonl").read_text() == '{"index": 1}\n'
 
 
-def test_save_recommendation_refuses_the_bundled_saes():
+def test_save_measured_refuses_the_bundled_saes():
     from millm.sae.bundled import BUNDLED_DIR
 
     folder = BUNDLED_DIR / "smollm2-135m-res-L10"
     before = (folder / "features.jsonl").read_bytes()
     with pytest.raises(InvalidParameter, match="ships inside the package"):
-        save_recommendations(folder, {2375: Recommendation(40.0, 1.0)})
+        save_measured(folder, {2375: Measured(held(40.0, 1.0))})
     assert (folder / "features.jsonl").read_bytes() == before
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from millm.errors import InvalidFeatureIndex
 from millm.sae.cards import FeatureCard, example_parts, measured_features, parse_index, read_card
-from tests.support.cards import ROWS, TABLE
+from tests.support.cards import ROWS, TABLE, measured
 
 
 def write_sae(folder: Path, rows: list[dict] | None = ROWS, labels: dict[int, str] | None = None) -> Path:
@@ -93,10 +93,17 @@ def test_example_parts() -> None:
 
 def test_rows_are_reread_when_the_file_changes(tmp_path: Path) -> None:
     folder = write_sae(tmp_path / "sae")
-    assert measured_features(folder) == {8: 0.0}  # measured, with no concept rate recorded
-    unmeasured = {k: v for k, v in ROWS[1].items() if k != "recommended_strength"}
-    write_sae(folder, rows=[{**ROWS[0], "recommended_strength": 30.0, "concept_rate": 0.75}, unmeasured])
+    assert measured_features(folder) == {8: 0.5}  # recommended, with its held-out rate
+    unmeasured = {k: v for k, v in ROWS[1].items() if k not in ("recommended_strength", "held_out")}
+    write_sae(folder, rows=[{**ROWS[0], **measured(30.0, 0.75)}, unmeasured])
     assert measured_features(folder) == {3: 0.75}
+    # an older single-set strength, or a held-out measure that recommends nothing, is not recommended
+    write_sae(folder, rows=[{**ROWS[0], "recommended_strength": 30.0, "concept_rate": 0.75},
+                            {**unmeasured, **measured(40.0, 0.2, recommended=False)}])
+    assert measured_features(folder) == {}
+    assert read_card(folder, 3, 64, name="t").recommended_strength is None
+    card = read_card(folder, 8, 64, name="t")
+    assert card.measured and card.recommended_strength is None and card.concept_rate == 0.2
 
 
 # ranking: whole-word matches, then features measured to steer, then other substring matches
@@ -135,10 +142,10 @@ def test_rank_matches_case_insensitively_and_only_substrings() -> None:
 def test_label_index_searches_with_the_ranking_and_loads_measured_features(tmp_path: Path) -> None:
     from millm.sae.labels import LabelIndex
 
-    folder = write_sae(tmp_path / "sae", rows=[{"index": 6, "label": "terrain, maps", "recommended_strength": 40}],
+    folder = write_sae(tmp_path / "sae", rows=[{"index": 6, "label": "terrain, maps", **measured(40.0)}],
                        labels=TABLE)
     index = LabelIndex.load(folder, "test-sae")
-    assert index.measured == {6: 0.0}
+    assert index.measured == {6: 0.5} and index.held[6].strength == 40.0
     assert [r["index"] for r in index.rows("rain", limit=4)] == [3, 5, 2, 6]
     assert [m.index for m in LabelIndex(TABLE).search("rain")] == [3, 5, 2, 1, 4, 6, 7]
 

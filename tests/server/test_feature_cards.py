@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from millm.config import Settings
-from tests.support.cards import ROWS, TABLE
+from tests.support.cards import ROWS, TABLE, measured
 from tests.support.fakes import FakeEngine
 from tests.support.saes import random_sae, write_saelens
 
@@ -23,7 +23,7 @@ def scenario_results(tmp_path: Path, calls: list[str], extra: list[Any] = ()) ->
 
     folder = write_saelens(tmp_path / "sae", random_sae(16, 64, seed=2), layer=1)
     (folder / "labels.json").write_text(json.dumps({str(k): v for k, v in TABLE.items()}))
-    rows = ROWS + [{"index": 6, "label": "terrain, maps", "recommended_strength": 40.0}, *extra]
+    rows = ROWS + [{"index": 6, "label": "terrain, maps", **measured(40.0)}, *extra]
     (folder / "features.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
     app = create_app(Settings(home=tmp_path / "home"), FakeEngine())  # type: ignore[arg-type]
 
@@ -51,8 +51,9 @@ def test_card_route_returns_the_card(tmp_path: Path) -> None:
                     "examples": [{"text": "then the« rain» fell", "activation": 17.5},
                                  {"text": "no marks here", "activation": 2.0}],
                     "promotes": [" umbrella", "wet"], "measured": False, "recommended_strength": None,
-                    "concept_rate": None, "note": None}
+                    "concept_rate": None, "held_out": None, "note": None}
     assert measured["measured"] is True and measured["recommended_strength"] == 40.0
+    assert measured["concept_rate"] == 0.5 and measured["held_out"]["interval"] == [0.3, 0.69]
     assert dead["recorded"] is False and "never fired" in dead["note"] and dead["label"] == ""
 
 
@@ -102,6 +103,7 @@ def test_an_index_with_control_or_unicode_digits_is_refused_not_a_crash(tmp_path
     ({"index": 9, "promotes": [1, 2]}, "promotes"),
     ({"index": 9, "recommended_strength": [40]}, "recommended_strength"),
     ({"index": 9, "concept_rate": {"a": 1}}, "concept_rate"),
+    ({"index": 9, "held_out": {"prompt_set": "neutral-v1", "strength": 40, "rate": "high"}}, "held_out"),
     ({"index": "9"}, "index"),
     ([9], "index"),
 ])

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 
 from millm.config import Settings
-from tests.support.cards import ROWS, TABLE
+from tests.support.cards import ROWS, TABLE, measured
 from tests.support.fakes import FakeEngine
 from tests.support.saes import random_sae, write_saelens
 from tests.tui.fakes import LABELS, SAE, ScriptedClient
@@ -107,7 +107,7 @@ def test_local_client_reads_cards_and_ranked_search_through_the_library(tmp_path
 
     folder = write_saelens(tmp_path / "sae", random_sae(16, 64, seed=2), layer=1)
     (folder / "labels.json").write_text(json.dumps({str(k): v for k, v in TABLE.items()}))
-    rows = ROWS + [{"index": 6, "label": "terrain, maps", "recommended_strength": 40.0}]
+    rows = ROWS + [{"index": 6, "label": "terrain, maps", **measured(40.0)}]
     (folder / "features.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
     service = SteeringService(Store(tmp_path / "millm.db"))
     sae_id = service.register_sae(folder, name="local-sae")["id"]

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 
 from millm.sae.cards import FeatureCard
+from millm.sae.measured import HeldOut
+from tests.support.cards import measured
 from tests.tui.fakes import LABELS, SAE, ScriptedClient
 from tests.tui.helpers import drive, settle, type_text
 from tui.controls import STRENGTH_LARGE_STEP, large_step
@@ -29,6 +31,7 @@ def swept(feature: int) -> SweepResult:
     result = SweepResult(SAE, 10, feature, LABELS[feature], ("storm", "thunder"), 4, 24, 0, 0.0, -1.9)
     result.points = [Point(0.0, 0.0, -1.9, 0.0, True, "A calm day."), Point(40.0, 0.75, -2.7, -0.8, True, "Thunder!"),
                      Point(80.0, 1.0, -4.0, -2.1, False, "storm storm")]
+    result.held_out = HeldOut.from_json(measured(40.0)["held_out"])  # 50% [30%-69%] of 16 held-out answers
     return result
 
 
@@ -41,7 +44,8 @@ class MeasuredClient(ScriptedClient):
 
     async def feature(self, sae_id: str, index: int) -> FeatureCard:
         card = await super().feature(sae_id, index)
-        return dataclasses.replace(card, recommended_strength=40.0, measured=True) if index == THUNDER else card
+        return dataclasses.replace(card, held_out=HeldOut.from_json(measured(40.0)["held_out"])) if index == THUNDER \
+            else card
 
     async def sweep(self, sae_id: str, index: int) -> SweepResult:
         self.swept.append((sae_id, index))
@@ -76,6 +80,7 @@ def test_the_slider_steps_by_the_recommended_strength_and_s_sweeps():
         console.print(sweep_view(app.screen.result))
         text = console.export_text()
         assert "recommended strength: 40" in text and "75%" in text and "-2.10" in text
+        assert "held-out 50% [30%-69%] of 16 answers at 40" in text
         await pilot.press("escape")
         await settle(pilot)
         assert not isinstance(app.screen, SweepScreen) and not app.main.busy

@@ -21,19 +21,18 @@ if TYPE_CHECKING:
 def sweep_view(result: SweepResult) -> Group:
     """The sweep as the modal shows it: strength, concept rate, fluency Δ, inside the bound; bars; verdict."""
     from millm.research.plots import bar_lines
+    from millm.research.sweep import verdict
 
-    recommended = result.recommended
+    chosen = result.chosen
     table = Table("strength", "concept rate", "fluency Δ", "inside bound?", "relevance Δ", "e.g. (first answer)",
-                  title=Text(f"{result.prompts} prompts, {result.tokens} tokens, seed {result.seed}; concept words: "
-                             f"{', '.join(result.words)}"))
+                  title=Text(f"{result.prompts} calibration prompts, {result.tokens} tokens, seed {result.seed}; "
+                             f"concept words: {', '.join(result.words)}"))
     for p in result.points:
-        table.add_row(f"{p.strength:g}" + (" ←" if p.strength == recommended else ""), f"{p.rate:.0%}",
+        table.add_row(f"{p.strength:g}" + (" ←" if p.strength == chosen else ""), f"{p.rate:.0%}",
                       f"{p.fluency:+.2f}", "yes" if p.inside else "no", f"{p.relevance:+.2f}",
                       Text(p.example.replace("\n", " "), no_wrap=True, overflow="ellipsis"))
-    verdict = (f"recommended strength: {recommended:g}" if recommended is not None else
-               f"recommended strength: none (no strength mentions the concept inside -{result.bound:g} nats/token)")
     return Group(table, Text("\n".join(bar_lines(result.points, bound=result.bound))),
-                 Text(f"unsteered: concept rate {result.unsteered_rate:.0%}"), Text(verdict, style="bold"))
+                 Text(f"unsteered: concept rate {result.unsteered_rate:.0%}"), Text(verdict(result), style="bold"))
 
 
 class SweepScreen(ModalScreen[None]):
