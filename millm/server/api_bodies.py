@@ -96,6 +96,19 @@ BODIES: dict[str, dict[str, Any] | type[BaseModel]] = {
         "examples": {"type": "integer", "description": "Generated examples of each side (concepts only)"},
         "tokens": {"type": "integer", "description": "Tokens per generated example (concepts only)"},
         "seed": {"type": "integer", "description": "Sampling seed of the generated examples (concepts only)"}}},
+    "sweeps_api.start_sweep": {"type": "object", "required": ["sae", "feature"], "properties": {
+        "sae": {"type": "string", "description": "An SAE or vector set attached to the loaded model"},
+        "feature": {"type": "integer", "description": "The feature (or vector) index"},
+        "strengths": {"type": "array", "items": {"type": "number"},
+                      "description": "Default 0, 20, 40, 60, 80 (1 to 32 distinct, within -200..200)"},
+        "prompts": {"type": "integer", "description": "Calibration prompts, one seeded answer each (1-20, default 16)"},
+        "held_out": {"type": "integer", "description": "Held-out prompts the chosen strength is verified on (1-16, "
+                                                       "default 16)"},
+        "tokens": {"type": "integer", "description": "Tokens per answer (1-512, default 48)"},
+        "seed": {"type": "integer", "description": "Prompt i is seeded seed + i (default 0)"},
+        "concepts": {"type": "array", "items": STRING,
+                     "description": "Words that count as mentioning the concept (default: the label's)"},
+        "scope": {"type": ["string", "null"], "description": "Where steering applies: all, generated or prompt"}}},
     "steering_docs.import_cluster": ClusterDoc,
     "steering_docs.import_circuit": CircuitDoc,
     "steering_docs.set_cluster_intensity": {"type": "object", "required": ["lambda"], "properties": {

@@ -26,6 +26,7 @@ from millm.server import (
     origins,
     pulls,
     steering_docs,
+    sweeps_api,
     v1,
     vectors_api,
 )
@@ -62,6 +63,7 @@ def create_app(settings: Settings, engine: Engine | None = None, loader: Loader 
     app.register_blueprint(models_api.bp)
     app.register_blueprint(pulls.bp)
     app.register_blueprint(vectors_api.bp)
+    app.register_blueprint(sweeps_api.bp)
     if settings.console:  # MILLM_CONSOLE / serve --no-console: the web console at /
         app.register_blueprint(console.bp)
 

@@ -25,9 +25,10 @@ from typing import Any, TypeVar
 from quart import current_app
 
 from millm.engine.base import Engine, StepControl
-from millm.errors import FieldNotHonoured, InvalidParameter, MillmError, ModelNotLoaded, QueueFull
+from millm.errors import FieldNotHonoured, InvalidParameter, MillmError, ModelNotLoaded
 from millm.requests.validation import SEED_MAX, check_int
 from millm.sae.vector_sets import VectorSet, set_name
+from millm.server.slices import Slices
 from millm.server.state import services
 from millm.store import Store
 from millm.vectors import EXAMPLES as DEFAULT_EXAMPLES
@@ -55,8 +56,6 @@ EXAMPLES = (2, 1024, DEFAULT_EXAMPLES)  # generated examples of each side: low, 
 TOKENS = (4, 256, EXAMPLE_TOKENS)  # tokens per generated example
 EXTENSION = "millm.vector_jobs"  # where an app keeps its job table
 KIND = "vectors.learn"  # the job records' kind in the store
-QUEUE_RETRY = 0.2  # seconds a slice refused for a full queue waits before it asks again
-YIELD_POLL = 0.02  # seconds between two looks at whether requests still hold the engine, before a slice
 NOTHING_STORED = "nothing was stored"
 
 
@@ -407,26 +406,7 @@ async def run_job(job: Job, engine: Engine, release: Callable[[], None]) -> None
             return work()
         return step
 
-    last = [0.0]  # seconds the last slice took
-
-    def run(work: Callable[[], T]) -> T:
-        """One slice as an engine job, awaited from the program's thread, once the requests holding the engine
-        are served (waiting at most as long as the last slice took, so under constant traffic the job still
-        gets about half the engine); a full queue is waited out."""
-        yielding = time.monotonic() + last[0]
-        while svc.worker.serving_others(own_leases=1) and time.monotonic() < yielding:
-            stopped(control)
-            time.sleep(YIELD_POLL)
-        while True:
-            stopped(control)
-            began = time.monotonic()
-            try:
-                done = asyncio.run_coroutine_threadsafe(svc.worker.call(on_engine(work)), loop).result()
-            except QueueFull:
-                time.sleep(QUEUE_RETRY)
-                continue
-            last[0] = time.monotonic() - began
-            return done
+    run = Slices(svc.worker, loop, control, on_engine)
 
     def program() -> list[VectorSet]:
         examples = plan.texts

@@ -10,6 +10,7 @@ import * as monitor from "./pages/monitor.js";
 import * as playground from "./pages/playground.js";
 import * as saes from "./pages/saes.js";
 import * as steering from "./pages/steering.js";
+import * as sweeps from "./pages/sweeps.js";
 import * as vectors from "./pages/vectors.js";
 
 export const PAGES = [
@@ -23,6 +24,7 @@ export const PAGES = [
   ["clusters", "Clusters", documents.clusters],
   ["circuits", "Circuits", documents.circuits],
   ["playground", "Playground", playground],
+  ["sweeps", "Sweeps", sweeps],
 ];
 
 const notice = document.getElementById("notice");
@@ -60,8 +62,17 @@ export async function attempt(action, done) {
 
 const ctx = { say, fail, attempt, go: (page) => { location.hash = `#/${page}`; } };
 
+/** The address after the #: the page, the path segments after it and the query (``#/features/SAE/12?x=1``). */
+export function address(hash = location.hash) {
+  const rest = hash.replace(/^#\/?/, "");
+  const at = rest.indexOf("?");
+  const [path, search] = at < 0 ? [rest, ""] : [rest.slice(0, at), rest.slice(at + 1)];
+  const [name, ...parts] = path.split("/").map((p) => decodeURIComponent(p));
+  return { name: name || "dashboard", parts, query: new URLSearchParams(search) };
+}
+
 function current() {
-  const name = location.hash.replace(/^#\/?/, "").split("/")[0] || "dashboard";
+  const name = address().name;
   return PAGES.find(([id]) => id === name) || PAGES[0];
 }
 
@@ -78,7 +89,7 @@ async function route() {
   const root = fill(document.getElementById("page"));
   root.dataset.page = id;
   try {
-    stop = (await page.render(root, ctx)) || null;
+    stop = (await page.render(root, ctx, address())) || null;
   } catch (err) {
     fail(err);
   }
