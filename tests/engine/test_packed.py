@@ -30,7 +30,7 @@ def test_a_packed_model_gives_the_dense_models_logits(tied):
         pytest.skip("this torch build has no oneDNN packing")
     dense = tiny_llama(tied)
     packed = copy.deepcopy(dense)
-    assert pack_linears(packed) == 2 * 7 + 1  # q, k, v, o, gate, up, down per layer; the output layer
+    assert pack_linears(packed) == 2 * 7 + 1  # q, k, v, o, gate, up, down per layer; the output layer (unfused)
     ids = torch.tensor([[5, 17, 33, 2, 90, 41]])
     with torch.inference_mode():
         assert torch.allclose(packed(ids).logits, dense(ids).logits, atol=1e-4)
@@ -77,5 +77,5 @@ def test_the_bundled_model_loads_packed_and_its_output_embedding_is_the_input_on
     from millm.engine.packed import PackedLinear
 
     packed = [m for m in engine.model.modules() if isinstance(m, PackedLinear)]
-    assert len(packed) == 7 * engine.model.config.num_hidden_layers + 1
+    assert len(packed) == 4 * engine.model.config.num_hidden_layers + 1  # qkv, o, gate-up, down (millm.engine.fused)
     assert engine.model.get_output_embeddings().weight is engine.model.get_input_embeddings().weight
