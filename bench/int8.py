@@ -9,8 +9,11 @@ Loads the bundled model three times in this process: the transformers engine wit
 packed for oneDNN, the default), the transformers engine with int8 weights, and the GGUF file on llama.cpp
 (whose ``Llama`` is called directly: raw llama-cpp-python). Rounds are interleaved, medians reported:
 - miLLM fp32 and miLLM int8: ``engine.generate`` with one greedy prompt of ``--tokens`` tokens;
-- ``generate`` fp32: ``model.generate`` (greedy, the same prompt ids) on the fp32 engine's model, the baseline of
-  ``bench/decode.py``;
+- ``generate`` fp32 (stock): ``model.generate`` (greedy, the same prompt ids) on the model as plain transformers
+  loads it (``AutoModelForCausalLM.from_pretrained`` of the same weights, fp32, ``nn.Linear`` layers): what a user of
+  plain transformers runs, the issue's baseline;
+- ``generate`` fp32 (miLLM model): the same on the fp32 engine's own model (fused, packed for oneDNN), the
+  baseline of ``bench/decode.py``: what is left of the step outside the products;
 - llama.cpp Q4_1: ``Llama.create_completion`` with the same prompt, greedy, no repeat penalty.
 Then the ratios the issue names, and how much of int8's greedy answer agrees with fp32's.
 
@@ -34,6 +37,7 @@ from millm.config import get_settings
 from millm.engine import load_engine
 from millm.engine.base import Engine
 from millm.engine.events import Delta, Usage
+from millm.engine.loader import load_weights
 from millm.engine.params import GenerationRequest, TextPrompt
 from millm.registry import BUNDLED_ID, resolve
 from millm.requests.validation import sampling_params
@@ -96,12 +100,16 @@ def main() -> None:
     llama = load_engine(resolve(GGUF, settings), settings.model_copy(update={"weights": "auto"}))
     llm = llama.llm  # type: ignore[attr-defined]
     model, tok = fp32.model, fp32.tokenizer  # type: ignore[attr-defined]
+    stock = load_weights(entry, settings, torch.float32)[0].eval()
     ids = torch.tensor([fp32.tokenize(TextPrompt(PROMPT))])
 
-    def run_generate() -> int:
-        with torch.inference_mode():
-            out = model.generate(ids, max_new_tokens=args.tokens, do_sample=False, pad_token_id=tok.pad_token_id)
-        return int(out.shape[1] - ids.shape[1])
+    def generating(on: torch.nn.Module) -> Callable[[], int]:
+        def run() -> int:
+            with torch.inference_mode():
+                out = on.generate(ids, max_new_tokens=args.tokens, min_new_tokens=args.tokens, do_sample=False,  # type: ignore[operator]
+                                  pad_token_id=tok.pad_token_id)
+            return int(out.shape[1] - ids.shape[1])
+        return run
 
     def run_llama() -> int:
         out = llm.create_completion(PROMPT, max_tokens=args.tokens, temperature=0.0, top_p=1.0, top_k=0, min_p=0.0,
@@ -111,7 +119,8 @@ def main() -> None:
     runs: dict[str, Callable[[], int]] = {
         "miLLM fp32": lambda: greedy(fp32, args.tokens)[0],
         "miLLM int8": lambda: greedy(int8, args.tokens)[0],
-        "generate fp32": run_generate,
+        "generate fp32 (stock)": generating(stock),
+        "generate fp32 (miLLM model)": generating(model),
         "llama.cpp Q4_1": run_llama,
     }
     for run in runs.values():  # warm up
@@ -126,9 +135,10 @@ def main() -> None:
     print(f"{entry.id}, batch 1, {args.tokens} greedy tokens, {torch.get_num_threads()} threads, "
           f"medians of {args.rounds} interleaved rounds")
     for name, rate in m.items():
-        print(f"{name:16} {rate:8.1f} tok/s   ({', '.join(f'{r:.1f}' for r in rates[name])})")
+        print(f"{name:30} {rate:8.1f} tok/s   ({', '.join(f'{r:.1f}' for r in rates[name])})")
     print(f"miLLM int8 / llama.cpp Q4_1: {m['miLLM int8'] / m['llama.cpp Q4_1']:5.2f}x")
-    print(f"miLLM fp32 / generate fp32:  {m['miLLM fp32'] / m['generate fp32']:5.2f}x")
+    print(f"miLLM fp32 / generate fp32 (stock): {m['miLLM fp32'] / m['generate fp32 (stock)']:5.2f}x")
+    print(f"miLLM fp32 / generate fp32 (miLLM model): {m['miLLM fp32'] / m['generate fp32 (miLLM model)']:5.2f}x")
     print(f"miLLM int8 / miLLM fp32:     {m['miLLM int8'] / m['miLLM fp32']:5.2f}x")
     a, b = greedy(fp32, args.tokens)[1], greedy(int8, args.tokens)[1]
     same = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
