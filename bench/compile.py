@@ -31,7 +31,7 @@ PRODUCTS: list[torch.nn.Module] = []
 @torch.library.custom_op("bench::product", mutates_args=())
 def product(x: torch.Tensor, index: int, out_features: int) -> torch.Tensor:
     """``PRODUCTS[index](x)``, opaque to the compiler."""
-    return PRODUCTS[index](x)  # type: ignore[no-any-return]
+    return PRODUCTS[index](x)
 
 
 @product.register_fake
@@ -48,7 +48,7 @@ class Opaque(torch.nn.Module):
         self.index, self.out_features = len(PRODUCTS) - 1, int(inner.out_features)  # type: ignore[arg-type]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return product(x, self.index, self.out_features)  # type: ignore[no-any-return]
+        return product(x, self.index, self.out_features)
 
 
 def products_of(layer: Any) -> list[tuple[torch.nn.Module, str, torch.nn.Module, Opaque]]:
@@ -72,7 +72,7 @@ def main() -> None:
     def step() -> torch.Tensor:
         mask = cache.bind(0, positions, positions)
         return model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True,
-                     logits_to_keep=1).logits  # type: ignore[no-any-return]
+                     logits_to_keep=1).logits
 
     def timed(run: Callable[[], torch.Tensor]) -> float:
         start = time.perf_counter()
