@@ -42,7 +42,7 @@ from millm.research.measure import (
     Measure,
     Point,
 )
-from millm.research.sweep import recommend, run_sweep, swept_points
+from millm.research.sweep import recommend, swept_points
 from millm.sae.bundled import bundled_saes
 from millm.sae.formats import load_sae
 from millm.sae.labels import LabelIndex
@@ -77,8 +77,10 @@ class Row:
 
 
 def swept(measure: Measure, sae_id: str, layer: int, feature: int, concept: str) -> Point | None:
-    result = run_sweep(measure, sae_id, layer, feature, sae_id, (concept,), STRENGTHS)
-    return result.point(result.recommended) if result.recommended is not None else None
+    """The point the calibration sweep chooses (:func:`recommend`; this bench compares methods on one prompt set)."""
+    [points] = swept_points(measure, [lambda s: Case.feature(sae_id, feature, s, (concept,))], STRENGTHS)
+    best = recommend(points, bound=measure.bound)
+    return next((p for p in points if p.strength == best), None) if best is not None else None
 
 
 def together(measure: Measure, names: list[str], concept: str) -> Point | None:

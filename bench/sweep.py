@@ -25,7 +25,15 @@ import time
 from millm.config import get_settings
 from millm.engine import load_engine
 from millm.registry import BUNDLED_ID, resolve
-from millm.research.measure import FLUENCY_BOUND, MAX_NEW_TOKENS, NEUTRAL_PROMPTS, SEED, TARGET_RATE, Measure
+from millm.research.measure import (
+    FLUENCY_BOUND,
+    HELD_OUT_PROMPTS,
+    MAX_NEW_TOKENS,
+    NEUTRAL_PROMPTS,
+    SEED,
+    TARGET_RATE,
+    Measure,
+)
 from millm.research.sweep import run_sweep
 from millm.sae.bundled import bundled_saes
 from millm.sae.cards import read_card
@@ -58,6 +66,7 @@ def main() -> None:
     sae = load_sae(bundled.path).sae
     control.attach(bundled.id, sae, bundled.layer)
     measure = Measure(engine, NEUTRAL_PROMPTS[:args.prompts], args.seed, args.tokens)
+    held = Measure(engine, HELD_OUT_PROMPTS, args.seed, args.tokens)
     print(f"{bundled.id} (layer {bundled.layer}): {len(measure.prompts)} prompts, {args.tokens} tokens, "
           f"seed {args.seed}, strengths {', '.join(f'{s:g}' for s in STRENGTHS)}")
     reached = 0
@@ -70,9 +79,9 @@ def main() -> None:
             hit = hits[0]
             stored = read_card(bundled.path, hit.index, sae.d_sae, name=bundled.id).recommended_strength
             strengths = (stored,) if stored is not None else STRENGTHS
-            result = run_sweep(measure, bundled.id, bundled.layer, hit.index, hit.label, (concept,), strengths)
+            result = run_sweep(measure, held, bundled.id, bundled.layer, hit.index, hit.label, (concept,), strengths)
             source = "stored" if stored is not None else "swept"
-            best = result.point(stored if stored is not None else result.recommended)
+            best = result.point(stored if stored is not None else result.chosen)
             rates = " ".join(f"{p.strength:g}:{p.rate:.0%}/{p.fluency:+.2f}" for p in result.points)
             if best is None:
                 print(f"  {concept}: feature {hit.index} ({hit.label}): no recommended strength "

@@ -33,7 +33,7 @@ from cli.common import (
 from cli.sae_train import steer_assignments
 from cli.vectors import vectors_app
 from millm.config import get_settings
-from millm.errors import MillmError
+from millm.errors import InvalidParameter, MillmError
 from millm.steering.session import SteeredChat, chat_steering, profile_unfit
 
 if TYPE_CHECKING:
@@ -193,8 +193,13 @@ def chat(
     layer: Annotated[int | None, typer.Option(help="Layer for --sae (default: where it is attached, else its "
                                                    "layer hint).")] = None,
     steer: Annotated[list[str] | None, typer.Option(help="FEATURE=STRENGTH on --sae, or the one attached SAE; "
-                                                          "FEATURE is an index or a label such as weather "
+                                                          "FEATURE is an index or a label such as weather; "
+                                                          "FEATURE alone takes its recommended strength "
                                                           "(repeatable).")] = None,
+    steer_concept: Annotated[str | None, typer.Option(help="Steer by a concept word: the vector set concept-WORD at "
+                                                           "its recommended strength, learned and calibrated now "
+                                                           "when there is none (then stored for next time).")
+                             ] = None,
     profile: Annotated[str | None, typer.Option(help="Saved profile to steer this chat with.")] = None,
     intensity: Annotated[str | None, typer.Option(help="Steering dial for this chat: a λ from 0 to 2, or off, min, "
                                                        "max; scales --profile, else the active profile, else the "
@@ -210,6 +215,8 @@ def chat(
     use_weights(weights)
     fields = {"temperature": temperature, "top_p": top_p, "max_tokens": max_tokens, "seed": seed, "stop": stop,
               "steering_intensity": dial_value(intensity), "steering_scope": scope}
+    if steer_concept is not None:
+        sae, steer = concept_steering(steer_concept, sae, steer, model)
     sae = sae_ref(sae) if sae is not None else None
     assignments = steer_assignments(steer or [], sae, model or get_settings().default_model)  # names via labels
     preamble = [{"role": "system", "content": system}] if system else []
@@ -225,6 +232,19 @@ def chat(
     with chat_steering(steering_service(), steerable(engine), sae, layer, assignments, profile,
                        built.intensity) as steered:
         run_chat(engine, prompt, preamble, fields, steered)
+
+
+def concept_steering(word: str, sae: str | None, steer: list[str] | None,
+                     model: str | None) -> tuple[str, list[str]]:
+    """``--steer-concept WORD``: the vector set it steers by (``cli.vectors.concept_set``) and its name alone as
+    the steering (its recommended strength); refused beside --sae or --steer."""
+    from cli.vectors import concept_set
+
+    if sae is not None or steer:
+        raise InvalidParameter("--steer-concept picks its own vector set and strength: give it without --sae and "
+                               "--steer.", param="steer_concept")
+    name = concept_set(word, model)
+    return name, [name]
 
 
 def dial_value(text: str | None) -> float | str | None:

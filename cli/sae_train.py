@@ -47,7 +47,8 @@ def label_index_of(ref: str) -> LabelIndex:
 
 def steer_assignments(items: list[str], sae: str | None, model_id: str) -> dict[int, float]:
     """``--steer`` values: ``123=40`` as they are, ``weather=60`` looked up in the labels of ``--sae`` (or of
-    the one SAE attached to ``model_id``); an ambiguous or unknown name is refused listing candidates."""
+    the one SAE attached to ``model_id``); an ambiguous or unknown name is refused listing candidates. A feature
+    named without ``=STRENGTH`` (``weather``, ``123``) takes its recommended strength, and stderr says which."""
     from millm.sae.cards import index_of
     from millm.sae.labels import LabelIndex
     from millm.steering.values import check_values
@@ -63,7 +64,7 @@ def steer_assignments(items: list[str], sae: str | None, model_id: str) -> dict[
             raise InvalidParameter("--steer NAME=STRENGTH needs --sae (or exactly one attached SAE) to look the "
                                    "name up in.", param="steer")
         target = attached[0]
-    return label_index_of(target).resolve_assignments(items)
+    return label_index_of(target).resolve_assignments(items, said=lambda line: err.print(line, markup=False))
 
 
 class _Bar:

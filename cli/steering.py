@@ -87,7 +87,8 @@ def sae_detach(sae_id: str, model: ModelOption = None) -> None:
 
 @steer_app.command("set")
 @reports_errors
-def steer_set(assignments: Annotated[list[str], typer.Argument(help="FEATURE=STRENGTH, e.g. 123=40 music=40 "
+def steer_set(assignments: Annotated[list[str], typer.Argument(help="FEATURE=STRENGTH, e.g. 123=40 music=40, or "
+                                                                   "FEATURE alone for its recommended strength "
                                                                    "(FEATURE: an index or a label, as chat --steer)")],
               sae: Annotated[str | None, typer.Option(help="SAE id (needed when several are attached).")] = None,
               replace: Annotated[bool, typer.Option(help="Replace the SAE's values instead of merging.")] = False,
@@ -103,10 +104,10 @@ def steer_set(assignments: Annotated[list[str], typer.Argument(help="FEATURE=STR
         from millm.sae.cards import index_of
         from millm.sae.labels import LabelIndex
 
-        named = [item for item in assignments if "=" in item and index_of(item.rpartition("=")[0]) is None]
+        named = [item for item in assignments if "=" not in item or index_of(item.rpartition("=")[0]) is None]
         if named:
-            raise InvalidParameter(f"'{named[0]}' names a feature by label: give --sae to look it up in "
-                                   f"({len(attached)} SAEs are attached).", param="sae")
+            raise InvalidParameter(f"'{named[0]}' names a feature by label or asks for its recommended strength: "
+                                   f"give --sae to look it up in ({len(attached)} SAEs are attached).", param="sae")
         values = LabelIndex({}, "the SAE").resolve_assignments(assignments)
     steering_service().set_values(target, sae, values, merge=not replace)
     _print_json(target.steering.snapshot())

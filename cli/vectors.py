@@ -5,6 +5,7 @@ as control-vector GGUF files (export, import). A vector set registers as an SAE 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -19,6 +20,7 @@ from millm.paths import output_file, user_path
 from millm.vectors import EXAMPLES
 
 if TYPE_CHECKING:
+    from millm.engine.base import Engine
     from millm.sae.vector_sets import VectorSet
     from millm.vectors.learn import Examples
 
@@ -69,13 +71,18 @@ def learn(name: Annotated[str, typer.Argument(help="The vector's name (what --st
           examples: Annotated[int, typer.Option(min=2, max=1024, help="Generated examples of each side.")] = EXAMPLES,
           tokens: Annotated[int, typer.Option(min=4, max=256, help="Tokens per generated example.")] = 48,
           seed: Annotated[int, typer.Option(help="Sampling seed of the generated examples.")] = 0,
+          calibrate: Annotated[bool, typer.Option(help="End by calibrating each vector (`millm vectors calibrate`: "
+                                                       "a strength chosen on the calibration prompts, verified on "
+                                                       "the held-out prompts, stored). --no-calibrate skips it."
+                                                  )] = True,
           model: Annotated[str | None, typer.Option(help="Model (default: the configured one).")] = None) -> None:
     """Learn a unit-norm steering vector at each LAYER from the model's own answers about --concept (against its
-    answers about other topics), or from example files; store each and register it as a vector set."""
+    answers about other topics), or from example files; store each and register it as a vector set; then
+    calibrate each (a set learned from files names no concept: `millm vectors calibrate NAME --concept W`
+    calibrates it afterwards)."""
     from millm.sae.vector_sets import set_name
     from millm.vectors import catalog
-    from millm.vectors.learn import check_choices, check_negatives, default_layer, generated, parse_layers
-    from millm.vectors.learn import learn as learn_vectors
+    from millm.vectors.learn import check_choices, check_negatives, default_layer, parse_layers
 
     check_seed(seed)
     check_choices(method, position)
@@ -89,6 +96,31 @@ def learn(name: Annotated[str, typer.Argument(help="The vector's name (what --st
     layers = parse_layers(layer, n_layers) if layer else [default_layer(n_layers)]  # before the examples
     for at in layers:
         catalog.check_new_name(service, set_name(name, at, layers))
+    sets, made = _learn_and_store(engine, name, layers, concept, files, method=method, position=position,
+                                  negatives=negatives, examples=examples, tokens=tokens, seed=seed,
+                                  file_source={"positive": str(positive), "negative": str(negative)})
+    for vs in sets:
+        out.print(f"vector set {vs.names[0]}: {vs.method} at layer {vs.layer} from {len(made.positive)} + "
+                  f"{len(made.negative)} examples; steer it with --sae {vs.names[0]} --steer {vs.names[0]}=S")
+    for vs in sets if calibrate else ():
+        if concept:
+            calibrated(engine, vs.names[0])
+        else:
+            err.print(f"{vs.names[0]} was learned from files and names no concept: calibrate it with `millm vectors "
+                      f"calibrate {vs.names[0]} --concept WORD`.", markup=False)
+
+
+def _learn_and_store(engine: Engine, name: str, layers: list[int], concept: list[str] | None,
+                     files: Examples | None, *, method: str = "diffmean", position: str = "mean",
+                     negatives: str = "topics", examples: int = EXAMPLES, tokens: int = 48, seed: int = 0,
+                     file_source: dict[str, object] | None = None) -> tuple[list[VectorSet], Examples]:
+    """The examples written about ``concept`` (or ``files``, read from ``file_source``), a set learned at each
+    layer, stored and registered; progress bars on stderr."""
+    from millm.vectors import catalog
+    from millm.vectors.learn import generated
+    from millm.vectors.learn import learn as learn_vectors
+
+    service = steering_service()
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=err, transient=True, disable=not err.is_terminal) as bar:
         if files is None:
@@ -102,7 +134,7 @@ def learn(name: Annotated[str, typer.Argument(help="The vector's name (what --st
                                          "negatives": negatives}
         else:
             made = files
-            source = {"positive": str(positive), "negative": str(negative)}
+            source = dict(file_source or {})
         reading = bar.add_task("reading the examples", total=2 * len(layers))
         reads = iter(range(2 * len(layers)))  # learn reports each read as it starts
 
@@ -113,9 +145,98 @@ def learn(name: Annotated[str, typer.Argument(help="The vector's name (what --st
                              progress=read)
         bar.update(reading, completed=2 * len(layers))
         catalog.store_all(service, get_settings().home, sets)
-    for vs in sets:
-        out.print(f"vector set {vs.names[0]}: {vs.method} at layer {vs.layer} from {len(made.positive)} + "
-                  f"{len(made.negative)} examples; steer it with --sae {vs.names[0]} --steer {vs.names[0]}=8")
+    return sets, made
+
+
+def calibrated(engine: Engine, name: str, words: list[str] | None = None, seed: int = 0, prompts: int = 16,
+               held_out: int = 16, tokens: int = 24) -> None:
+    """Calibrate the set ``name`` (:func:`millm.vectors.calibrate.calibrate`), progress on stderr, and print each
+    vector's verdict: its recommended strength with the held-out rate and interval, or that none is."""
+    from millm.research.measure import check_engine
+    from millm.vectors.calibrate import calibrate
+
+    check_engine(engine)
+    with err.status(f"calibrating {name} ...") as status:
+        results = calibrate(steering_service(), engine, name, words or (), seed=seed, prompts=prompts,
+                            held_out=held_out, tokens=tokens,
+                            on_vector=lambda n, total: status.update(f"calibrating {name}: vector {n + 1}/{total} "
+                                                                     "(calibration, then held-out prompts)"))
+    for result in results:
+        held = result.held_out
+        verdict = (f"recommended strength {result.recommended:g} ({held.describe()})"
+                   if result.recommended is not None and held is not None else
+                   f"no recommended strength ({held.describe() if held else 'no strength mentions the concept'})")
+        out.print(f"{result.label}: {verdict}; steer it with --sae {name} --steer {result.label}", markup=False)
+
+
+@dataclass(frozen=True)
+class ConceptSizes:
+    """How ``--steer-concept`` learns and calibrates a vector: ``millm vectors learn``'s and ``calibrate``'s
+    defaults."""
+
+    examples: int = EXAMPLES
+    tokens: int = 48
+    prompts: int = 16
+    held_out: int = 16
+    calibration_tokens: int = 24
+
+
+CONCEPT_SIZES = ConceptSizes()
+
+
+def concept_set(word: str, model: str | None) -> str:
+    """The vector set ``millm chat --steer-concept WORD`` steers with, ``concept-WORD``: the one stored, else
+    learned from the model's answers about WORD now (at the default layer, against other topics), stored and
+    calibrated, with progress on stderr. Refused on an engine that cannot read activations and score answers
+    (llama.cpp), saying why."""
+    from millm.names import check_name
+    from millm.vectors import catalog
+    from millm.vectors.learn import check_concepts, default_layer
+
+    [concept] = check_concepts([word], "steer_concept")
+    name = check_name(f"concept-{'-'.join(concept.lower().split())}", "steer_concept")
+    service = steering_service()
+    if service.store.sae(name) is not None:
+        err.print(f"steering by the vector set {name} (learned before; `millm vectors rm {name}` forgets it)",
+                  markup=False)
+        return name
+    engine = engine_for(model)
+    caps = engine.capabilities
+    if not (caps.reads and caps.scores and caps.steers):
+        raise InvalidParameter(f"--steer-concept learns a vector from {engine.model_id}'s activations and calibrates "
+                               f"it by scoring answers; {engine.engine_name} cannot read activations and score, so "
+                               "it cannot make one: use a transformers model (the model id without :QUANT), or "
+                               "steer with a vector set learned there (--sae NAME --steer NAME).",
+                               param="steer_concept")
+    catalog.check_new_name(service, name)
+    err.print(f"no vector set {name} yet: learning one from the model's answers about {concept}, then calibrating "
+              "it (stored for next time)", markup=False)
+    sizes = CONCEPT_SIZES
+    [vs], _ = _learn_and_store(engine, name, [default_layer(steerable(engine).steering.n_layers)], [concept], None,
+                               examples=sizes.examples, tokens=sizes.tokens)
+    calibrated(engine, vs.names[0], prompts=sizes.prompts, held_out=sizes.held_out, tokens=sizes.calibration_tokens)
+    return name
+
+
+@vectors_app.command("calibrate")
+@reports_errors
+def calibrate_set(name: Annotated[str, typer.Argument(help="The vector set.")],
+                  concept: Annotated[list[str] | None, typer.Option(help="A word that counts as mentioning the "
+                                                                         "concept (repeatable; default: the ones "
+                                                                         "the set was learned from).")] = None,
+                  seed: Annotated[int, typer.Option(help="Sampling seed.")] = 0,
+                  prompts: Annotated[int, typer.Option(help="Calibration prompts (1-20).")] = 16,
+                  held_out: Annotated[int, typer.Option(help="Held-out prompts (1-16).")] = 16,
+                  tokens: Annotated[int, typer.Option(help="Tokens per answer.")] = 24,
+                  model: Annotated[str | None, typer.Option(help="Model (default: the configured one).")] = None,
+                  ) -> None:
+    """Choose each vector's strength on the calibration prompts, verify it on the held-out prompts and store it
+    (recommended only when the held-out 90% interval reaches the target), as `millm steer sweep --save` does."""
+    from millm.vectors.catalog import record_of
+
+    check_seed(seed)
+    record_of(steering_service(), name)  # an unknown set is refused before the model loads
+    calibrated(engine_for(model), name, concept, seed, prompts, held_out, tokens)
 
 
 @vectors_app.command("list")

@@ -74,6 +74,26 @@ def save_measured(folder: str | Path, found: Mapping[int, Measured], shipped: bo
     return path
 
 
+def drop_older(folder: str | Path, shipped: bool = False) -> int:
+    """Drop the older single-set keys (``recommended_strength`` without ``held_out``, and ``concept_rate``) from
+    every row of the SAE's ``features.jsonl``, so it keeps held-out measures alone; returns how many rows
+    changed. Refused where :func:`saveable` refuses."""
+    from millm.sae.cards import RATE_KEY
+
+    path = saveable(folder, shipped)
+    lines, changed = path.read_text(encoding="utf-8").splitlines(), 0
+    for n, line in enumerate(lines):
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        older = [k for k in (RATE_KEY,) + (() if HELD_OUT_KEY in row else (MEASURED_KEY,)) if k in row]
+        if older:
+            lines[n] = json.dumps({k: v for k, v in row.items() if k not in older}, ensure_ascii=False)
+            changed += 1
+    write_atomic(path, lines)
+    return changed
+
+
 def write_atomic(path: Path, lines: list[str]) -> None:
     """``lines`` as the file at ``path``, replaced in one step (a reader sees the old file or the new one)."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".features-", suffix=".jsonl")

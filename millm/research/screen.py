@@ -20,7 +20,7 @@ sweep`` measures it on demand.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -158,17 +158,22 @@ def screen(measure: Measure, held: Measuring, sae_id: str, labels: dict[int, str
            context_prompts: int = 2, floor: float = FLOOR, limit: int | None = None,
            strengths: Sequence[float] = SWEEP_STRENGTHS, skip: Collection[int] = (),
            on_progress: Callable[[str, int, int], None] | None = None,
-           on_swept: Callable[[list[Screened]], None] | None = None, prompt_set: str = PROMPT_SET) -> Screen:
+           on_swept: Callable[[list[Screened]], None] | None = None, prompt_set: str = PROMPT_SET,
+           estimated: Mapping[int, float] | None = None) -> Screen:
     """Every feature of ``labels`` with concept words estimated; those whose estimate rises by ``floor`` or
     more, but for ``skip`` (the ``limit`` highest, if given), swept with ``measure`` (the calibration prompts;
     its engine has ``sae_id`` attached), highest estimate first, each chosen strength verified with ``held``
     (the held-out prompts); ``on_swept`` gets each batch of swept features as it is done (so a long screen
-    can keep what it found)."""
+    can keep what it found). ``estimated``: the estimates of an earlier screen with the same measure (a resumed
+    run), used instead of estimating again."""
     features = [(f, label_words(label)) for f, label in sorted(labels.items())]
     features = [(f, w) for f, w in features if w]
-    read = contexts(measure, context_prompts)
     progress = (lambda done, total: on_progress("estimate", done, total)) if on_progress else None
-    rises = estimate(measure.engine, read, sae_id, features, on_progress=progress) if features else {}
+    if estimated is not None:
+        rises = {f: estimated[f] for f, _ in features if f in estimated}
+    else:
+        read = contexts(measure, context_prompts)
+        rises = estimate(measure.engine, read, sae_id, features, on_progress=progress) if features else {}
     words = dict(features)
     chosen = sorted((f for f in rises if rises[f] >= floor and f not in skip), key=lambda f: -rises[f])[:limit]
     swept = []

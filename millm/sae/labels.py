@@ -23,7 +23,7 @@ import json
 import math
 import re
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -239,16 +239,42 @@ class LabelIndex:
         raise InvalidParameter(f"'{name}' matches no feature label of {self.name}; list labels with "
                                f"`millm sae features {self.name} --search WORD`.", param=where)
 
-    def resolve_assignments(self, items: list[str], where: str = "steer") -> dict[int, float]:
-        """CLI ``weather=60 123=-20`` into ``{index: strength}``, names resolved by :meth:`resolve`."""
+    def resolve_assignments(self, items: list[str], where: str = "steer",
+                            said: Callable[[str], None] | None = None) -> dict[int, float]:
+        """CLI ``weather=60 123=-20`` into ``{index: strength}``, names resolved by :meth:`resolve`. A name without
+        ``=STRENGTH`` (``weather``) takes the feature's recommended strength (:meth:`recommended`), and ``said``
+        hears which number it used."""
         out: dict[int, float] = {}
         for item in items:
+            if "=" not in item and item.strip():
+                index = self.resolve(item, where)
+                out[index] = self.recommended(index, item, where)
+                if said is not None:
+                    said(f"{item.strip()}: feature {index} of {self.name} at its recommended strength "
+                         f"{out[index]:g} ({self.held[index].describe()})")
+                continue
             feature, sep, strength = item.rpartition("=")
             try:
                 value = float(strength)
             except ValueError:
                 value = float("nan")
             if not sep or not feature.strip() or not math.isfinite(value):
-                raise InvalidParameter(f"'{item}' is not FEATURE=STRENGTH (e.g. 123=40 or weather=60).", param=where)
+                raise InvalidParameter(f"'{item}' is not FEATURE=STRENGTH or FEATURE (e.g. 123=40, weather=60 or "
+                                       "weather for its recommended strength).", param=where)
             out[self.resolve(feature, where)] = value
         return out
+
+    def recommended(self, index: int, name: str, where: str = "steer") -> float:
+        """Feature ``index``'s recommended strength (its held-out measure's); else a refusal saying there is none
+        and the best held-out point, or that it was never measured so."""
+        held = self.held.get(index)
+        if held is not None and held.recommended_strength is not None:
+            return held.recommended_strength
+        give = f"give a strength ({name.strip()}=STRENGTH)"
+        if held is None:
+            raise InvalidParameter(f"'{name.strip()}' (feature {index} of {self.name}) has no recommended strength: it "
+                                   f"was never measured on held-out prompts; {give}, or measure it with `millm steer "
+                                   f"sweep {index} --sae {self.name} --save`.", param=where)
+        raise InvalidParameter(f"'{name.strip()}' (feature {index} of {self.name}) has no recommended strength: the "
+                               f"best held-out point misses the {held.target:.0%} target ({held.describe()}); {give}.",
+                               param=where)

@@ -218,7 +218,7 @@ def test_resolve_lists_candidates_when_ambiguous() -> None:
     with pytest.raises(InvalidParameter, match="matches no feature label"):
         index.resolve("volcano")
     with pytest.raises(InvalidParameter, match="FEATURE=STRENGTH"):
-        index.resolve_assignments(["rain"])
+        index.resolve_assignments(["rain="])
     with pytest.raises(InvalidParameter, match="no labels"):
         LabelIndex({}, "bare").resolve("rain")
 

@@ -69,7 +69,7 @@ def test_the_slider_steps_by_the_recommended_strength_and_s_sweeps():
         await settle(pilot)
         slider = app.main.query_one(StrengthSlider)
         assert slider.feature.index == THUNDER and slider.recommended == 40.0
-        assert "recommended 40" in str(slider.render())
+        assert "recommended 40, held-out 50% [30%-69%] of 16 answers at 40" in str(slider.render())
         await pilot.press("shift+right")
         await settle(pilot)
         assert client.values[SAE][THUNDER] == 40.0  # one ⇧→ from 0 lands on the recommended strength

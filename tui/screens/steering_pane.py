@@ -133,6 +133,7 @@ class SteeringPane(VerticalScroll):
         slider = self.query_one(StrengthSlider)
         if slider.feature == feature:
             slider.recommended = card.recommended_strength
+            slider.held_out = card.held_out.describe() if card.held_out is not None else ""
 
     def on_feature_search_chosen(self, message: FeatureSearch.Chosen) -> None:
         self.put_on_slider(message.feature)

@@ -39,6 +39,7 @@ class StrengthSlider(Widget, can_focus=True):
     value: reactive[float] = reactive(0.0)
     typed: reactive[str] = reactive("")
     recommended: reactive[float | None] = reactive(None)  # the feature's measured strength, when known
+    held_out: reactive[str] = reactive("")  # what that strength rests on: its held-out rate and interval
 
     class Set(Message):
         """Set ``feature``'s strength (0 removes it)."""
@@ -68,6 +69,7 @@ class StrengthSlider(Widget, can_focus=True):
         self.value = value
         self.typed = ""
         self.recommended = None
+        self.held_out = ""
 
     def _set(self, strength: float) -> None:
         if self.feature is None:
@@ -121,8 +123,9 @@ class StrengthSlider(Widget, can_focus=True):
         if self.typed:
             foot = Text.assemble(("set: ", "bold"), (self.typed + "▏", "reverse"), ("  Enter sets, Esc drops", "dim"))
         elif self.recommended is not None:
+            held = f", {self.held_out}" if self.held_out else ""
             foot = Text(f"←→ ±{STRENGTH_STEP:g}  ⇧ ±{large_step(self.recommended):g} (recommended "
-                        f"{self.recommended:g})  0-9 set  Del removes  s sweep", style="dim")
+                        f"{self.recommended:g}{held})  0-9 set  Del removes  s sweep", style="dim")
         else:
             foot = Text(f"←→ ±{STRENGTH_STEP:g}  ⇧ ±{STRENGTH_LARGE_STEP:g}  0-9 set  Del removes", style="dim")
         return Text("\n").join([head, bar, foot])

@@ -25,6 +25,25 @@ export async function vectorCard(sae, index) {
   return { label: vector ? `vector ${vector.name}` : "", recommended_strength: null };
 }
 
+/** How a card's strength was measured, in words: the held-out rate, its 90% interval and the answers it rests on
+ *  (the card's held_out object, millm/sae/measured.py); "" when the feature was never measured so. */
+export function heldOut(c) {
+  const held = c && c.held_out;
+  if (!held) return "";
+  if (held.strength === null || held.strength === undefined) return "no strength mentions the concept";
+  const pct = (x) => `${Math.round(x * 100)}%`;
+  return `held-out ${pct(held.rate)} [${pct(held.interval[0])}–${pct(held.interval[1])}] of ${held.answers} ` +
+    `answers at ${held.strength} (${held.prompt_set})`;
+}
+
+/** The recommended strength with the held-out figures it rests on, or why there is none. */
+export function recommendedText(c) {
+  if (c && c.recommended_strength !== null && c.recommended_strength !== undefined) {
+    return `${c.recommended_strength} · ${heldOut(c)}`;
+  }
+  return c && c.held_out ? `none · ${heldOut(c)}` : "not measured";
+}
+
 /** A strength within the ±200 clamp the server applies. */
 export function clamp(value) {
   return Math.max(-CLAMP, Math.min(CLAMP, Number(value)));

@@ -3,7 +3,7 @@
 
 import { del, get, patch, post, seg } from "../api.js";
 import { field, fill, h, num, section, table } from "../dom.js";
-import { card, search } from "../features.js";
+import { card, recommendedText, search } from "../features.js";
 
 const CARDS_SHOWN = 10; // results whose cards (firing rate, recommended strength) are fetched
 
@@ -19,8 +19,8 @@ function cardView(c) {
     h("dl", { class: "pairs" },
       h("dt", null, "firing rate"), h("dd", null, num(c.frequency, 5)),
       h("dt", null, "max activation"), h("dd", null, num(c.max_activation, 2)),
-      h("dt", null, "recommended strength"), h("dd", null, c.recommended_strength ?? "not measured"),
-      h("dt", null, "concept rate"), h("dd", null, num(c.concept_rate, 2))),
+      h("dt", null, "recommended strength"), h("dd", { class: "recommended" }, recommendedText(c)),
+      h("dt", null, "calibration rate"), h("dd", null, num(c.held_out && c.held_out.calibration_rate, 2))),
     h("h4", null, "Top examples"),
     h("ol", null, (c.examples || []).map((e) => h("li", null, marked(e.text), h("span", { class: "muted" },
       ` ${num(e.activation, 2)}`)))),
@@ -71,7 +71,7 @@ export async function render(root, ctx) {
       if (i < CARDS_SHOWN) {
         card(sae, f.index).then((c) => {
           rate.textContent = num(c.frequency, 5);
-          rec.textContent = c.recommended_strength ?? "–";
+          rec.textContent = c.held_out ? recommendedText(c) : "–";
         }).catch(() => { rate.textContent = "–"; });
       }
       const show = h("button", { type: "button", class: "small", "data-action": "card", onclick: async () => {

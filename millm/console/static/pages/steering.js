@@ -4,7 +4,7 @@
 
 import { del, get, patch, post } from "../api.js";
 import { fill, field, h, section } from "../dom.js";
-import { CLAMP, card, clamp, parseBatch, resolve, vectorCard } from "../features.js";
+import { CLAMP, card, clamp, parseBatch, recommendedText, resolve, vectorCard } from "../features.js";
 
 const FOLLOW_MS = 2000;
 
@@ -36,7 +36,7 @@ function row(sae, index, strength, apply, isVectorSet) {
   (isVectorSet ? vectorCard(sae, index) : card(sae, index)).then((c) => {
     label.textContent = c.label || "(no label)";
     if (c.recommended_strength !== null && c.recommended_strength !== undefined) {
-      rec.textContent = `recommended ${c.recommended_strength}`;
+      rec.textContent = `recommended ${recommendedText(c)}`;
       marks.append(h("option", { value: c.recommended_strength }));
     }
   }).catch(() => { label.textContent = "(no card)"; });
