@@ -52,7 +52,15 @@ class Activations:
     body: dict[str, Any]
 
 
-Event = Steered | Delta | Finish | Activations | Usage
+@dataclass(frozen=True)
+class Verdicts:
+    """The request's probe verdicts (``millm.steering.probe.Watching.verdicts``), one per row and probe, sent
+    when its last row ends, before its read-out."""
+
+    body: list[dict[str, Any]]
+
+
+Event = Steered | Delta | Finish | Verdicts | Activations | Usage
 
 
 def steered_label(events: Iterable[Event]) -> str | None:

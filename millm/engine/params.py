@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeAlias
 
 if TYPE_CHECKING:
-    from millm.steering.target import ReadoutAsk, RequestSteering, Scope
+    from millm.steering.target import ReadoutAsk, RequestSteering, Scope, Watch
     from millm.structured.tools import Constraint
 
 
@@ -77,6 +77,7 @@ class GenerationRequest:
     readout: ReadoutAsk | None = None  # return_sae_activations, its shape checked
     constraint: Constraint | None = None  # response_format or tools, one matcher per row
     scope: Scope = "all"  # steering_scope: the positions its steering applies to
+    probes: tuple[Watch, ...] = ()  # the probes that watch it (the attached ones and its ``probes`` field)
 
 
 def check_token_ids(prompt: TokenPrompt, vocab_size: int) -> list[int]:

@@ -13,7 +13,7 @@ from millm.errors import ContextLengthExceeded, InvalidParameter
 
 if TYPE_CHECKING:
     from millm.engine.base import StepControl
-    from millm.steering.target import ReadoutSpec, RequestSteering, Scope
+    from millm.steering.target import ReadoutSpec, RequestSteering, Scope, Watch
     from millm.structured.tools import Constraint
 
 
@@ -28,6 +28,7 @@ class Plan:
     readout: ReadoutSpec | None = None  # bound to an attached SAE (transformers only)
     constraint: Constraint | None = None  # enforced token by token (transformers only)
     scope: Scope = "all"  # the positions its steering applies to (steering_scope)
+    probes: tuple[Watch, ...] = ()  # the probes that watch it (transformers only)
 
 
 def token_budget(prompt_ids: list[list[int]], wanted: int | None, window: int, default: int,

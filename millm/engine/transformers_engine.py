@@ -182,7 +182,8 @@ class TransformersEngine:
         if request.readout is not None:
             readout = bind_readout(request.readout, self.steering, rows=len(prompt_ids) * request.params.n,
                                    prompt_tokens=max(len(ids) for ids in prompt_ids), max_tokens=budget)
-        return Plan(prompt_ids, request.params, budget, request.steering, readout, request.constraint, request.scope)
+        return Plan(prompt_ids, request.params, budget, request.steering, readout, request.constraint, request.scope,
+                    request.probes)
 
     def generate(self, request: GenerationRequest, control: StepControl | None = None) -> Iterator[Event]:
         """Stream Delta and Finish events per choice, then one Usage.
@@ -322,7 +323,8 @@ class TransformersEngine:
                   batch_size: int = 16) -> torch.Tensor:
         """``[len(reads), d_model]`` (fp32, CPU): the residual stream after decoder layer ``layer`` (where SAEs
         hook) for each read's ``ids``, averaged over its answer positions (``start`` on) or taken at its last,
-        unsteered (every hook suppressed): what steering vectors are learned from."""
+        unsteered (every hook suppressed): what steering vectors are learned from. ``all``: every answer position
+        of every read, one after another (``[sum of answer lengths, d_model]``: what probes are calibrated on)."""
         from millm.sae.activations import captured_output
 
         if not 0 <= layer < (layers := self.steering.n_layers):
@@ -336,9 +338,9 @@ class TransformersEngine:
                 hidden = captured_output(self.model, layer, partial(self.model, use_cache=False,
                                                                     **model_inputs(ids, mask)))
                 for row, r in zip(hidden.float().cpu(), chunk):
-                    span = row[-(len(r.ids) - r.start):] if position == "mean" else row[-1:]
-                    rows.append(span.mean(0))
-        return torch.stack(rows)
+                    span = row[-(len(r.ids) - r.start):] if position != "last" else row[-1:]
+                    rows.append(span if position == "all" else span.mean(0, keepdim=True))
+        return torch.cat(rows)
 
     def unembed(self, direction: torch.Tensor) -> torch.Tensor:
         """``[vocab]`` logits (fp32, CPU) of ``direction`` through the output embedding, without the final norm:

@@ -10,7 +10,7 @@ import struct
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from millm.engine.events import Activations, Delta, Event, Finish, Usage
+from millm.engine.events import Activations, Delta, Event, Finish, Usage, Verdicts
 from millm.errors import MillmError
 from millm.render import scoring
 from millm.render.shapes import CompletionShape
@@ -31,6 +31,8 @@ def whole_body(shape: CompletionShape, events: Iterable[Event]) -> dict[str, Any
             texts[event.index] = texts.get(event.index, "") + event.text
         elif isinstance(event, Finish):
             finishes[event.index] = event.reason
+        elif isinstance(event, Verdicts):
+            extension["probes"] = event.body
         elif isinstance(event, Activations):
             extension["sae_activations"] = shape.sae_activations(event.body)
         elif isinstance(event, Usage):

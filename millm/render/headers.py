@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from millm.engine.events import Event, Verdicts
 from millm.names import steering_header
-from millm.sfv import sf_string
+from millm.sfv import sf_decimal, sf_string
 from millm.steering.rung import CIRCUIT_RUNG_HEADER, rung_header
 
 if TYPE_CHECKING:
@@ -64,3 +66,23 @@ def prepared_headers(prepared: Prepared, built: Built, bound: str | None = None)
     if label == "none" and steering.rung is not None:
         steering = replace(steering, rung=None)
     return miLLM_headers(built, label, steering, prepared.scope)
+
+
+PROBES_HEADER = "X-miLLM-Probes"
+
+
+def probes_headers(events: Iterable[Event]) -> dict[str, str]:
+    """X-miLLM-Probes on a non-streamed response watched by probes: an sf-list of each probe's name with whether it
+    fired on any choice and its highest score (``"rain";fired=?1;score=3.25``); no header when none watched."""
+    verdicts = next((e.body for e in events if isinstance(e, Verdicts)), None)
+    if not verdicts:
+        return {}
+    summary: dict[str, tuple[bool, float | None]] = {}
+    for v in verdicts:
+        fired, score = summary.get(v["probe"], (False, None))
+        if v["score"] is not None:
+            score = v["score"] if score is None else max(score, v["score"])
+        summary[v["probe"]] = (fired or v["fired"], score)
+    items = [f"{sf_string(name)};fired=?{int(fired)}" + ("" if score is None else f";score={sf_decimal(score)}")
+             for name, (fired, score) in summary.items()]
+    return {PROBES_HEADER: ", ".join(items)}

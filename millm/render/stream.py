@@ -6,7 +6,7 @@ import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from millm.engine.events import Activations, Delta, Event, Finish, Usage
+from millm.engine.events import Activations, Delta, Event, Finish, Usage, Verdicts
 from millm.errors import MillmError
 from millm.render import sse
 from millm.render.shapes import CompletionShape, call_finish
@@ -40,7 +40,8 @@ async def sse_events(shape: CompletionShape, events: AsyncIterator[Event], choic
 class _Frames:
     """One stream's frames, event by event. A finish is held back until the next one, or the usage, comes (the
     last finish carries the usage); with ``tools``, each row's text goes through its own call parser, and a row
-    that called a tool finishes with "tool_calls"; the SAE readout, when one comes, is sent last."""
+    that called a tool finishes with "tool_calls"; the probe verdicts and the SAE readout, when they come, are sent
+    last."""
 
     shape: CompletionShape
     tools: ToolConstraint | None
@@ -48,6 +49,7 @@ class _Frames:
     parsers: dict[int, ToolCallParser] = field(default_factory=dict)
     held: Finish | None = None
     readout: Activations | None = None
+    verdicts: Verdicts | None = None
 
     def openers(self, choices: int) -> list[str]:
         """A chat's role openers, one a choice; none for a completion."""
@@ -59,7 +61,9 @@ class _Frames:
             return self._delta(event)
         if isinstance(event, Finish):
             return self._finish(event)
-        if isinstance(event, Activations):
+        if isinstance(event, Verdicts):
+            self.verdicts = event
+        elif isinstance(event, Activations):
             self.readout = event
         elif isinstance(event, Usage) and self.held is not None:
             usage = event if self.include_usage else None
@@ -67,10 +71,15 @@ class _Frames:
         return []
 
     def end(self) -> list[str]:
-        """What follows the last event: the SAE readout, when one came."""
-        if self.readout is None:
-            return []
-        return [sse.data(self.shape.extension({"sae_activations": self.shape.sae_activations(self.readout.body)}))]
+        """What follows the last event (the contract's order): the probe-verdict chunk, then the SAE readout's,
+        each when one came."""
+        frames = []
+        if self.verdicts is not None:
+            frames.append(sse.data(self.shape.extension({"probes": self.verdicts.body})))
+        if self.readout is not None:
+            frames.append(sse.data(self.shape.extension({"sae_activations":
+                                                         self.shape.sae_activations(self.readout.body)})))
+        return frames
 
     def _parser(self, index: int) -> ToolCallParser:
         assert self.tools is not None

@@ -24,6 +24,7 @@ from millm.engine.scoring import (
 )
 from millm.engine.templates import TOOLS_KWARG
 from millm.errors import InvalidParameter, ResponseFormatUnsupported, UnusedFieldsRefused
+from millm.probes.serving import Ask, parse_asks
 from millm.requests.fields import NESTED_KEYS, TOOLS_REFUSED, check_fields, is_no_change, template_messages
 from millm.requests.limits import Limits, check_embedding_inputs, check_prompt_tokens, check_prompts, check_rows
 from millm.requests.validation import (
@@ -66,6 +67,7 @@ class Built:
     seed_scope: str = "request"
     prompt_texts: list[str | None] = field(default_factory=list)  # completions scoring: text (None: token ids)
     include_usage: bool = True  # stream_options.include_usage: usage on the final streamed chunk
+    probes: tuple[Ask, ...] = ()  # the probes its ``probes`` field asks for (besides the attached ones)
 
     @property
     def choices(self) -> int:
@@ -318,7 +320,7 @@ def build_chat(body: Any, engine_of: EngineOf, strict: bool = False, limits: Lim
     return Built("chat", wire.model, ignored, stream, [generation], profile=wire.profile, intensity=intensity,
                  scope=parse_scope(wire.steering_scope), seed=params.seed,
                  seed_scope="batch-shape" if len(conversations) > 1 else "request",
-                 include_usage=not stream or include_usage(body))
+                 include_usage=not stream or include_usage(body), probes=parse_asks(wire.probes))
 
 
 def _completion_scoring(body: Any, model: str, ignored: list[str], prompts: list[TextPrompt | TokenPrompt],
@@ -362,7 +364,7 @@ def build_completion(body: Any, engine_of: EngineOf, strict: bool = False, limit
     generations = [GenerationRequest([p], sampling, readout=readout) for p in prompts]
     stream = _stream(sampling, bool(wire.stream))
     return Built("completions", wire.model, ignored, stream, generations, scope=parse_scope(wire.steering_scope),
-                 seed=sampling.seed, include_usage=not stream or include_usage(body))
+                 seed=sampling.seed, include_usage=not stream or include_usage(body), probes=parse_asks(wire.probes))
 
 
 def completion_prompts(raw: Any, special: bool) -> list[TextPrompt | TokenPrompt]:

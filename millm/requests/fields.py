@@ -54,6 +54,7 @@ TABLE: dict[str, tuple[str, str, str, str, str, str, str]] = {
     "steering_intensity":         (_U, _R, _R, _R, _R, _R, _R),
     "steering_scope":             (_U, _R, _R, _U, _R, _R, _R),  # miLLM's: where steering applies
     "return_sae_activations":     (_U, _U, _R, _U, _U, _R, _R),
+    "probes":                     (_U, _X, _R, _U, _X, _R, _X),  # miLLM's; scoring and embeddings record nothing
     "steering":                   (_R, _R, _R, _R, _R, _R, _R),
     "dimensions":                 (_R, _R, _R, _R, _R, _R, _R),
     "tools":                      (_U, _R, _R, _R, _R, _R, _R),  # chat: refused under MILLM_TOOLS=refuse

@@ -42,6 +42,11 @@ class _Readout(_Sampling):
         None, description='miLLM: where this request\'s steering applies: "all" positions (default), only the '
                           '"generated" ones, or only the "prompt"\'s',
         json_schema_extra={"anyOf": [{"enum": ["all", "generated", "prompt"]}, {"type": "null"}]})
+    probes: Any = Field(  # checked by millm.probes.serving.parse_asks
+        None, description='miLLM: probes that watch this request besides the attached ones: names, or {"name", '
+                          '"action": "flag"|"abort"|"steer", "profile"}; verdicts in millm.probes',
+        json_schema_extra={"anyOf": [{"type": "array", "items": {"anyOf": [{"type": "string"}, {"type": "object"}]}},
+                                     {"type": "null"}]})
 
 
 class ChatCompletionRequest(_Readout):

@@ -24,7 +24,9 @@ from millm.server import (
     models_api,
     openapi,
     origins,
+    probes_api,
     pulls,
+    sensing,
     steering_docs,
     sweeps_api,
     v1,
@@ -64,6 +66,8 @@ def create_app(settings: Settings, engine: Engine | None = None, loader: Loader 
     app.register_blueprint(pulls.bp)
     app.register_blueprint(vectors_api.bp)
     app.register_blueprint(sweeps_api.bp)
+    app.register_blueprint(probes_api.bp)
+    sensing.install(app)
     if settings.console:  # MILLM_CONSOLE / serve --no-console: the web console at /
         app.register_blueprint(console.bp)
 

@@ -12,9 +12,11 @@ from quart import Blueprint, Response, request
 from millm.engine.base import Engine
 from millm.engine.events import Event, Steered
 from millm.errors import ModelNotFound
+from millm.probes.serving import loaded as loaded_probes
+from millm.probes.serving import with_probes
 from millm.registry import ModelEntry
 from millm.render.bodies import embeddings_body, score_body, whole_body
-from millm.render.headers import miLLM_headers, prepared_headers
+from millm.render.headers import miLLM_headers, prepared_headers, probes_headers
 from millm.render.shapes import CompletionShape
 from millm.render.stream import sse_events
 from millm.requests.builder import (
@@ -31,6 +33,7 @@ from millm.server import metrics
 from millm.server.auth import require_api_key
 from millm.server.bodies import read_json
 from millm.server.headers import strict_mode
+from millm.server.sensing import sensed
 from millm.server.state import services
 from millm.steering.readout import LabelSource, asks_labels
 
@@ -106,7 +109,8 @@ async def respond(shape: CompletionShape, events: AsyncIterator[Event], built: B
                             headers={**headers, "Cache-Control": "no-cache"})
         response.timeout = None
         return response
-    return whole_body(shape, [event async for event in events]), 200, headers
+    collected = [event async for event in events]
+    return whole_body(shape, collected), 200, {**headers, **probes_headers(collected)}
 
 
 async def generate(built: Built, entry: ModelEntry) -> Any:
@@ -117,13 +121,15 @@ async def generate(built: Built, entry: ModelEntry) -> Any:
         refuse_under_batching(built)
     if built.profile is not None:
         svc.steering.profile(built.profile)  # 404 before any load
+    probes = await asyncio.to_thread(loaded_probes, svc.settings.home, built.probes)
     async with engine_held(entry) as engine:
-        prepared = await svc.worker.call(prepare, engine, built, Limits.of(svc.settings), svc.steering)
+        prepared = await svc.worker.call(lambda: prepare(engine, with_probes(engine, built, svc.steering, probes),
+                                                         Limits.of(svc.settings), svc.steering))
         events = metrics.observed(await svc.worker.generate(engine, prepared.plans, prepared.check))
     spec = next((plan.readout for plan in prepared.plans if plan.readout is not None), None)
     labels = await read_labels(spec.sae_id if spec is not None and spec.labels else None)
     shape = CompletionShape.of(built, engine.fingerprint, labels)
-    return await respond(shape, events, built, prepared)
+    return await respond(shape, sensed(events, shape.id), built, prepared)
 
 
 async def read_labels(sae_id: str | None) -> LabelSource | None:

@@ -18,6 +18,7 @@ import torch
 
 from millm.sae.activations import decoder_layers
 from millm.steering.core import Attachment, Reader, RequestSteering, SteeringCore
+from millm.steering.probe import reader_key
 
 __all__ = ["Attachment", "Reader", "RequestSteering", "RowView", "Steering"]
 
@@ -46,12 +47,40 @@ class Steering(SteeringCore):
         param = next(model.parameters())
         super().__init__(len(self.layers), int(model.config.hidden_size), param.device, param.dtype)
         self._view: RowView | None = None
+        self._watched: dict[int, tuple[int, Any]] = {}  # layer -> (probes' requests reading it, its hook)
 
     def _install(self, att: Attachment) -> None:
         att.handle = self.layers[att.layer].register_forward_hook(self._hook(att))
 
     def _uninstall(self, att: Attachment) -> None:
         att.handle.remove()
+
+    def watch_layer(self, layer: int) -> None:
+        """Call the readers a forward's view holds under ``reader_key(layer)`` (probes) with ``layer``'s output,
+        until as many ``unwatch_layer`` calls: one hook per layer however many requests read it, installed
+        first so it reads before any steering delta of that layer (where monitoring reads)."""
+        count, handle = self._watched.get(layer, (0, None))
+        if handle is None:
+            handle = self.layers[layer].register_forward_hook(self._probe_hook(reader_key(layer)), prepend=True)
+        self._watched[layer] = (count + 1, handle)
+
+    def unwatch_layer(self, layer: int) -> None:
+        count, handle = self._watched.pop(layer)
+        if count > 1:
+            self._watched[layer] = (count - 1, handle)
+        else:
+            handle.remove()
+
+    def _probe_hook(self, key: str) -> Callable[..., Any]:
+        """A scheduler forward's probe readers of one layer, each reading its row's positions; nothing else."""
+        def hook(module: Any, args: Any, output: Any) -> None:
+            view = self._view
+            if view is None or self._suppressed:
+                return
+            hidden = output[0] if isinstance(output, tuple) else output
+            for offset, read in view.readers.get(key, ()):
+                read(hidden[offset:offset + 1])
+        return hook
 
     def _layer_device(self, layer: int) -> torch.device:
         param = next(self.layers[layer].parameters(), None)

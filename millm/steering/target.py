@@ -15,12 +15,16 @@ from millm.steering.controller import RowView, Steering
 from millm.steering.core import Reader, RequestSteering, SteeringCore, own_values
 from millm.steering.cvec import ROW, ControlVector, ControlVectorSteering
 from millm.steering.monitor import Monitor, MonitorSession
+from millm.steering.probe import PROMPT as PROBE_PROMPT
+from millm.steering.probe import RESPONSE as PROBE_RESPONSE
+from millm.steering.probe import Watch, Watching, reader_key
 from millm.steering.readout import UNSTEERED, ReadoutAsk, ReadoutRecorder, ReadoutSpec, bind_readout
 from millm.steering.scope import GENERATED_PHASE, PROMPT_PHASE, Scope, applies
 
-__all__ = ["GENERATED_PHASE", "PROMPT_PHASE", "ROW", "UNSTEERED", "ControlVector", "ControlVectorSteering",
-           "Monitor", "MonitorSession", "ReadoutAsk", "ReadoutRecorder", "ReadoutSpec", "Reader", "RequestSteering",
-           "RowView", "Scope", "Steering", "SteeringCore", "SteeringTarget", "applies", "bind_readout", "own_values"]
+__all__ = ["GENERATED_PHASE", "PROBE_PROMPT", "PROBE_RESPONSE", "PROMPT_PHASE", "ROW", "UNSTEERED", "ControlVector",
+           "ControlVectorSteering", "Monitor", "MonitorSession", "ReadoutAsk", "ReadoutRecorder", "ReadoutSpec",
+           "Reader", "RequestSteering", "RowView", "Scope", "Steering", "SteeringCore", "SteeringTarget", "Watch",
+           "Watching", "applies", "bind_readout", "own_values", "reader_key"]
 
 
 @dataclass(frozen=True)

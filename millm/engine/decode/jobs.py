@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from millm.engine.decode.rows import Row
     from millm.engine.events import Event
     from millm.engine.plan import Plan
-    from millm.steering.target import MonitorSession, ReadoutRecorder
+    from millm.steering.target import MonitorSession, ReadoutRecorder, Watching
 
 
 @dataclass(eq=False)
@@ -37,6 +37,8 @@ class Job:
     session: MonitorSession | None = None
     monitored_sae: str | None = None
     recorder: ReadoutRecorder | None = None
+    watching: Watching | None = None  # its probes' state (``probes`` of its plan)
+    watched: bool = False  # whether its probes' layer hooks are on
     rows: list[BatchRow] = field(default_factory=list)
 
     @property

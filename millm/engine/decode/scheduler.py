@@ -45,15 +45,15 @@ from millm.engine.decode.kv import SPAN_STEP, KVShape, SlotCache, span_for
 from millm.engine.decode.lanes import Lane
 from millm.engine.decode.output import ChoiceOutput
 from millm.engine.decode.prefill import Merged, choose, inputs
-from millm.engine.decode.readers import readers
+from millm.engine.decode.reacting import react
+from millm.engine.decode.readers import monitored, observe, readers, unobserve
 from millm.engine.decode.rows import Row, emit
-from millm.engine.events import Activations, Steered, Usage
+from millm.engine.events import Activations, Steered, Usage, Verdicts
 from millm.engine.shared_prefix import hand_on, share_starts
 from millm.steering.target import (
     GENERATED_PHASE,
     PROMPT_PHASE,
     Monitor,
-    ReadoutRecorder,
     RowView,
     Steering,
 )
@@ -262,14 +262,14 @@ class Scheduler:
         engine = self.engine
         job.rows_left = rows_of(job.plans)
         try:
-            monitored = self._monitored()
-            starts = monitored is None and all(p.readout is None for p in job.plans)
+            sae = monitored(engine)
+            starts = sae is None and all(p.readout is None and not p.probes for p in job.plans)
             for r in share_starts(self._rows(job), starts):
                 lane.take(r)
                 job.rows.append(r)
                 engine.steering.bind_row(lane.first + r.slot, r.plan.steering, r.plan.scope)  # each plan its own
             job.send(Steered(engine.steering.label(job.plans[0].steering)))
-            self._observe(job, monitored)
+            observe(engine, job, sae)
         except Exception as exc:  # this request's own setup failed: it ends, the others go on
             self._finish(job, exc)
 
@@ -292,22 +292,6 @@ class Scheduler:
                         guide = RowGuides([engine.constraints.matcher(plan.constraint)], self.vocab)
                     rows.append(BatchRow(job, row, plan, prompt, generator=generator, guide=guide))
         return rows
-
-    def _monitored(self) -> str | None:
-        """The SAE monitoring reads, while it is on and attached."""
-        config = self.engine.monitor.config
-        return config.sae if config.enabled and config.sae in self.engine.steering.attachments else None
-
-    def _observe(self, job: Job, monitored: str | None) -> None:
-        """The job's readers: a monitoring session on ``monitored``, and its read-out's recorder."""
-        engine = self.engine
-        if monitored is not None:
-            job.session = engine.monitor.session()
-            job.session.sae = engine.steering.attachments[monitored].sae
-            job.monitored_sae = monitored
-        readout = job.plans[0].readout
-        if readout is not None:
-            job.recorder = ReadoutRecorder(readout, engine.steering, engine.token_texts)
 
     def _forward(self, lane: Lane, ids: torch.Tensor, first: int, positions: torch.Tensor, rows: list[BatchRow],
                  mask_positions: torch.Tensor, phase: int) -> torch.Tensor:
@@ -434,6 +418,8 @@ class Scheduler:
         its events go out (a document that does not validate is never reported complete). A tool-call row ends
         once nothing but blanks can follow its calls, and whole calls the budget cut end it "stop", not
         "length" (``millm.structured.endings``)."""
+        if r.job.watching is not None and self._reacts(lane, r):
+            return
         r.next_token = token
         guide = r.guide
         constraint = r.plan.constraint
@@ -459,11 +445,26 @@ class Scheduler:
         job.completion_tokens += r.row.output.tokens
         job.rows_left -= 1
         if job.rows_left == 0:
+            if job.watching is not None:
+                job.send(Verdicts(job.watching.verdicts()))
             if job.recorder is not None:
                 first = job.rows[0]
                 job.send(Activations(job.recorder.result(first.prompt + first.row.output.detok.ids, len(first.prompt))))
             job.send(Usage(job.prompt_tokens, job.completion_tokens))
             self._close(job, None)
+
+    def _reacts(self, lane: Lane, r: BatchRow) -> bool:
+        """Act on the row's armed probes that fired in the forward just run (``millm.engine.decode.reacting``);
+        True when one ended the row (the token sampled from that forward is dropped)."""
+        assert r.job.watching is not None
+        events, rebind = react(r.job.watching, r.row)
+        if rebind is not None:  # steered from the next forward on, this row alone
+            self.engine.steering.bind_row(lane.first + r.slot, rebind, r.plan.scope)
+        for event in events:
+            r.job.send(event)
+        if r.row.done:
+            self._retire(lane, r)
+        return r.row.done
 
     def _free(self, lane: Lane, r: BatchRow) -> None:
         lane.release(r)
@@ -473,6 +474,7 @@ class Scheduler:
         """The request's end: the alone lane handed on, its monitoring committed, its consumer told (told even
         when the commit fails, so no consumer waits on a request that has ended)."""
         session, job.session = job.session, None
+        unobserve(self.engine, job)
         if job is self.alone_job:
             self.alone_job = None
             if self.alone is not None and self.alone.cache.nbytes > KEEP_ALONE_BYTES:
