@@ -63,7 +63,7 @@ class Screened:
         return self.held_out.rate
 
 
-def chosen(points: Sequence[Point], baseline: float) -> Point | None:
+def chosen_point(points: Sequence[Point], baseline: float) -> Point | None:
     """The calibration sweep's chosen point (:func:`recommend`), when some strength mentions the concept more
     often than the unsteered answers do (a label's word the model says anyway is not steering)."""
     if not any(p.rate > baseline for p in points):
@@ -182,7 +182,7 @@ def screen(measure: Measure, held: Measuring, sae_id: str, labels: dict[int, str
         batch = chosen[at:at + per]
         found = swept_points(measure, [partial(Case.feature, sae_id, f, words=words[f]) for f in batch], strengths)
         picked = {f: p for f, mine in zip(batch, found)
-                  if (p := chosen(mine, concept_rate(measure.plain, words[f]))) is not None}
+                  if (p := chosen_point(mine, concept_rate(measure.plain, words[f]))) is not None}
         verified = verify(held, [(Case.feature(sae_id, f, p.strength, words[f]), p.rate) for f, p in picked.items()],
                           prompt_set)
         held_out = dict(zip(picked, verified, strict=True))

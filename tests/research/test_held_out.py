@@ -115,3 +115,35 @@ def test_an_older_single_set_strength_is_not_read_as_recommended():
     assert recommended_of({"recommended_strength": 40, "held_out": held.to_json()}) == 40.0
     assert HeldOut.from_json(json.loads(json.dumps(held.to_json()))) == held
     assert "held-out 50% [30%-69%] of 16 answers at 40" in held.describe()
+
+
+def test_drop_older_leaves_held_out_measures_alone(tmp_path):
+    from millm.research.saving import drop_older
+
+    held = HeldOut("neutral-v1", 40.0, 0.7, 0.5, 0.3, 0.69, 16, 24, 0, -0.4, -0.1, 0.0).to_json()
+    rows = [{"index": 1, "label": "a", "recommended_strength": 40, "concept_rate": 0.5},
+            {"index": 2, "label": "b", "held_out": held, "recommended_strength": 40}, {"index": 3, "label": "c"}]
+    (tmp_path / "features.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert drop_older(tmp_path) == 1
+    saved = [json.loads(line) for line in (tmp_path / "features.jsonl").read_text().splitlines()]
+    assert saved == [{"index": 1, "label": "a"}, rows[1], rows[2]]
+
+
+def test_a_screen_verifies_each_chosen_strength_on_the_held_out_prompts():
+    from millm.research.screen import screen
+
+    class Measured(Scripted):
+        engine = None
+
+        def points(self, cases):
+            self.asked = [*getattr(self, "asked", []), [(dict(c.values), c.strength) for c in cases]]
+            return super().points(cases)
+
+    calibration = Measured({20: 0.25, 40: 0.625, 60: 0.75, 80: 0.75})
+    held = Measured({40: 3 / 16})
+    found = screen(calibration, held, "sae", {3: "rain", 5: "snow", 8: "12"}, estimated={3: 0.5, 5: 0.1},
+                   strengths=(20, 40, 60, 80))
+    assert [s.feature for s in found.swept] == [3]  # 5 is under the floor, 8 has no concept words
+    [swept] = found.swept
+    assert held.asked == [[({"sae": {3: 40}}, 40)]]  # only the chosen strength, on the held-out prompts
+    assert swept.held_out.rate == 3 / 16 and swept.recommended is None and found.steers == []

@@ -25,7 +25,8 @@ def run(*args: object, ok: bool = True):
 
 
 def test_learn_steer_read_and_remove_a_vector(engine, server):
-    learned = run("vectors", "learn", NAME, "--concept", "dog", "--examples", "6", "--tokens", "16", "--layer", "10")
+    learned = run("vectors", "learn", NAME, "--concept", "dog", "--examples", "6", "--tokens", "16", "--layer", "10",
+                  "--no-calibrate")  # calibrating: tests/vectors/test_steer_concept.py
     # of the 6 answers about dogs, those that name a dog; of the 6 on other topics, those that do not
     kept = re.search(rf"vector set {NAME}: diffmean at layer 10 from (\d) \+ (\d) examples", learned.output)
     assert kept is not None, learned.output
