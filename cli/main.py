@@ -30,6 +30,7 @@ from cli.common import (
     steering_service,
     use_weights,
 )
+from cli.probes import probes_app
 from cli.sae_train import steer_assignments
 from cli.vectors import vectors_app
 from millm.config import get_settings
@@ -47,6 +48,7 @@ app = typer.Typer(help="miLLM: run a local language model, steer it by SAE featu
 models_app = typer.Typer(help="Models on this machine.", no_args_is_help=True)
 app.add_typer(models_app, name="models")
 app.add_typer(vectors_app, name="vectors")
+app.add_typer(probes_app, name="probes")
 models_cli.register(models_app)
 steering_cli.register(app)
 documents_cli.register(app)
