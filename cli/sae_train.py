@@ -17,6 +17,7 @@ from millm.paths import user_path
 
 if TYPE_CHECKING:
     from millm.sae.labels import LabelIndex
+    from millm.sae.measured import HeldOut
     from millm.sae.training.train import StepStats
 
 
@@ -220,6 +221,16 @@ def train(
     out.print(f"wall time {time.monotonic() - started:.0f} s", markup=False)
 
 
+def _recommended_cell(held: HeldOut | None) -> str:
+    """A listing's recommended strength with the held-out rate and interval it rests on ("-" when unmeasured)."""
+    if held is None:
+        return "-"
+    if held.strength is None:
+        return "none"
+    shown = f"{held.rate:.0%} [{held.low:.0%}-{held.high:.0%}]"
+    return f"{held.strength:g} ({shown})" if held.recommended else f"none ({shown} at {held.strength:g})"
+
+
 def features(
     sae: Annotated[str, typer.Argument(help="SAE id (see `millm sae list`) or folder.")],
     index: Annotated[int | None, typer.Argument(help="A feature index: print its card (label, firing rate, "
@@ -231,6 +242,7 @@ def features(
     """List an SAE's labelled features (best label matches first with --search), or print one feature's card."""
     from millm.render.card import card_text
     from millm.sae.cards import feature_rows, read_card
+    from millm.sae.measured import held_out_of
 
     folder, name = _sae_folder(sae)
     if index is not None:
@@ -240,12 +252,12 @@ def features(
         return
     matches = label_index_of(sae).rows(search, limit)
     details = feature_rows(folder)
-    table = Table("feature", "label", "fires on", "promotes")
+    table = Table("feature", "label", "fires on", "recommended (held-out rate, 90%)", "promotes")
     for m in matches:
         item = details.get(m["index"], {})
         freq = f"{item['frequency']:.2%}" if "frequency" in item else "-"
         promotes = " ".join(t.strip() for t in item.get("promotes", [])[:5]) or "-"
-        table.add_row(str(m["index"]), m["label"], freq, promotes)
+        table.add_row(str(m["index"]), m["label"], freq, _recommended_cell(held_out_of(item)), promotes)
     out.print(table)
     if not matches:
         err.print(f"no feature label of {name} contains {search!r}" if search else f"{name} has no labels")

@@ -61,6 +61,7 @@ def test_search_ranks_whole_words_then_measured_then_substrings(sae: Path) -> No
     out = run("sae", "features", sae, "--search", "rain")
     listed = [int(n) for n in re.findall(r"^│ (\d+)\s", out, re.M)]
     assert listed == [3, 5, 2, 6, 1, 4, 7]
+    assert re.search(r"^│ 6 .*│ 40 \(50% \[30%-69%\]\)", out, re.M), out  # with the held-out rate it rests on
 
 
 def test_bundled_sae_card_by_id() -> None:

@@ -18,11 +18,15 @@ export function card(sae, index) {
   return cards.get(key);
 }
 
-/** A vector set's vector as a card: its name for a label (a set has no SAE card), no recommended strength. */
+/** A vector set's vector as a card: its name for a label, and the recommended strength and held-out measure its
+ *  calibration stored (`millm vectors calibrate`; none before). */
 export async function vectorCard(sae, index) {
   const set = await get(`/api/vectors/${seg(sae)}`);
   const vector = (set.vectors || []).find((v) => v.index === Number(index));
-  return { label: vector ? `vector ${vector.name}` : "", recommended_strength: null };
+  const measured = await card(sae, index).catch(() => null);
+  return { label: vector ? `vector ${vector.name}` : "",
+           recommended_strength: measured ? measured.recommended_strength : null,
+           held_out: measured ? measured.held_out : null };
 }
 
 /** How a card's strength was measured, in words: the held-out rate, its 90% interval and the answers it rests on
@@ -42,6 +46,16 @@ export function recommendedText(c) {
     return `${c.recommended_strength} · ${heldOut(c)}`;
   }
   return c && c.held_out ? `none · ${heldOut(c)}` : "not measured";
+}
+
+/** A feature's recommended strength (its card's), for FEATURE named without a strength; an Error saying there is
+ *  none, with the best held-out point, where there is none. */
+export async function recommendedOf(sae, index, name) {
+  const c = await card(sae, index);
+  if (c.recommended_strength !== null && c.recommended_strength !== undefined) return c.recommended_strength;
+  throw new Error(`'${name}' (feature ${index}) has no recommended strength: ` +
+    (c.held_out ? `the best held-out point misses the target (${heldOut(c)})` : "it was never measured") +
+    `; write ${name}=STRENGTH.`);
 }
 
 /** A strength within the ±200 clamp the server applies. */
@@ -85,6 +99,7 @@ export function parseBatch(text) {
   const items = String(text).split(/[,\n]/).map((t) => t.trim()).filter(Boolean);
   if (!items.length) throw new Error("Nothing to add: write FEATURE=STRENGTH, e.g. 123=40, music=20.");
   return items.map((item) => {
+    if (!item.includes("=")) return [item, null]; // FEATURE alone: its recommended strength (recommendedOf)
     const at = item.lastIndexOf("=");
     const value = Number(item.slice(at + 1));
     if (at <= 0 || item.slice(at + 1).trim() === "" || !Number.isFinite(value)) {

@@ -4,7 +4,9 @@
 
 import { del, get, patch, post } from "../api.js";
 import { fill, field, h, section } from "../dom.js";
-import { CLAMP, card, clamp, parseBatch, recommendedText, resolve, vectorCard } from "../features.js";
+import {
+  CLAMP, card, clamp, parseBatch, recommendedOf, recommendedText, resolve, vectorCard,
+} from "../features.js";
 
 const FOLLOW_MS = 2000;
 
@@ -115,12 +117,19 @@ export async function render(root, ctx) {
 
   async function addBatch() {
     const sae = saePick.value;
+    const used = [];
     const next = await ctx.attempt(async () => {
       if (!sae) throw new Error("Attach an SAE first.");
       const values = {};
-      for (const [name, strength] of parseBatch(batch.value)) values[await resolve(sae, name)] = clamp(strength);
+      for (const [name, strength] of parseBatch(batch.value)) {
+        const index = await resolve(sae, name);
+        const value = strength ?? await recommendedOf(sae, index, name);
+        if (strength === null) used.push(`${name}: feature ${index} at its recommended ${value}`);
+        values[index] = clamp(value);
+      }
       return patch("/api/steering", { sae, values });
     });
+    if (next && used.length) ctx.say(`Steering at the recommended strength: ${used.join("; ")}.`);
     if (next) {
       batch.value = "";
       show(next);
