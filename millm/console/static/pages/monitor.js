@@ -1,9 +1,11 @@
 // Monitor: switch monitoring on and off for chosen features of an attached SAE (or its top K), and watch the
 // running statistics (a bar chart of the top features by mean activation and the table GET
 // /api/monitoring/stats answers) and the per-request history. The server pushes every change on
-// GET /api/monitoring/events; the page asks for nothing while it is open.
+// GET /api/monitoring/events; the page asks for nothing while it is open. Below, the stored probes (attached ones
+// watch every generation; attach or detach one here) and the sensing events (fired verdicts) the server pushes
+// on GET /api/sensing/stream as they come.
 
-import { del, get, put, subscribe } from "../api.js";
+import { del, get, post, put, seg, subscribe } from "../api.js";
 import { bars, sparkline } from "../chart.js";
 import { field, fill, h, num, section, table } from "../dom.js";
 import { card, resolve } from "../features.js";
@@ -14,6 +16,7 @@ const TREND_REQUESTS = 20; // recent requests the trend lines cover (the server 
 const TREND_FEATURES = 3; // features drawn as trend lines (the top ones by mean)
 const RETRY_MS = 2000; // a closed stream (the model unloaded, the server restarting) is opened again after this
 const COLUMNS = ["feature", "label", "count", "mean", "std", "min", "max", "active fraction"];
+const SENSED = 20; // sensing events the table shows (the newest first)
 
 export async function render(root, ctx) {
   const enabled = h("input", { type: "checkbox", id: "mon-enabled" });
@@ -78,18 +81,41 @@ export async function render(root, ctx) {
       : h("p", { class: "muted" }, "No request recorded yet."));
   }
 
+  const probes = h("div", { id: "mon-probes" });
+  const sensing = h("div", { id: "mon-sensing" });
+  const sensed = []; // the newest sensing events, newest first
+  let since = 0;
+
+  async function drawProbes() {
+    const listed = (await get("/api/probes")).data;
+    fill(probes, listed.length ? table(["probe", "layer", "aggregation", "threshold", "held-out AUROC", "FPR",
+      "model", "attached"], listed.map((p) => [p.name, String(p.layer), `${p.aggregation} over the ${p.span}`,
+      num(p.threshold, DIGITS), num(p.figures.auroc, 3), num(p.figures.fpr, 3), p.model.id,
+      h("button", { type: "button", class: "mon-probe-toggle", "data-probe": p.name, onclick: () => ctx.attempt(
+        async () => { await post(`/api/probes/${seg(p.name)}/${p.attached ? "detach" : "attach"}`, {}); await drawProbes(); },
+        p.attached ? `${p.name} detached.` : `${p.name} watches every generation.`) },
+        p.attached ? `${p.attached.action}: detach` : "attach")]), { id: "mon-probe-table" })
+      : h("p", { class: "muted" }, "No probe stored: learn one with `millm probes learn` or POST /api/probes/learn."));
+  }
+
+  function drawSensing() {
+    fill(sensing, sensed.length ? table(["request", "time", "probe", "choice", "score", "threshold", "position",
+      "action"], sensed.map((e) => [e.request_id, new Date(e.time * 1000).toLocaleTimeString(), e.name,
+      String(e.index), num(e.score, DIGITS), num(e.threshold, DIGITS), e.position === null ? "–" : String(e.position),
+      e.acted ? `${e.action} (acted)` : e.action]), { id: "mon-sensing-table" })
+      : h("p", { class: "muted" }, "No sensing event yet: a probe's verdict that fires is one."));
+  }
+
   const stop = new AbortController();
-  async function follow() {
+  async function follow(path, name, take) {
     while (!stop.signal.aborted) {
       try {
-        for await (const { event, data } of await subscribe("/api/monitoring/events", stop.signal)) {
-          if (event !== "monitoring") continue;
-          last = JSON.parse(data);
-          draw(last);
+        for await (const { event, data } of await subscribe(path(), stop.signal)) {
+          if (event === name) take(JSON.parse(data));
         }
       } catch (err) {
         if (stop.signal.aborted) return;
-        summary.textContent = `Not following: ${err.describe ? err.describe() : err.message}`;
+        summary.textContent = `Not following ${name}: ${err.describe ? err.describe() : err.message}`;
       }
       await new Promise((done) => setTimeout(done, RETRY_MS));
     }
@@ -122,8 +148,18 @@ export async function render(root, ctx) {
     section("Top features by mean activation", h("div", { class: "inline" }, field("top", topK)), chart),
     section("Running statistics", stats),
     section("Recent requests, top features", trends),
-    section("Recent requests", history));
+    section("Recent requests", history),
+    section("Probes", probes),
+    section("Sensing events", sensing));
   if (!attached.length) ctx.say("No SAE attached: attach one on the SAEs page to monitor its features.");
-  follow();
+  drawSensing();
+  await drawProbes().catch((err) => fill(probes, h("p", { class: "muted" }, `Probes: ${err.message}`)));
+  follow(() => "/api/monitoring/events", "monitoring", (event) => { last = event; draw(last); });
+  follow(() => `/api/sensing/stream?since=${since}`, "sensing", (event) => {
+    since = event.id;
+    sensed.unshift(event);
+    sensed.splice(SENSED);
+    drawSensing();
+  });
   return () => stop.abort();
 }

@@ -1,0 +1,54 @@
+"""The Monitor page's probes and sensing events on the real model: a stored probe listed, attached from the page,
+and the fired verdict of the next answer (sent from outside the browser) pushed into the sensing table."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from millm.registry import BUNDLED_ID
+from tests.console.browser import Watched, row
+
+NAME = "eager-console"
+
+
+@pytest.fixture
+def eager(engine, server: str) -> Iterator[str]:
+    """A probe of the loaded model that fires on every answer (its threshold below any score), removed after."""
+    from millm.probes.learn import identity
+    from millm.probes.probe import Figures, Probe
+
+    model = identity(engine)
+    probe = Probe(NAME, 10, "diffmean", [1.0] + [0.0] * (model.hidden_size - 1), 0.0, "max", "response", -1e9,
+                  Figures(1.0, 1.0, 0.0, 0.01, {"positive": 1, "negative": 1}, {"positive": 1, "negative": 1}), model)
+    assert httpx.post(server + "/api/probes/import", json=probe.document()).status_code == 201
+    try:
+        yield NAME
+    finally:
+        httpx.delete(f"{server}/api/probes/{NAME}")
+
+
+def test_attach_a_probe_on_the_monitor_and_see_its_verdicts_pushed(browser: Any, server: str, eager: str):
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    try:
+        watched = Watched(context.new_page(), server)
+        page = watched.open("monitor")
+        row(page, "#mon-probe-table", NAME).locator("button.mon-probe-toggle").click()
+        page.wait_for_selector(f"#mon-probe-table tr:has(td:text-is('{NAME}')) button:text-is('flag: detach')")
+        answer = httpx.post(server + "/v1/chat/completions", timeout=120, json={
+            "model": BUNDLED_ID, "messages": [{"role": "user", "content": "Hi."}], "max_tokens": 3, "temperature": 0})
+        assert answer.json()["millm"]["probes"][0]["fired"]
+        pushed = row(page, "#mon-sensing-table", answer.json()["id"])
+        pushed.wait_for()
+        assert NAME in pushed.text_content()
+        row(page, "#mon-probe-table", NAME).locator("button.mon-probe-toggle").click()
+        page.wait_for_selector(f"#mon-probe-table tr:has(td:text-is('{NAME}')) button:text-is('attach')")
+        assert "millm" not in httpx.post(server + "/v1/chat/completions", timeout=120, json={
+            "model": BUNDLED_ID, "messages": [{"role": "user", "content": "Hi."}], "max_tokens": 2}).json()
+        watched.clean()
+    finally:
+        context.close()
+        httpx.post(f"{server}/api/probes/{NAME}/detach")
