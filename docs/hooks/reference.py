@@ -28,7 +28,8 @@ HTTP_INDEX = "reference/http/index.md"
 # the HTTP reference's pages: a path goes to the page that names its first segment after /api (or its first)
 HTTP_PAGES: dict[str, tuple[str, tuple[str, ...]]] = {
     "index": ("OpenAI routes, health and metrics", ("v1", "metrics", "health", "openapi.json")),
-    "steering": ("SAEs and steering", ("saes", "steering", "profiles", "monitoring", "clusters", "circuits", "sweeps")),
+    "steering": ("SAEs and steering", ("saes", "steering", "profiles", "monitoring", "clusters", "circuits", "sweeps",
+                                        "measure")),
     "models": ("Models and vectors", ("models", "pulls", "vectors")),
 }
 METHODS = ("get", "post", "put", "patch", "delete")

@@ -3,7 +3,8 @@
 ``millm sae features SAE INDEX``, ``GET /api/saes/{id}/features/{index}`` and the TUI's card all come
 from :func:`read_card`. A card always has the index, the SAE's width and the label (empty when there is
 none); the rest (firing rate, max activation, top tokens, max-activating examples with the firing token
-between « and », promoted tokens) is there when ``features.jsonl`` has the feature's row, and ``note``
+between « and » and, where recorded, each of their tokens with the feature's value (``millm.sae.example_tokens``),
+promoted tokens) is there when ``features.jsonl`` has the feature's row, and ``note``
 says why it is not otherwise (no ``features.jsonl`` beside the SAE, or a feature that never fired on the
 labelling set).
 
@@ -40,10 +41,22 @@ class Example:
 
     text: str
     activation: float
+    tokens: tuple[tuple[str, float], ...] = ()  # each token of the excerpt, its value (millm.sae.example_tokens)
 
     @property
     def parts(self) -> tuple[str, str, str]:
         return example_parts(self.text)
+
+    def to_json(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"text": self.text, "activation": self.activation}
+        if self.tokens:
+            body["tokens"] = [[t, v] for t, v in self.tokens]
+        return body
+
+    @classmethod
+    def from_json(cls, body: Mapping[str, Any]) -> Example:
+        return cls(str(body.get("text", "")), float(body.get("activation", 0.0)),
+                   tuple((str(t), float(v)) for t, v in body.get("tokens") or ()))
 
 
 @dataclass(frozen=True)
@@ -82,7 +95,7 @@ class FeatureCard:
         return {"sae": self.sae, "index": self.index, "d_sae": self.d_sae, "label": self.label,
                 "recorded": self.recorded, "frequency": self.frequency, "max_activation": self.max_activation,
                 "top_tokens": [{"token": t, "weight": w} for t, w in self.top_tokens],
-                "examples": [{"text": e.text, "activation": e.activation} for e in self.examples],
+                "examples": [e.to_json() for e in self.examples],
                 "promotes": list(self.promotes), "measured": self.measured,
                 "recommended_strength": self.recommended_strength, "concept_rate": self.concept_rate,
                 "held_out": self.held_out.to_json() if self.held_out is not None else None,
@@ -94,7 +107,7 @@ class FeatureCard:
         return cls(str(body["sae"]), int(body["index"]), int(body["d_sae"]), str(body.get("label") or ""),
                    bool(body.get("recorded")), _float(body.get("frequency")), _float(body.get("max_activation")),
                    [(str(t["token"]), float(t["weight"])) for t in body.get("top_tokens") or []],
-                   [Example(str(e["text"]), float(e["activation"])) for e in body.get("examples") or []],
+                   [Example.from_json(e) for e in body.get("examples") or []],
                    [str(t) for t in body.get("promotes") or []], held_out_of(body), str(body.get("note") or ""))
 
 
@@ -126,7 +139,8 @@ def _pair(item: Any) -> bool:
 
 
 def _example(item: Any) -> bool:
-    return isinstance(item, dict) and isinstance(item.get("text", ""), str) and _is_number(item.get("activation", 0))
+    return isinstance(item, dict) and isinstance(item.get("text", ""), str) and _is_number(item.get("activation", 0)) \
+        and isinstance(tokens := item.get("tokens", []), list) and all(_pair(t) for t in tokens)
 
 
 # what each key of a features.jsonl row must hold, and how a message says it
@@ -139,7 +153,7 @@ ROW_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     RATE_KEY: (lambda v: v is None or _is_number(v), "a number"),
     "top_tokens": (lambda v: isinstance(v, list) and all(_pair(t) for t in v), "a list of [token, weight] pairs"),
     "examples": (lambda v: isinstance(v, list) and all(_example(e) for e in v),
-                 'a list of {"text": string, "activation": number} objects'),
+                 'a list of {"text": string, "activation": number, "tokens"?: [[token, value], ...]} objects'),
     "promotes": (lambda v: isinstance(v, list) and all(isinstance(t, str) for t in v), "a list of token strings"),
 }
 
@@ -250,7 +264,7 @@ def _recorded_card(name: str, index: int, d_sae: int, label: str, row: Mapping[s
         name, index, d_sae, label or str(row.get("label") or ""), recorded=True,
         frequency=_float(row.get("frequency")), max_activation=_float(row.get("max_activation")),
         top_tokens=[(str(t), float(w)) for t, w in row.get("top_tokens") or []],
-        examples=[Example(str(e.get("text", "")), float(e.get("activation", 0.0))) for e in row.get("examples") or []],
+        examples=[Example.from_json(e) for e in row.get("examples") or []],
         promotes=[str(t) for t in row.get("promotes") or []],
         held_out=held_out_of(row))
 

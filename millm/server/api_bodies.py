@@ -109,6 +109,8 @@ BODIES: dict[str, dict[str, Any] | type[BaseModel]] = {
         "concepts": {"type": "array", "items": STRING,
                      "description": "Words that count as mentioning the concept (default: the label's)"},
         "scope": {"type": ["string", "null"], "description": "Where steering applies: all, generated or prompt"}}},
+    "measure_api.measure_answers": {"type": "object", "required": ["answers"], "properties": {
+        "answers": {"type": "array", "items": STRING, "description": "Texts to measure (1 to 64)"}}},
     "steering_docs.import_cluster": ClusterDoc,
     "steering_docs.import_circuit": CircuitDoc,
     "steering_docs.set_cluster_intensity": {"type": "object", "required": ["lambda"], "properties": {

@@ -19,7 +19,9 @@ from millm.server import (
     auth,
     body_limits,
     console,
+    features_api,
     health,
+    measure_api,
     metrics,
     models_api,
     openapi,
@@ -66,6 +68,8 @@ def create_app(settings: Settings, engine: Engine | None = None, loader: Loader 
     app.register_blueprint(pulls.bp)
     app.register_blueprint(vectors_api.bp)
     app.register_blueprint(sweeps_api.bp)
+    app.register_blueprint(features_api.bp)
+    app.register_blueprint(measure_api.bp)
     app.register_blueprint(probes_api.bp)
     sensing.install(app)
     if settings.console:  # MILLM_CONSOLE / serve --no-console: the web console at /

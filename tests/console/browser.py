@@ -20,7 +20,7 @@ import pytest
 
 PAGES = [
     "dashboard", "models", "saes", "vectors", "steering", "monitor", "profiles", "clusters", "circuits", "playground",
-    "sweeps",
+    "compare", "sweeps", "features",
 ]
 TIMEOUT_MS = 30_000  # how long an expectation waits (a loaded CI machine; nothing is measured by it)
 

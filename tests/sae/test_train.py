@@ -312,6 +312,11 @@ def _tiny_run(app, millm, out: Path, base: list[str], args: list[str]) -> None:
     features = [json.loads(line) for line in (out / "features.jsonl").read_text().splitlines()]
     assert summary["live_features"] == len(labels) == len(features) > 96
     assert all(labels[str(f["index"])] == f["label"] and f["label"] and f["examples"] for f in features)
+    from millm.sae.cards import example_parts
+
+    examples = [e for f in features for e in f["examples"]]  # each token of each excerpt with its value
+    assert all("".join(t for t, _ in e["tokens"]) == "".join(example_parts(e["text"])) for e in examples)
+    assert any(v > 0 for e in examples for _, v in e["tokens"])
     assert not (out / ".work").exists()
     again = CliRunner().invoke(app, args)
     assert again.exit_code == 1 and f"An SAE named '{TINY_NAME}' is already registered" in again.output

@@ -3,8 +3,10 @@
 
 import { ApiError, getKey, setKey } from "./api.js";
 import { fill, h } from "./dom.js";
+import * as compare from "./pages/compare.js";
 import * as dashboard from "./pages/dashboard.js";
 import * as documents from "./pages/documents.js";
+import * as feature from "./pages/feature.js";
 import * as models from "./pages/models.js";
 import * as monitor from "./pages/monitor.js";
 import * as playground from "./pages/playground.js";
@@ -24,7 +26,9 @@ export const PAGES = [
   ["clusters", "Clusters", documents.clusters],
   ["circuits", "Circuits", documents.circuits],
   ["playground", "Playground", playground],
+  ["compare", "Compare", compare],
   ["sweeps", "Sweeps", sweeps],
+  ["features", "Features", feature],
 ];
 
 const notice = document.getElementById("notice");

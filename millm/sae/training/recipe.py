@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from millm.sae import activations, labels, saelens
+from millm.sae import activations, example_tokens, labels, saelens
 from millm.sae.training import corpus, quality
 from millm.sae.training.train import CHECKPOINT, ShuffledBatches, StepStats, TopKTrainer, TrainConfig, train
 
@@ -163,7 +163,7 @@ def _trainer(spec: RunSpec, work: Path, buffer: torch.Tensor, d_sae: int) -> Top
     return TopKTrainer(config, mean, scale)
 
 
-def _label(model: Any, tokenizer: Any, sae: Any, buffer: torch.Tensor, windows: torch.Tensor,
+def _label(model: Any, tokenizer: Any, sae: Any, layer: int, buffer: torch.Tensor, windows: torch.Tensor,
            progress: Progress) -> list[labels.FeatureRecord]:
     per_window = windows.shape[1] - SKIP_FIRST
     batches = (buffer[lo:lo + 4096] for lo in range(0, buffer.shape[0], 4096))
@@ -187,7 +187,12 @@ def _label(model: Any, tokenizer: Any, sae: Any, buffer: torch.Tensor, windows: 
         after = tokenizer.decode(windows[w, p + 1:p + 4].tolist())
         return f"{before}«{texts[int(windows[w, p])]}»{after}"
 
-    return labels.build_records(top, flat, texts, context_of, promotes=promoted_tokens(model, sae))
+    records = labels.build_records(top, flat, texts, context_of, promotes=promoted_tokens(model, sae))
+    examples = sum(len(r.examples) for r in records)
+    progress.phase("reading the examples' tokens", examples)
+    example_tokens.add_tokens([{"index": r.index, "examples": r.examples} for r in records], model, tokenizer, sae,
+                              layer, progress.advance)
+    return records
 
 
 @torch.inference_mode()
@@ -275,7 +280,7 @@ def run(spec: RunSpec, model: Any, tokenizer: Any, cache_dir: Path, progress: Pr
     trained = time.monotonic()
     sae = trainer.export()
     saelens.save(spec.output, sae, _saelens_meta(spec), spec.save_dtype)
-    records = _label(model, tokenizer, saelens.load(spec.output), buffer, windows, progress)
+    records = _label(model, tokenizer, saelens.load(spec.output), spec.layer, buffer, windows, progress)
     labels.write_labels(spec.output, records)
     labelled = time.monotonic()
     heldout = _measure(spec, model, tokenizer, cache_dir, work, progress, answer)

@@ -1,27 +1,9 @@
 // Playground: a chat against /v1/chat/completions, streamed, with sampling settings and a seed, showing the
 // steering each answer ran under (the X-miLLM-Steering header). Model text is shown as text, never markup.
 
-import { ApiError, events, get, headers, read } from "../api.js";
+import { get } from "../api.js";
+import { stream } from "../chat.js";
 import { field, fill, h } from "../dom.js";
-
-async function stream(body, onText, signal) {
-  const response = await fetch("/v1/chat/completions", {
-    method: "POST", headers: headers(true), body: JSON.stringify(body), cache: "no-store", signal,
-  });
-  if (!response.ok) await read(response); // throws the refusal
-  const steering = response.headers.get("X-miLLM-Steering") || "not reported";
-  let finish = null;
-  for await (const { data } of events(response)) {
-    if (data === "[DONE]") continue;
-    const chunk = JSON.parse(data);
-    if (chunk.error) throw new ApiError(500, chunk.error.code || "error", chunk.error.message);
-    for (const choice of chunk.choices || []) {
-      if (choice.delta && choice.delta.content) onText(choice.delta.content);
-      if (choice.finish_reason) finish = choice.finish_reason;
-    }
-  }
-  return { steering, finish };
-}
 
 export async function render(root, ctx) {
   const transcript = h("div", { id: "transcript", class: "transcript" });

@@ -8,7 +8,7 @@ import { get, post, seg } from "../api.js";
 import { field, fill, h, num, section, table } from "../dom.js";
 import { resolve } from "../features.js";
 import { failure, follow } from "../jobs.js";
-import { sweepFigure } from "../research.js";
+import { heldOutLine, sweepFigure } from "../research.js";
 
 const JOBS_SHOWN = 8;
 
@@ -16,15 +16,6 @@ function describe(job) {
   const r = job.request;
   const error = failure(job);
   return `${job.id}: feature ${r.feature} of ${r.sae}, ${job.status} (${job.progress})${error ? ` — ${error}` : ""}`;
-}
-
-/** A held-out measure as one line: the strength, its rate and 90% interval, recommended or not. */
-export function heldOutLine(held) {
-  if (!held) return "";
-  if (held.strength === null || held.strength === undefined) return "held out: no strength to verify";
-  const [lo, hi] = held.interval || [null, null];
-  return `held out (${held.answers} answers): rate ${num(held.rate, 2)}, 90% interval [${num(lo, 2)}, ${num(hi, 2)}]`
-    + ` at ${held.strength}: ${held.recommended ? "recommended" : "not recommended"}`;
 }
 
 /** A finished sweep: the figure, the numbers, and the answers of the point clicked. */

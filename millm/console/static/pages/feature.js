@@ -1,0 +1,84 @@
+// Feature pages (#/features/SAE/INDEX; an SAE's or a vector set's): the card's label, firing rate and max
+// activation, its top examples with every token shaded by the feature's value there, the tokens its decoder
+// direction promotes and suppresses with their logits, its nearest features by decoder cosine at its layer, its
+// recommended strength with the held-out measure that chose it, "steer with this" and "sweep this".
+// #/features alone asks for an SAE and a feature.
+
+import { get, patch, seg } from "../api.js";
+import { field, fill, h, num, section, table } from "../dom.js";
+import { resolve } from "../features.js";
+import { heldOutLine, shaded } from "../research.js";
+import { marked } from "./saes.js";
+
+const STEER_DEFAULT = 20; // the strength "steer with this" sets when none is recommended
+
+export const pageOf = (sae, index) => `#/features/${seg(sae)}/${seg(index)}`;
+
+function examples(card) {
+  const top = Math.max(card.max_activation || 0, ...card.examples.flatMap((e) => (e.tokens || []).map(([, v]) => v)));
+  return h("ol", { id: "feature-examples" }, card.examples.map((e) => h("li", null,
+    e.tokens && e.tokens.length ? shaded(e.tokens, top) : marked(e.text),
+    h("span", { class: "muted" }, ` activation ${num(e.activation, 2)} (in its window)`))));
+}
+
+function logits(rows) {
+  return table(["token", "logit"], rows.map((t) => [h("code", null, JSON.stringify(t.token)), num(t.logit, 3)]));
+}
+
+async function directions(slot, sae, index) {
+  const d = await get(`/api/saes/${seg(sae)}/features/${seg(index)}/directions`).catch((err) => err);
+  if (d instanceof Error) {
+    fill(slot, h("p", { class: "muted" }, `Not read: ${d.message}`));
+    return;
+  }
+  fill(slot,
+    h("div", { class: "grid" },
+      h("div", { id: "feature-promotes" }, h("h3", null, "Promotes"), logits(d.promotes)),
+      h("div", { id: "feature-suppresses" }, h("h3", null, "Suppresses"), logits(d.suppresses))),
+    h("h3", null, `Nearest by decoder cosine (layer ${d.layer ?? "?"})`),
+    table(["feature", "label", "cosine"], d.nearest.map((n) => [
+      h("a", { href: pageOf(n.sae, n.index) }, `${n.sae} #${n.index}`), n.label || "", num(n.cosine, 3)]),
+    { id: "feature-nearest" }));
+}
+
+async function ask(root, ctx) {
+  const { data } = await get("/api/saes");
+  const pick = h("select", { id: "feature-sae" }, data.map((x) => h("option", { value: x.id }, x.id)));
+  const name = h("input", { id: "feature-name", placeholder: "index or label" });
+  root.append(section("Open a feature",
+    h("form", { class: "inline", onsubmit: async (e) => {
+      e.preventDefault();
+      const index = await ctx.attempt(() => resolve(pick.value, name.value));
+      if (index !== undefined) location.hash = pageOf(pick.value, index);
+    } }, field("SAE or vector set", pick), field("feature", name), h("button", { type: "submit" }, "Open"))));
+}
+
+export async function render(root, ctx, route) {
+  const [sae, index] = route.parts;
+  if (sae === undefined || index === undefined) return ask(root, ctx);
+  const card = await get(`/api/saes/${seg(sae)}/features/${seg(index)}`);
+  const held = card.held_out;
+  const rec = card.recommended_strength;
+  const steer = h("button", { type: "button", id: "feature-steer", onclick: () => {
+    const strength = rec ?? STEER_DEFAULT;
+    ctx.attempt(() => patch("/api/steering", { sae, values: { [card.index]: strength } }),
+      `Feature ${card.index} set to ${strength} on ${sae}; the Steering page adjusts it.`);
+  } }, "Steer with this");
+  const sweep = h("a", { href: `#/sweeps?sae=${seg(sae)}&feature=${seg(card.index)}`, id: "feature-sweep" },
+    "Sweep this");
+  const slot = h("div", { id: "feature-directions" }, h("p", { class: "muted" }, "…"));
+  root.append(
+    section(`${sae} #${card.index}`,
+      h("h3", { id: "feature-label" }, card.label || "(no label)"),
+      h("dl", { class: "pairs" },
+        h("dt", null, "firing rate"), h("dd", null, num(card.frequency, 5)),
+        h("dt", null, "max activation"), h("dd", null, num(card.max_activation, 2)),
+        h("dt", null, "recommended strength"), h("dd", { id: "feature-recommended" }, rec ?? "none"),
+        h("dt", null, "measure"), h("dd", { id: "feature-held-out" }, held ? heldOutLine(held) : "not measured")),
+      card.note ? h("p", { class: "muted" }, card.note) : null,
+      h("p", null, steer, " ", sweep)),
+    section("Top examples (each token shaded by the feature's value, read on the excerpt)", examples(card)),
+    section("Direction", slot));
+  await directions(slot, sae, index);
+  return null;
+}

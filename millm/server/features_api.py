@@ -1,0 +1,62 @@
+"""What a feature's decoder direction says, for the console's feature pages (``GET
+/api/saes/{id}/features/{index}/directions``): the tokens it promotes and suppresses through the loaded model's
+unembedding with their logit values, and its nearest features by decoder cosine among the SAEs and vector sets
+attached at its layer (``millm.sae.directions``). The card itself is ``GET /api/saes/{id}/features/{index}``."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from quart import Blueprint, request
+
+from millm.requests.validation import check_int
+from millm.sae.cards import parse_index
+from millm.sae.directions import extremes, nearest
+from millm.sae.formats import load_sae
+from millm.server.api import engine, use_names
+from millm.server.state import services
+
+bp = Blueprint("features_api", __name__, url_prefix="/api/saes")
+use_names(bp)
+
+MOST = 50  # tokens or neighbours one answer lists at most
+
+
+@bp.get("/<sae_id>/features/<index>/directions")
+async def feature_directions(sae_id: str, index: str) -> Any:
+    """A feature's direction: ``promotes`` and ``suppresses`` (?k= tokens each, default 10: the highest and lowest
+    logits of its decoder row through the output embedding, no final norm, with their values) and ``nearest``
+    (?k= features by decoder cosine, itself left out, among the SAEs and vector sets attached at its layer: where
+    it is attached, else its layer hint, with itself compared whether attached or not). Needs a loaded
+    transformers model (503 without one, 400 on llama.cpp)."""
+    svc = services()
+    record = svc.steering.sae(sae_id)
+    feature = parse_index(index, int(record["d_sae"]), sae_id)
+    raw = request.args.get("k", "10")
+    k = check_int("k", int(raw) if raw.isdigit() else raw, low=1, high=MOST)
+    target = engine()
+    attachments = target.steering.attachments
+    own = attachments.get(sae_id)
+    weights = own.sae.W_dec if own is not None else (await asyncio.to_thread(load_sae, Path(record["path"]))).sae.W_dec
+    layer = own.layer if own is not None else record.get("layer_hint")
+    direction = weights[feature].detach().float().cpu()
+    model = svc.manager.engine
+    assert model is not None
+    logits = await svc.worker.call(model.unembed, direction)
+    up, down = extremes(logits, k)
+    decoders = {a.sae_id: a.sae.W_dec.detach().cpu() for a in attachments.values() if a.layer == layer}
+    decoders[sae_id] = weights.detach().cpu()
+    found = await asyncio.to_thread(nearest, direction, decoders, k, (sae_id, feature))
+
+    def label(sae: str, i: int) -> str:
+        return svc.steering.store.label(sae, i) or ""
+
+    def tokens(pairs: list[tuple[int, float]]) -> list[dict[str, Any]]:
+        return [{"id": t, "token": model.token_text(t), "logit": round(v, 4)} for t, v in pairs]
+
+    return {"sae": sae_id, "index": feature, "layer": layer, "norm": round(float(direction.norm()), 4),
+            "promotes": tokens(up), "suppresses": tokens(down),
+            "nearest": [{"sae": n.sae, "index": n.index, "cosine": n.cosine, "label": label(n.sae, n.index)}
+                        for n in found]}
