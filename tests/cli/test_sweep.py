@@ -43,20 +43,23 @@ def untouched(engine):
 
 def test_sweep_table_json_and_plot(engine, untouched, tmp_path):
     assert SAE not in engine.steering.attachments
-    result = run("music", "--strengths", "0,40", "--prompts", 2, "--tokens", 8, "--json", "--out", tmp_path / "p.png")
+    result = run("music", "--strengths", "0,40", "--prompts", 2, "--held-out", 2, "--tokens", 8, "--json", "--out",
+                 tmp_path / "p.png")
     data = json.loads(result.stdout)
     assert data["sae"] == SAE and data["layer"] == LAYER and data["feature"] == MUSIC
     assert data["words"] == ["music", "melody"] and data["prompts"] == 2 and data["tokens"] == 8
     assert [p["strength"] for p in data["points"]] == [0.0, 40.0]
     zero = data["points"][0]
     assert zero["rate"] == data["unsteered_rate"] and zero["fluency"] == 0.0 and zero["inside"] is True
-    assert set(data) >= {"recommended_strength", "unsteered_logprob"}
+    assert set(data) >= {"recommended_strength", "chosen_strength", "held_out", "unsteered_logprob"}
+    if data["chosen_strength"] is not None:  # verified on 2 held-out prompts
+        assert data["held_out"]["strength"] == data["chosen_strength"] and data["held_out"]["answers"] == 2
     assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert SAE not in engine.steering.attachments
 
 
 def test_sweep_table_by_index(engine, untouched):
-    result = run(MUSIC, "--strengths", "0,40", "--prompts", 2, "--tokens", 8, "--concept", "the")
+    result = run(MUSIC, "--strengths", "0,40", "--prompts", 2, "--held-out", 1, "--tokens", 8, "--concept", "the")
     text = result.stdout
     assert f"feature {MUSIC} (music, melody)" in text and "recommended strength:" in text
     rows = [line for line in text.splitlines() if "│" in line and line.split("│")[0].strip() in {"0", "40"}]
@@ -73,7 +76,8 @@ def test_live_values_of_an_attached_sae_come_back(engine, untouched):
     try:
         steering.set_values(SAE, {5: 10.0}, merge=False)
         before = state(engine)
-        data = json.loads(run("music", "--strengths", "30", "--prompts", 1, "--tokens", 4, "--json").stdout)
+        data = json.loads(run("music", "--strengths", "30", "--prompts", 1, "--held-out", 1, "--tokens", 4,
+                              "--json").stdout)
         assert data["sae"] == SAE and [p["strength"] for p in data["points"]] == [30.0]
         assert state(engine) == before and steering.attachments[SAE].values == {5: 10.0}
     finally:
@@ -88,14 +92,17 @@ def test_save_writes_the_recommended_strength_into_a_copy(engine, untouched, tmp
     # words nearly every answer has: the recommendation is then the one steered strength, well inside the bound
     bundled = (BUNDLED_DIR / SAE / "features.jsonl").read_bytes()
     before = feature_rows(copy)
-    result = run("music", "--sae", copy, "--strengths", "0,5", "--prompts", 2, "--tokens", 8, "--json", "--save",
+    result = run("music", "--sae", copy, "--strengths", "0,5", "--prompts", 2, "--held-out", 2, "--tokens", 8, "--json",
+                 "--save",
                  *[f"--concept={w}" for w in ("the", "a", "i", "you", "to", "is", "and", "it")])
     assert json.loads(result.stdout)["recommended_strength"] == 5.0
     rows = feature_rows(copy)
-    assert rows[MUSIC]["recommended_strength"] == 5.0 and rows[MUSIC]["concept_rate"] == 1.0
+    assert rows[MUSIC]["recommended_strength"] == 5.0 and "concept_rate" not in rows[MUSIC]  # no older key beside
+    held = rows[MUSIC]["held_out"]  # verified on 2 held-out prompts, its interval reaching 60%
+    assert held["strength"] == 5.0 and held["answers"] == 2 and held["recommended"] and held["interval"][1] >= 0.6
     assert {i: r for i, r in rows.items() if i != MUSIC} == {i: r for i, r in before.items() if i != MUSIC}
     assert (BUNDLED_DIR / SAE / "features.jsonl").read_bytes() == bundled  # the bundled SAE is left as it was
-    run("music", "--sae", copy, "--strengths", "5", "--prompts", 1, "--tokens", 4, "--json")  # the folder again
+    run("music", "--sae", copy, "--strengths", "5", "--prompts", 1, "--held-out", 1, "--tokens", 4, "--json")
     from cli.common import steering_service
 
     assert [r["path"] for r in steering_service().store.saes()].count(str(copy.resolve())) == 1  # registered once
@@ -128,8 +135,8 @@ def test_screen_estimates_the_labelled_features_sweeps_the_promising_and_saves_w
     (copy / "labels.json").write_text(json.dumps({"2100": "books, book, textbooks", "1": "indicate, indicates",
                                                   "2": "2, 1", "3742": "\\n"}))
     before = feature_rows(copy)
-    result = runner.invoke(app, ["steer", "screen", "--sae", str(copy), "--prompts", "2", "--tokens", "16", "--json",
-                                 "--save"], env={"COLUMNS": "200"})
+    result = runner.invoke(app, ["steer", "screen", "--sae", str(copy), "--prompts", "2", "--held-out", "2", "--tokens",
+                                 "16", "--json", "--save"], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert data["prompts"] == 2 and data["tokens"] == 16
@@ -146,12 +153,12 @@ def test_screen_estimates_the_labelled_features_sweeps_the_promising_and_saves_w
         assert set(SWEEP_STRENGTHS) <= set(strengths) and strengths == sorted(strengths)  # and any refined between
     after = feature_rows(copy)
     saved = {i for i, r in after.items() if r != before[i]}
-    steering = {f for f, found in swept.items() if found["recommended_strength"] is not None}
-    assert saved == steering
-    for f in steering:
-        assert after[f]["recommended_strength"] == swept[f]["recommended_strength"]
-        assert after[f]["concept_rate"] == swept[f]["concept_rate"] > swept[f]["unsteered_rate"]
-    if not steering:
+    assert saved == set(swept)  # every swept feature's held-out measure, recommended or not
+    for f, found in swept.items():
+        assert after[f]["held_out"] == found["held_out"] and "concept_rate" not in after[f]
+        assert after[f].get("recommended_strength") == found["recommended_strength"]
+    if not swept:
         return
-    again = runner.invoke(app, ["steer", "screen", "--sae", str(copy), "--prompts", "2", "--tokens", "16", "--json"])
+    again = runner.invoke(app, ["steer", "screen", "--sae", str(copy), "--prompts", "2", "--held-out", "2",
+                                "--tokens", "16", "--json"])
     assert json.loads(again.stdout)["swept"] == []  # measured now: not swept again without --again

@@ -147,3 +147,20 @@ def test_a_screen_verifies_each_chosen_strength_on_the_held_out_prompts():
     [swept] = found.swept
     assert held.asked == [[({"sae": {3: 40}}, 40)]]  # only the chosen strength, on the held-out prompts
     assert swept.held_out.rate == 3 / 16 and swept.recommended is None and found.steers == []
+
+
+def test_the_remeasured_bundled_strengths_load_from_the_shipped_files():
+    from millm.sae.bundled import bundled_saes
+    from millm.sae.cards import feature_rows, held_out_measures, measured_features, read_card
+
+    bundled = {b.id: b for b in bundled_saes()}
+    l10 = bundled["smollm2-135m-res-L10"]
+    music = held_out_measures(l10.path)[2375]  # re-measured: bench/remeasure.py --features 2375
+    assert music.prompt_set == "neutral-v1" and music.answers == 16 and music.strength is not None
+    card = read_card(l10.path, 2375, 4096, name=l10.id)
+    assert card.held_out == music and card.recommended_strength == music.recommended_strength
+    for b in bundled.values():  # a recommended strength is read from a held-out measure alone
+        rows = feature_rows(b.path)
+        assert set(measured_features(b.path)) == {i for i, h in held_out_measures(b.path).items() if h.recommended}
+        assert all(rows[i].get("recommended_strength") == h.strength for i, h in held_out_measures(b.path).items()
+                   if h.recommended)
