@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 
 from millm.errors import InvalidParameter
-from millm.sae.labels import LabelIndex
 from millm.sae.measured import HeldOut
 
 LABELS = {3: "rain, storm", 7: "weather, sky", 9: "music, melody", 11: "dog, puppy"}
@@ -16,7 +15,9 @@ def held(strength, rate, high):
     return HeldOut("neutral-v1", strength, 0.75, rate, 0.2, high, 16, 24, 0, -0.4, -0.1, 0.0)
 
 
-def index() -> LabelIndex:
+def index():
+    from millm.sae.labels import LabelIndex  # torch: imported when a test runs, not at collection
+
     return LabelIndex(LABELS, "test-sae", {7: held(60.0, 0.5, 0.69), 9: held(40.0, 0.125, 0.3),
                                            11: HeldOut("neutral-v1", None)})
 
