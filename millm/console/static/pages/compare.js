@@ -29,7 +29,8 @@ export function condition(text) {
     entries: [{ sae, feature: Number(index), strength: Number(strength) }] } };
 }
 
-async function saveProfile(doc) {
+/** Save (or update) the profile a feature condition runs as. */
+export async function saveProfile(doc) {
   try {
     await put(`/api/profiles/${seg(doc.name)}`, { description: doc.description, entries: doc.entries });
   } catch (err) {
