@@ -32,9 +32,9 @@ NEVER = 1e30  # a threshold no score reaches
 def watches(d_model: int) -> tuple[Watch, ...]:
     g = torch.Generator().manual_seed(0)
 
-    def unit() -> torch.Tensor:
+    def unit() -> list[float]:
         w = torch.randn(d_model, generator=g)
-        return w / w.norm()
+        return (w / w.norm()).tolist()
 
     flags = [Watch(f"flag{layer}", layer, unit(), 0.0, "max", "response", NEVER) for layer in (8, 12, 16, 20)]
     armed = Watch("armed", 14, unit(), 0.0, "max", "response", NEVER, "steer", "armed", RequestSteering("armed", {}))

@@ -51,8 +51,9 @@ def learn(name: Annotated[str, typer.Argument(help="The probe's name.")],
     about other topics) or from example files; a third of each side is held out, the threshold cut on the
     held-out negatives at --target-fpr; prints the held-out AUROC, recall and realised FPR, and stores it."""
     from millm.probes import catalog
-    from millm.probes.learn import check_options, identity
+    from millm.probes.learn import check_options
     from millm.probes.learn import learn as learn_probe
+    from millm.probes.probe import identity
     from millm.vectors.learn import default_layer, generated
 
     check_seed(seed)

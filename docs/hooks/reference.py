@@ -29,7 +29,7 @@ HTTP_INDEX = "reference/http/index.md"
 HTTP_PAGES: dict[str, tuple[str, tuple[str, ...]]] = {
     "index": ("OpenAI routes, health and metrics", ("v1", "metrics", "health", "openapi.json")),
     "steering": ("SAEs and steering", ("saes", "steering", "profiles", "monitoring", "clusters", "circuits", "sweeps",
-                                        "measure")),
+                                        "measure", "probes", "sensing")),
     "models": ("Models and vectors", ("models", "pulls", "vectors")),
 }
 METHODS = ("get", "post", "put", "patch", "delete")

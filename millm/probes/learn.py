@@ -22,7 +22,7 @@ import torch
 from millm.engine.base import Engine, StepControl
 from millm.engine.params import TextPrompt
 from millm.errors import InvalidParameter
-from millm.probes.probe import DEFAULT_FPR, METHODS, Figures, ModelIdentity, Probe, check_fpr
+from millm.probes.probe import DEFAULT_FPR, METHODS, Figures, Probe, check_fpr, identity
 from millm.steering.probe import check_aggregation
 from millm.vectors.learn import READ_SLICE, Examples, Runner, activations, inline, stopped
 
@@ -50,17 +50,6 @@ def split(examples: Examples, seed: int) -> Split:
         parts.append((kept[held:], kept[:held]))
     (pos_train, pos_held), (neg_train, neg_held) = parts
     return Split(Examples(pos_train, neg_train), Examples(pos_held, neg_held))
-
-
-def identity(engine: Engine) -> ModelIdentity:
-    """The loaded model's identity (a transformers engine's: its tokenizer holds the chat template)."""
-    target = engine.steering_target()
-    if target is None or not engine.capabilities.reads:
-        raise InvalidParameter(f"Probes read the residual stream: they need a transformers model ('{engine.model_id}'"
-                               f" runs on {engine.engine_name}).", param="model")
-    template = getattr(getattr(engine, "tokenizer", None), "chat_template", None)
-    return ModelIdentity.of(engine.model_id, target.steering.d_model, target.steering.n_layers,
-                            template if isinstance(template, str) else None)
 
 
 def read(engine: Engine, texts: Sequence[str], layer: int, run: Runner = inline,

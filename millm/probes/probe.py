@@ -10,14 +10,15 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from millm.errors import InvalidParameter
 from millm.names import check_name
-from millm.steering.core import RequestSteering
 from millm.steering.probe import Watch, check_action, check_aggregation
+
+if TYPE_CHECKING:
+    from millm.engine.base import Engine
+    from millm.steering.core import RequestSteering
 
 KIND = "probe"
 METHODS = ("diffmean", "logreg")
@@ -104,8 +105,20 @@ class Probe:
         """What a request serves: this probe, acting as ``action`` (``steering``: its profile's, resolved); an
         action it cannot take is a 400 naming ``param``."""
         check_action(action, profile, self.aggregation, self.span, param)
-        return Watch(self.name, self.layer, torch.tensor(self.weight, dtype=torch.float32), self.bias,
-                     self.aggregation, self.span, self.threshold, action, profile, steering)
+        return Watch(self.name, self.layer, self.weight, self.bias, self.aggregation, self.span, self.threshold, action,
+                     profile, steering)
+
+
+def identity(engine: Engine) -> ModelIdentity:
+    """The loaded model's identity (a transformers engine's: its tokenizer holds the chat template); an engine
+    whose residual stream cannot be read is a 400."""
+    target = engine.steering_target()
+    if target is None or not engine.capabilities.reads:
+        raise InvalidParameter(f"Probes read the residual stream: they need a transformers model ('{engine.model_id}'"
+                               f" runs on {engine.engine_name}).", param="model")
+    template = getattr(getattr(engine, "tokenizer", None), "chat_template", None)
+    return ModelIdentity.of(engine.model_id, target.steering.d_model, target.steering.n_layers,
+                            template if isinstance(template, str) else None)
 
 
 def from_document(doc: Any, name: str | None = None) -> Probe:

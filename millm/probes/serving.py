@@ -1,5 +1,5 @@
-"""Probes on generation requests: the ``probes`` field's asks, the attached probes, and the watches a request
-serves (each probe checked against the loaded model, a ``steer`` action's profile resolved).
+"""Probes on generation requests: the attached probes and the asked ones, and the watches a request serves
+(each probe checked against the loaded model, a ``steer`` action's profile resolved).
 
 A request is watched by every attached probe learned on the loaded model (an attached probe for another model
 watches that model's requests only) and by the probes its ``probes`` field names: a name, or ``{"name",
@@ -7,56 +7,19 @@ watches that model's requests only) and by the probes its ``probes`` field names
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from millm.errors import InvalidParameter
-from millm.names import check_name
 from millm.probes import catalog
-from millm.probes.learn import identity
-from millm.probes.probe import Probe
+from millm.probes.asks import Ask
+from millm.probes.probe import Probe, identity
 from millm.steering.probe import Watch
 
 if TYPE_CHECKING:
     from millm.engine.base import Engine
     from millm.requests.builder import Built
     from millm.steering.service import SteeringService
-
-MAX_PROBES = 16  # probes one request may ask for
-
-
-@dataclass(frozen=True)
-class Ask:
-    """A probe a request asks for (or one attached): its name and what it does when it fires."""
-
-    name: str
-    action: str = "flag"
-    profile: str | None = None
-    param: str = "action"  # how a refusal of its action names it (a request's ``probes[i].action``)
-
-
-def parse_asks(value: Any, param: str = "probes") -> tuple[Ask, ...]:
-    """The ``probes`` field: a list of names or ``{"name", "action"?, "profile"?}`` objects (shape only: the
-    action is checked against the probe once it is loaded)."""
-    if value is None:
-        return ()
-    if not isinstance(value, list) or len(value) > MAX_PROBES:
-        raise InvalidParameter(f"'{param}' must be a list of at most {MAX_PROBES} probe names or objects.",
-                               param=param)
-    asks: list[Ask] = []
-    for i, item in enumerate(value):
-        where = f"{param}[{i}]"
-        if isinstance(item, str):
-            item = {"name": item}
-        if not isinstance(item, dict) or set(item) - {"name", "action", "profile"}:
-            raise InvalidParameter(f"'{where}' must be a probe's name or an object with 'name', 'action' and "
-                                   "'profile' only.", param=where)
-        check_name(item.get("name"), f"{where}.name")
-        asks.append(Ask(item["name"], item.get("action", "flag"), item.get("profile"), f"{where}.action"))
-    if len({a.name for a in asks}) != len(asks):
-        raise InvalidParameter(f"'{param}' names a probe twice.", param=param)
-    return tuple(asks)
 
 
 def loaded(home: Path, asks: tuple[Ask, ...]) -> list[tuple[Probe, Ask, bool]]:

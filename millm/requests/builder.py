@@ -24,7 +24,7 @@ from millm.engine.scoring import (
 )
 from millm.engine.templates import TOOLS_KWARG
 from millm.errors import InvalidParameter, ResponseFormatUnsupported, UnusedFieldsRefused
-from millm.probes.serving import Ask, parse_asks
+from millm.probes.asks import Ask, parse_asks
 from millm.requests.fields import NESTED_KEYS, TOOLS_REFUSED, check_fields, is_no_change, template_messages
 from millm.requests.limits import Limits, check_embedding_inputs, check_prompt_tokens, check_prompts, check_rows
 from millm.requests.validation import (

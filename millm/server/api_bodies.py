@@ -96,6 +96,29 @@ BODIES: dict[str, dict[str, Any] | type[BaseModel]] = {
         "examples": {"type": "integer", "description": "Generated examples of each side (concepts only)"},
         "tokens": {"type": "integer", "description": "Tokens per generated example (concepts only)"},
         "seed": {"type": "integer", "description": "Sampling seed of the generated examples (concepts only)"}}},
+    "probes_api.learn_probe": {"type": "object", "required": ["name"], "properties": {
+        "name": {"type": "string", "description": "The probe's name"},
+        "layer": {"type": ["integer", "string"], "description": "The layer whose output it reads. Default: 47% of "
+                                                                "the model's depth (14 of 30)"},
+        "method": {"type": "string", "description": "diffmean (default) or logreg"},
+        "aggregation": {"type": "string", "description": "max (default), mean or last over the positions read"},
+        "span": {"type": "string", "description": "response (default), prompt or both"},
+        "target_fpr": {"type": "number", "description": "The false-positive rate the threshold is cut at on the "
+                                                        "held-out negatives, in (0, 1); default 0.01"},
+        "negatives": {"type": "string", "description": "topics (default) or neutral (concepts only)"},
+        "concepts": {"type": "array", "items": STRING, "description": "Words the model writes examples about"},
+        "positive": {"type": "array", "items": STRING, "description": "Texts that show the concept"},
+        "negative": {"type": "array", "items": STRING, "description": "Texts that do not"},
+        "positive_file": {"type": "object", "required": ["name", "text"], "description": "A file's positive texts",
+                          "properties": {"name": STRING, "text": STRING}},
+        "negative_file": {"type": "object", "required": ["name", "text"], "description": "A file's negative texts",
+                          "properties": {"name": STRING, "text": STRING}},
+        "examples": {"type": "integer", "description": "Generated examples of each side (concepts only)"},
+        "tokens": {"type": "integer", "description": "Tokens per generated example (concepts only)"},
+        "seed": {"type": "integer", "description": "Sampling seed of the examples and of the held-out split"}}},
+    "probes_api.attach_probe": {"type": "object", "properties": {
+        "action": {"type": "string", "description": "flag (default), abort or steer (max over the response only)"},
+        "profile": {"type": ["string", "null"], "description": "The profile a steer action applies"}}},
     "sweeps_api.start_sweep": {"type": "object", "required": ["sae", "feature"], "properties": {
         "sae": {"type": "string", "description": "An SAE or vector set attached to the loaded model"},
         "feature": {"type": "integer", "description": "The feature (or vector) index"},

@@ -22,9 +22,10 @@ from millm.engine.base import Engine, StepControl
 from millm.errors import InvalidParameter, MillmError
 from millm.names import check_name
 from millm.probes import catalog
-from millm.probes.learn import check_options, identity, learn
-from millm.probes.probe import DEFAULT_FPR, Probe
-from millm.probes.serving import Ask, watches
+from millm.probes.asks import Ask
+from millm.probes.learn import check_options, learn
+from millm.probes.probe import DEFAULT_FPR, Probe, identity
+from millm.probes.serving import watches
 from millm.requests.validation import SEED_MAX, check_int
 from millm.server.api import body, use_names
 from millm.server.state import services
@@ -145,7 +146,8 @@ async def learn_probe() -> Any:
     data, _ = uploaded(data)
     concepts = check_sources(*(data.get(k) for k in ("concepts", "positive", "negative")))
     extra = generated_examples(data) if concepts is not None else {}
-    texts = given_examples(data, "diffmean") if concepts is None else None
+    given = {k: v for k, v in data.items() if k != "seed"}  # a probe's seed also draws its held-out split
+    texts = given_examples(given, "diffmean") if concepts is None else None
     seed = check_int("seed", data.get("seed", 0), low=0, high=SEED_MAX)
     engine = learning_engine()
     layers = layers_of(data.get("layer"), identity(engine).layers)

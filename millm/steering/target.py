@@ -17,9 +17,10 @@ from millm.steering.cvec import ROW, ControlVector, ControlVectorSteering
 from millm.steering.monitor import Monitor, MonitorSession
 from millm.steering.probe import PROMPT as PROBE_PROMPT
 from millm.steering.probe import RESPONSE as PROBE_RESPONSE
-from millm.steering.probe import Watch, Watching, reader_key
+from millm.steering.probe import Watch, reader_key
 from millm.steering.readout import UNSTEERED, ReadoutAsk, ReadoutRecorder, ReadoutSpec, bind_readout
 from millm.steering.scope import GENERATED_PHASE, PROMPT_PHASE, Scope, applies
+from millm.steering.watching import Watching
 
 __all__ = ["GENERATED_PHASE", "PROBE_PROMPT", "PROBE_RESPONSE", "PROMPT_PHASE", "ROW", "UNSTEERED", "ControlVector",
            "ControlVectorSteering", "Monitor", "MonitorSession", "ReadoutAsk", "ReadoutRecorder", "ReadoutSpec",

@@ -18,8 +18,7 @@ NAME = "eager-console"
 @pytest.fixture
 def eager(engine, server: str) -> Iterator[str]:
     """A probe of the loaded model that fires on every answer (its threshold below any score), removed after."""
-    from millm.probes.learn import identity
-    from millm.probes.probe import Figures, Probe
+    from millm.probes.probe import Figures, Probe, identity
 
     model = identity(engine)
     probe = Probe(NAME, 10, "diffmean", [1.0] + [0.0] * (model.hidden_size - 1), 0.0, "max", "response", -1e9,
