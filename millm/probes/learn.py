@@ -89,11 +89,11 @@ def logreg(positive: torch.Tensor, negative: torch.Tensor, steps: int = 200) -> 
     def loss() -> torch.Tensor:
         opt.zero_grad()
         value = torch.nn.functional.binary_cross_entropy_with_logits(z @ w + b, y) + L2 * (w @ w)
-        value.backward()  # type: ignore[no-untyped-call]
+        value.backward()
         return value
 
     with torch.enable_grad():
-        opt.step(loss)  # type: ignore[no-untyped-call]
+        opt.step(loss)
     weight = (w / std).detach()
     return weight.float(), float(b.detach() - mean @ weight)
 

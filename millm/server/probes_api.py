@@ -82,7 +82,7 @@ async def export_probe(name: str) -> Any:
 async def import_probe() -> Any:
     """A probe document stored under its name (``?name=`` renames it; a name taken is a 409 unless
     ``?overwrite=true``)."""
-    data = await request.get_data()
+    data = await request.body
     probe = catalog.read(data, "the body", request.args.get("name"))
     await asyncio.to_thread(catalog.save, services().settings.home, probe, request.args.get("overwrite") == "true")
     return describe(probe), 201

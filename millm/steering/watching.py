@@ -115,11 +115,11 @@ class Watching:
         out = torch.full((self.rows, len(self.watches)), float("nan"), device=self.device)
         for i, w in enumerate(self.watches):
             parts = spans[w.span]
-            count = sum(s.count[:, i] for s in parts)
+            count = torch.stack([s.count[:, i] for s in parts]).sum(0)
             if w.aggregation == "max":
                 value = torch.stack([s.high[:, i] for s in parts]).max(0).values
             elif w.aggregation == "mean":
-                value = sum(s.total[:, i] for s in parts) / count.clamp_min(1)
+                value = torch.stack([s.total[:, i] for s in parts]).sum(0) / count.clamp_min(1)
             else:  # last: the response's last read when it read any, else the prompt's
                 value = parts[-1].last[:, i] if len(parts) == 1 else torch.where(
                     response.count[:, i] > 0, response.last[:, i], prompt.last[:, i])
