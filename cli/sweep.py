@@ -138,8 +138,9 @@ def sweep(
     seed: Annotated[int, typer.Option(help="Sampling seed.")] = 0,
     concept: Annotated[list[str] | None, typer.Option(help="A word that counts as mentioning the concept "
                                                            "(repeatable; default: the label's words).")] = None,
-    png: Annotated[Path | None, typer.Option("--out", help="Write a PNG bar chart of the concept rates here.")
-                   ] = None,
+    png: Annotated[Path | None, typer.Option("--out", help="Write the sweep's chart (the console's figure: concept "
+                                                           "rate, fluency and relevance) here as a PNG.")] = None,
+    theme: Annotated[str, typer.Option(help="The chart's colours: light or dark.")] = "light",
     as_json: Annotated[bool, typer.Option("--json", help="Print the sweep as JSON.")] = False,
     save: Annotated[bool, typer.Option(help="Store the recommended strength in the SAE's features.jsonl "
                                             "(writable SAE folders only).")] = False,
@@ -147,14 +148,17 @@ def sweep(
 ) -> None:
     """Sweep a feature over strengths: how often answers to neutral prompts mention its concept, what it costs
     in fluency (log-prob under the unsteered model, bound -1.5 nats/token), and the recommended strength."""
+    from millm.research.figures import THEMES, sweep_figure
     from millm.research.measure import check_engine
-    from millm.research.plots import write_png
+    from millm.research.plots import write_figure
     from millm.research.saving import saveable
     from millm.research.sweep import parse_strengths, sweep_feature
     from millm.sae.cards import folder_of
 
     values = parse_strengths(strengths)
     check_seed(seed)
+    if theme not in THEMES:
+        raise InvalidParameter(f"--theme must be one of {', '.join(THEMES)}, got '{theme}'.", param="theme")
     if png is not None:
         png = output_file(png, "--out")
     service = steering_service()
@@ -179,7 +183,7 @@ def sweep(
     else:
         _print_sweep(result)
     if png is not None:
-        write_png(png, result.points, result.target)
+        write_figure(png, sweep_figure(result.to_json()), theme)
         err.print(f"plot written to {png}", markup=False)
     if save:
         _save_sweep(folder, index, label, result)

@@ -31,6 +31,7 @@ from millm.engine.plan import Plan
 from millm.engine.scoring import ScoreRequest, ScoreResult
 from millm.errors import InvalidParameter, MillmError, ModelNotLoaded
 from millm.requests.validation import SEED_MAX, check_int
+from millm.research.figures import sweep_figure
 from millm.research.measure import HELD_OUT_PROMPTS, MAX_NEW_TOKENS, NEUTRAL_PROMPTS, SEED, Measure, check_engine
 from millm.research.sweep import MAX_TOKENS, STRENGTHS, check_strengths, run_sweep
 from millm.research.words import label_words
@@ -127,6 +128,7 @@ class SweepJob:
                 "request": self.plan.view(), "prompts": list(NEUTRAL_PROMPTS[:self.plan.prompts]),
                 "held_out_prompts": list(HELD_OUT_PROMPTS[:self.plan.held_out]),
                 "result": self.result if done else None,
+                "figure": sweep_figure(self.result) if done and self.result is not None else None,
                 "answers": _by_strength(self.answers) if done else None,
                 "held_out_answers": _by_strength(self.held_answers) if done else None, "error": self.error}
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import struct
 import zlib
+from dataclasses import asdict
 
 import pytest
 
 from millm.errors import InvalidParameter
 from millm.research.saving import Measured, save_measured
-from millm.sae.measured import HeldOut
 from millm.research.words import concept_rate, label_words, mentions, word_forms
+from millm.sae.measured import HeldOut
 
 
 def point(strength, rate, fluency):
@@ -205,20 +206,27 @@ def test_png_writer_writes_a_valid_png(tmp_path):
     assert raw == b"".join(b"\x00" + row for row in rows)  # filter type 0, then the row's RGB bytes
 
 
-def test_sweep_plot_png_has_a_bar_per_strength(tmp_path):
-    from millm.research.plots import bar_chart, write_png
+def test_a_sweeps_figure_drawn_as_a_png_in_both_themes(tmp_path):
+    from millm.research.figures import THEMES, sweep_figure
+    from millm.research.plots import LEFT, PANEL, RIGHT, TOP, WIDTH, figure_pixels, write_figure
 
-    table = [point(0, 0.0, 0.0), point(40, 0.5, -0.5), point(80, 1.0, -2.0)]
-    path = write_png(tmp_path / "plot.png", table)
-    data = path.read_bytes()
+    points = [point(0, 0.0, 0.0), point(40, 0.5, -0.5), point(80, 1.0, -2.0)]
+    result = {"points": [asdict(p) for p in points], "target": 0.6, "bound": 1.5, "chosen_strength": 40.0}
+    figure = sweep_figure(result)
+    assert figure["xs"] == [0, 40, 80] and figure["mark"] == {"x": 40.0, "label": "chosen 40"}
+    assert [s["values"] for s in figure["panels"][0]["series"]] == [[0.0, 0.5, 1.0]]
+    data = write_figure(tmp_path / "plot.png", figure).read_bytes()
     width, height = struct.unpack(">II", chunks(data)[0][1][:8])
-    img = bar_chart(table)
-    assert (width, height) == (len(img[0]), len(img)) and width == 20 * 2 + 3 * 40 + 2 * 16
-    floor = 20 + 200 - 1  # the row just above the 0% line
-    middle = [img[floor][20 + i * 56 + 20] for i in range(3)]
-    assert middle[0] == (255, 255, 255)  # rate 0: no bar
-    assert middle[1] == (46, 160, 67) and middle[2] == (207, 34, 46)  # inside the bound green, past it red
-    assert img[20 + 5][20 + 2 * 56 + 20] == (207, 34, 46) and img[20 + 5][20 + 56 + 20] == (255, 255, 255)
+    assert (width, height) == (WIDTH, TOP + 2 * (PANEL + 34) + 8)
+    for theme, colours in THEMES.items():
+        img = figure_pixels(figure, theme)
+        assert img[0][0] == colours["background"]
+        right = WIDTH - RIGHT
+        assert img[TOP][right] == colours["s1"]  # the concept rate's last point, 100%, at the panel's top right
+        assert img[TOP + PANEL][LEFT] == colours["s1"]  # its first, 0%, at the bottom left
+        target = round(TOP + PANEL - 0.6 * PANEL)
+        assert img[target][LEFT + 1] == colours["ref-target"]  # the target rate's dashed line
+    assert figure_pixels(figure, "dark") != figure_pixels(figure, "light")
 
 
 def test_bar_lines_one_per_strength():

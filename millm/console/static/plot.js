@@ -31,10 +31,10 @@ function range(panel) {
   return [lo, hi];
 }
 
-/** An SVG figure: ``xs`` (shared x values), ``panels`` ([{title, series: [{name, cls, values}], lines: [{y, cls,
- *  label}], min?, max?}]), ``mark`` ({x, label}: a vertical line through every panel), ``pick(i)`` called with the
- *  index of a clicked point. */
-export function figure({ xs, panels, mark = null, pick = null, xLabel = "" }) {
+/** An SVG figure as millm.research.figures describes one: ``xs`` (shared x values), ``panels`` ([{title, series:
+ *  [{name, cls, values}], lines: [{y, cls, label}], min?, max?}]), ``mark`` ({x, label}: a vertical line through
+ *  every panel), ``x_label``; ``pick(i)`` is called with the index of a clicked point. */
+export function figure({ xs, panels, mark = null, x_label: xLabel = "" }, pick = null) {
   const height = TOP + panels.length * (PANEL + GAP) + 8;
   const svg = s("svg", { viewBox: `0 0 ${WIDTH} ${height}`, width: WIDTH, height, class: "plot", role: "img",
                          "aria-label": panels.map((p) => p.title).join("; ") });

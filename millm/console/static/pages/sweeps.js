@@ -8,7 +8,8 @@ import { get, post, seg } from "../api.js";
 import { field, fill, h, num, section, table } from "../dom.js";
 import { resolve } from "../features.js";
 import { failure, follow } from "../jobs.js";
-import { heldOutLine, sweepFigure } from "../research.js";
+import { figure } from "../plot.js";
+import { heldOutLine } from "../research.js";
 
 const JOBS_SHOWN = 8;
 
@@ -33,13 +34,12 @@ export function drawSweep(slot, job) {
   const rows = result.points.map((p) => [String(p.strength), num(p.rate, 2), num(p.fluency, 2),
     p.inside ? "yes" : "no", num(p.relevance, 2), num(p.degenerate, 2)]);
   const rec = result.recommended_strength ?? null;
-  const chosen = result.chosen_strength ?? rec;
   fill(slot,
     h("p", { id: "sweep-summary" }, `feature ${result.feature} (${result.label || "no label"}) on ${result.sae} `
       + `L${result.layer}: ${result.prompts} prompts, ${result.tokens} tokens, seed ${result.seed}; concept words `
       + `${result.words.join(", ")}; recommended strength ${rec ?? "none"}`),
     result.held_out ? h("p", { id: "sweep-held-out", class: "muted" }, heldOutLine(result.held_out)) : null,
-    sweepFigure(result, chosen, show),
+    figure(job.figure, show),
     table(["strength", "concept rate", "fluency Δ", "inside bound", "relevance Δ", "degenerate"], rows,
       { id: "sweep-table" }),
     listing);
