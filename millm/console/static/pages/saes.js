@@ -84,7 +84,8 @@ export async function render(root, ctx) {
         await ctx.attempt(() => patch("/api/steering", { sae, values: { [f.index]: strength } }),
           `Feature ${f.index} set to ${strength} on ${sae}; the Steering page adjusts it.`);
       } }, "steer");
-      return [String(f.index), h("span", { class: "label" }, f.label), rate, rec, h("span", null, show, steer)];
+      const page = h("a", { href: `#/features/${seg(sae)}/${f.index}`, "data-action": "page" }, "page");
+      return [String(f.index), h("span", { class: "label" }, f.label), rate, rec, h("span", null, show, steer, page)];
     });
     fill(results, rows.length
       ? table(["feature", "label", "firing rate", "recommended", ""], rows, { id: "search-table" })
