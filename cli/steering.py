@@ -106,8 +106,9 @@ def steer_set(assignments: Annotated[list[str], typer.Argument(help="FEATURE=STR
 
         named = [item for item in assignments if "=" not in item or index_of(item.rpartition("=")[0]) is None]
         if named:
-            raise InvalidParameter(f"'{named[0]}' names a feature by label or asks for its recommended strength: "
-                                   f"give --sae to look it up in ({len(attached)} SAEs are attached).", param="sae")
+            raise InvalidParameter(f"'{named[0]}' is not INDEX=STRENGTH: a label (FEATURE=STRENGTH) or a feature "
+                                   "alone (its recommended strength) is looked up in an SAE: give --sae to look it "
+                                   f"up in ({len(attached)} SAEs are attached).", param="sae")
         values = LabelIndex({}, "the SAE").resolve_assignments(assignments)
     steering_service().set_values(target, sae, values, merge=not replace)
     _print_json(target.steering.snapshot())
