@@ -21,9 +21,11 @@ from millm.engine.base import Engine
 from millm.engine.decode.driver import BatchSettings
 from millm.engine.events import steered_label
 from millm.errors import InvalidParameter, MillmError
+from millm.probes.serving import loaded as loaded_probes
+from millm.probes.serving import with_probes
 from millm.registry import ModelEntry, resolve
 from millm.render.bodies import embeddings_body, score_body, whole_body
-from millm.render.headers import miLLM_headers, prepared_headers
+from millm.render.headers import miLLM_headers, prepared_headers, probes_headers
 from millm.render.shapes import CompletionShape
 from millm.requests.builder import Built, build_chat, build_completion, build_embedding
 from millm.requests.generation import Prepared, prepare
@@ -132,7 +134,9 @@ class Answerer:
         if built.profile is not None:
             self.steering.profile(built.profile)  # 404 before any load, as the server
         engine = self.engines(entry)
-        prepared = prepare(engine, built, Limits.of(self.settings), self.steering)
+        probes = loaded_probes(self.settings.home, built.probes)  # the attached ones too, as the server's
+        prepared = prepare(engine, with_probes(engine, built, self.steering, probes), Limits.of(self.settings),
+                           self.steering)
         return _Generation(line, engine, Job(prepared.plans, check=prepared.check),
                            self._shape(line, built, engine), built, prepared)
 
@@ -143,4 +147,5 @@ class Answerer:
             body: dict[str, Any] = whole_body(gen.shape, gen.job.events)
         except Exception as exc:
             return error_answer(gen.line, exc)
-        return Answer(gen.line, 200, body, prepared_headers(gen.prepared, gen.built, steered_label(gen.job.events)))
+        return Answer(gen.line, 200, body, {**prepared_headers(gen.prepared, gen.built, steered_label(gen.job.events)),
+                                            **probes_headers(gen.job.events)})

@@ -1,5 +1,6 @@
 """``millm probes`` on the real model: learn from files, list, show (its histogram a PNG), export, import under
-another name, rm; and the refusals of bad options before any model work."""
+another name (a batch line asking for it gets its verdict), rm; and the refusals of bad options before any model
+work."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 from typer.testing import CliRunner, Result
 
 from cli.main import app
+from millm.registry import BUNDLED_ID
 from tests.probes.texts import NEGATIVE, POSITIVE
 
 runner = CliRunner()
@@ -36,6 +38,13 @@ def test_learn_list_show_export_import_rm(engine, tmp_path: Path):
     run("probes", "import", doc, "--name", "rain-copy")
     [copy] = [p for p in json.loads(run("probes", "list", "--json").stdout) if p["name"] == "rain-copy"]
     assert copy["threshold"] == listed["threshold"] and json.loads(doc.read_text())["weight"]
+    lines = tmp_path / "in.jsonl"
+    lines.write_text(json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": {
+        "model": BUNDLED_ID, "messages": [{"role": "user", "content": "Write about rain."}], "max_tokens": 4,
+        "temperature": 0, "probes": ["rain-copy"]}}) + "\n")
+    run("batch", lines, "-o", tmp_path / "out.jsonl")
+    [answered] = [json.loads(t) for t in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [v["probe"] for v in answered["response"]["body"]["millm"]["probes"]] == ["rain-copy"]
     run("probes", "rm", "rain-copy")
     run("probes", "rm", "rain-cli")
     assert not [p for p in json.loads(run("probes", "list", "--json").stdout) if p["name"].startswith("rain-c")]
