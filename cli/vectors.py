@@ -102,12 +102,11 @@ def learn(name: Annotated[str, typer.Argument(help="The vector's name (what --st
     for vs in sets:
         out.print(f"vector set {vs.names[0]}: {vs.method} at layer {vs.layer} from {len(made.positive)} + "
                   f"{len(made.negative)} examples; steer it with --sae {vs.names[0]} --steer {vs.names[0]}=S")
-    for vs in sets if calibrate else ():
-        if concept:
-            calibrated(engine, vs.names[0])
-        else:
-            err.print(f"{vs.names[0]} was learned from files and names no concept: calibrate it with `millm vectors "
-                      f"calibrate {vs.names[0]} --concept WORD`.", markup=False)
+    if calibrate and not concept:
+        err.print(f"not calibrated: {', '.join(vs.names[0] for vs in sets)} learned from files name no concept; "
+                  "calibrate with `millm vectors calibrate NAME --concept WORD`", markup=False)
+    for vs in sets if calibrate and concept else ():
+        calibrated(engine, vs.names[0])
 
 
 def _learn_and_store(engine: Engine, name: str, layers: list[int], concept: list[str] | None,

@@ -88,7 +88,8 @@ def test_a_range_of_layers_learns_one_set_per_layer_from_files(engine, tmp_path)
         learned = run("vectors", "learn", "wet", "--positive", positive, "--negative", negative, "--layer", "8-9",
                       "--layer", "12")
         assert [line.split(":")[0] for line in learned.output.splitlines()] == [
-            "vector set wet-L8", "vector set wet-L9", "vector set wet-L12"]
+            "vector set wet-L8", "vector set wet-L9", "vector set wet-L12", "not calibrated"]
+        assert "wet-L8, wet-L9, wet-L12 learned from files name no concept" in learned.output
         rows = {r["id"]: r for r in json.loads(run("vectors", "list", "--json").output)}
         assert {name: r["layer"] for name, r in rows.items()} == {"wet-L8": 8, "wet-L9": 9, "wet-L12": 12}
         # a name any of the sets would take is refused before anything is stored
