@@ -29,7 +29,7 @@ from millm.registry import BUNDLED_ID, resolve
 from millm.research.measure import HELD_OUT_PROMPTS, NEUTRAL_PROMPTS, SEED, Measure
 from millm.research.prompt_sets import PROMPT_SET
 from millm.research.saving import Measured, drop_older, save_measured
-from millm.research.screen import FLOOR, screen
+from millm.research.screen import FLOOR, estimates, screen
 from millm.sae.bundled import bundled_saes
 from millm.sae.cards import held_out_measures
 from millm.sae.formats import load_sae
@@ -82,11 +82,12 @@ def remeasure(engine, bundled, args, wanted: set[int] | None, cache: Path) -> No
     def keep(batch) -> None:
         save_measured(bundled.path, {s.feature: Measured(s.held_out, s.label) for s in batch}, shipped=True)
 
+    if wanted is None and estimated is None:  # kept before any sweep, so an interrupted run keeps them
+        estimated = estimates(measure, bundled.id, labels, on_progress=progress)
+        cache.mkdir(parents=True, exist_ok=True)
+        kept.write_text(json.dumps({str(f): r for f, r in estimated.items()}))
     found = screen(measure, held, bundled.id, labels, floor=-1.0 if wanted is not None else FLOOR,
                    limit=args.limit, skip=done, on_progress=progress, on_swept=keep, estimated=estimated)
-    if wanted is None and estimated is None:
-        cache.mkdir(parents=True, exist_ok=True)
-        kept.write_text(json.dumps({str(f): round(r, 6) for f, r in found.estimates.items()}))
     over = [f for f, rise in found.estimates.items() if rise >= FLOOR]
     swept_s = time.perf_counter() - started - stages.get("estimate", 0.0)
     left = len(set(over) - done - {s.feature for s in found.swept})

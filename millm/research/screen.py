@@ -154,6 +154,23 @@ def estimate(engine: Engine, read: Sequence[tuple[int, ...]], sae_id: str,
     return {f: chance - unsteered[f] for f, chance in best.items()}
 
 
+def concept_words(labels: Mapping[int, str]) -> dict[int, tuple[str, ...]]:
+    """The labelled features a screen can measure (their labels have words: :func:`label_words`), with the words."""
+    return {f: w for f, label in sorted(labels.items()) if (w := label_words(label))}
+
+
+def estimates(measure: Measure, sae_id: str, labels: Mapping[int, str], context_prompts: int = 2,
+              on_progress: Callable[[str, int, int], None] | None = None) -> dict[int, float]:
+    """The screen's first stage alone: every labelled feature with concept words estimated (:func:`estimate`) on
+    the first ``context_prompts`` unsteered answers of ``measure`` (a long run keeps them, ``bench/remeasure.py``)."""
+    words = concept_words(labels)
+    if not words:
+        return {}
+    progress = (lambda done, total: on_progress("estimate", done, total)) if on_progress else None
+    return estimate(measure.engine, contexts(measure, context_prompts), sae_id, list(words.items()),
+                    on_progress=progress)
+
+
 def screen(measure: Measure, held: Measuring, sae_id: str, labels: dict[int, str],
            context_prompts: int = 2, floor: float = FLOOR, limit: int | None = None,
            strengths: Sequence[float] = SWEEP_STRENGTHS, skip: Collection[int] = (),
@@ -166,15 +183,11 @@ def screen(measure: Measure, held: Measuring, sae_id: str, labels: dict[int, str
     (the held-out prompts); ``on_swept`` gets each batch of swept features as it is done (so a long screen
     can keep what it found). ``estimated``: the estimates of an earlier screen with the same measure (a resumed
     run), used instead of estimating again."""
-    features = [(f, label_words(label)) for f, label in sorted(labels.items())]
-    features = [(f, w) for f, w in features if w]
-    progress = (lambda done, total: on_progress("estimate", done, total)) if on_progress else None
+    words = concept_words(labels)
     if estimated is not None:
-        rises = {f: estimated[f] for f, _ in features if f in estimated}
+        rises = {f: estimated[f] for f in words if f in estimated}
     else:
-        read = contexts(measure, context_prompts)
-        rises = estimate(measure.engine, read, sae_id, features, on_progress=progress) if features else {}
-    words = dict(features)
+        rises = estimates(measure, sae_id, labels, context_prompts, on_progress)
     chosen = sorted((f for f in rises if rises[f] >= floor and f not in skip), key=lambda f: -rises[f])[:limit]
     swept = []
     per = max(1, ROWS_PER_BATCH // (len(measure.prompts) * len(strengths)))
