@@ -5,13 +5,14 @@ by decoder cosine at its layer."""
 from __future__ import annotations
 
 import httpx
-import torch
 
 SAE = "smollm2-135m-res-L10"
 MUSIC = 2375
 
 
 def test_promoted_suppressed_and_nearest_of_an_attached_feature(server, engine):
+    import torch
+
     assert httpx.post(f"{server}/api/saes/{SAE}/attach", json={}).status_code == 200
     try:
         r = httpx.get(f"{server}/api/saes/{SAE}/features/{MUSIC}/directions?k=5")
@@ -37,6 +38,7 @@ def test_promoted_suppressed_and_nearest_of_an_attached_feature(server, engine):
 def test_an_unattached_sae_is_read_from_its_files_and_bad_asks_are_refused(server):
     body = httpx.get(f"{server}/api/saes/{SAE}/features/{MUSIC}/directions?k=3").json()
     assert len(body["promotes"]) == 3 and all(n["sae"] == SAE for n in body["nearest"])
-    for ask, param in ((f"{MUSIC}/directions?k=0", "k"), (f"{MUSIC}/directions?k=x", "k"), ("99999/directions", "index")):
+    asks = ((f"{MUSIC}/directions?k=0", "k"), (f"{MUSIC}/directions?k=x", "k"), ("99999/directions", "index"))
+    for ask, param in asks:
         r = httpx.get(f"{server}/api/saes/{SAE}/features/{ask}")
         assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import httpx
 
-from millm.research.measure import Measure, bigram_share
-
 ANSWERS = ["The sun rose over the quiet town.", "music music music music"]
 
 
 def test_the_measure_parts_of_any_answers(server, engine):
+    from millm.research.measure import Measure, bigram_share
+
     r = httpx.post(server + "/api/measure", json={"answers": ANSWERS}, timeout=120)
     assert r.status_code == 200, r.text
     expected = Measure(engine, ("",)).logprobs(ANSWERS, prompted=False)
