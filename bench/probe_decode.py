@@ -6,7 +6,8 @@
 Each round decodes the same greedy request twice, in alternating order: unwatched, and watched by four ``flag``
 probes (layers 8, 12, 16 and 20) and one armed ``steer`` probe (layer 14) whose threshold is never reached (so
 its check runs every step and the text stays the same). Printed: each round's tokens/s of both and their ratio,
-then the median ratio (the target is >= 0.97x).
+by the wall clock and by this process's CPU time (steadier on a shared machine: run it with
+``OMP_NUM_THREADS=1`` so the CPU time is the work done), then the median ratios (the target is >= 0.97x).
 """
 
 from __future__ import annotations
@@ -41,10 +42,11 @@ def watches(d_model: int) -> tuple[Watch, ...]:
     return (*flags, armed)
 
 
-def timed(engine, plan) -> tuple[float, int]:
-    began = time.perf_counter()
+def timed(engine, plan) -> tuple[float, float, int]:
+    """(wall seconds, CPU seconds, tokens) of one run."""
+    began, cpu = time.perf_counter(), time.process_time()
     tokens = next(e.completion_tokens for e in engine.run(plan) if isinstance(e, Usage))
-    return time.perf_counter() - began, tokens
+    return time.perf_counter() - began, time.process_time() - cpu, tokens
 
 
 def main() -> None:
@@ -59,17 +61,20 @@ def main() -> None:
     plain = engine.prepare(request)
     watched = replace(plain, probes=watches(engine.steering.d_model))
     timed(engine, plain)  # warm-up
-    ratios = []
+    walls, cpus = [], []
     print(f"{args.tokens} tokens a request, {args.rounds} rounds; tokens/s unwatched, watched (4 flag + 1 armed steer)")
     for i in range(args.rounds):
         order = [(plain, "none"), (watched, "probes")][:: 1 if i % 2 == 0 else -1]
-        rates = {}
+        wall, cpu = {}, {}
         for plan, name in order:
-            seconds, tokens = timed(engine, plan)
-            rates[name] = tokens / seconds
-        ratios.append(rates["probes"] / rates["none"])
-        print(f"round {i + 1}: {rates['none']:.1f} vs {rates['probes']:.1f} tok/s, {ratios[-1]:.3f}x", flush=True)
-    print(f"median {statistics.median(ratios):.3f}x (min {min(ratios):.3f}x, max {max(ratios):.3f}x)")
+            seconds, used, tokens = timed(engine, plan)
+            wall[name], cpu[name] = tokens / seconds, tokens / used
+        walls.append(wall["probes"] / wall["none"])
+        cpus.append(cpu["probes"] / cpu["none"])
+        print(f"round {i + 1}: wall {wall['none']:.1f} vs {wall['probes']:.1f} tok/s, {walls[-1]:.3f}x; CPU time "
+              f"{cpu['none']:.1f} vs {cpu['probes']:.1f} tok/CPU-s, {cpus[-1]:.3f}x", flush=True)
+    for name, ratios in (("wall", walls), ("CPU time", cpus)):
+        print(f"{name}: median {statistics.median(ratios):.3f}x (min {min(ratios):.3f}x, max {max(ratios):.3f}x)")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
-"""One request's probes while it decodes: per row and probe the running max, sum, positions read and last score of
-each span (prompt, response) in preallocated tensors, updated by one matmul per row and layer as positions are
-read (the readers the steering hooks call), never a Python loop over probes; the first response position at each
-probe's threshold, for its verdict and its action."""
+"""One request's probes while it decodes: every probe's score at every position read, per row and span (prompt,
+response), written into a buffer allocated when the request starts. A read is one matmul per row and layer and
+one copy into the buffer, never a Python loop over probes; an armed probe's firing is one lookup of the scores
+just written; the aggregations (max, mean, last) and the first response position at each threshold are
+computed once, for the verdicts, when the request ends."""
 
 from __future__ import annotations
 
@@ -11,55 +12,38 @@ from typing import Any
 
 import torch
 
-from millm.steering.probe import RESPONSE, Watch
+from millm.steering.probe import PROMPT, RESPONSE, Watch
 
-_NEG = float("-inf")
-
-
-@dataclass
-class _Stats:
-    """Per row and probe, one span's running max, sum, positions read and last score."""
-
-    high: torch.Tensor
-    total: torch.Tensor
-    count: torch.Tensor
-    last: torch.Tensor
-
-    @classmethod
-    def empty(cls, rows: int, probes: int, device: torch.device) -> _Stats:
-        return cls(torch.full((rows, probes), _NEG, device=device), torch.zeros(rows, probes, device=device),
-                   torch.zeros(rows, probes, device=device), torch.zeros(rows, probes, device=device))
+SPANS = {"prompt": (PROMPT,), "response": (RESPONSE,), "both": (PROMPT, RESPONSE)}
 
 
 @dataclass
 class Watching:
-    """One request's probes and their state for its ``rows`` rows (choice indices), on ``device``: the probes
-    sorted by layer, each layer's a contiguous slice of the state's columns."""
+    """One request's probes and their scores for its ``rows`` rows (choice indices) of at most ``length``
+    positions a span, on ``device``: the probes sorted by layer, each layer's a contiguous slice of the buffer's
+    columns; ``written[layer][span][row]`` is how many positions that layer has scored there."""
 
     watches: Sequence[Watch]
     rows: int
+    length: int
     device: torch.device
     dtype: torch.dtype
     layers: dict[int, tuple[slice, torch.Tensor, torch.Tensor]] = field(init=False)
-    stats: tuple[_Stats, _Stats] = field(init=False)
-    fired_at: torch.Tensor = field(init=False)  # [rows, probes]: the first response position at the threshold
-    thresholds: torch.Tensor = field(init=False)
+    scores: torch.Tensor = field(init=False)  # [span, rows, length, probes] (fp32)
+    written: dict[int, tuple[list[int], list[int]]] = field(init=False)
     armed: list[int] = field(init=False)  # the probes that act (abort, steer)
     acted: dict[tuple[int, int], int] = field(default_factory=dict)  # (row, probe) -> the position it acted at
 
     def __post_init__(self) -> None:
         self.watches = sorted(self.watches, key=lambda w: w.layer)
-        self.layers = {}
+        self.layers, self.written = {}, {}
         for layer in dict.fromkeys(w.layer for w in self.watches):
             at = [i for i, w in enumerate(self.watches) if w.layer == layer]
             weight = torch.tensor([list(self.watches[i].weight) for i in at], dtype=self.dtype, device=self.device)
-            weight = weight.T.contiguous()
             bias = torch.tensor([self.watches[i].bias for i in at], device=self.device)
-            self.layers[layer] = (slice(at[0], at[-1] + 1), weight, bias)
-        count = len(self.watches)
-        self.stats = (_Stats.empty(self.rows, count, self.device), _Stats.empty(self.rows, count, self.device))
-        self.fired_at = torch.full((self.rows, count), -1, dtype=torch.long, device=self.device)
-        self.thresholds = torch.tensor([w.threshold for w in self.watches], device=self.device)
+            self.layers[layer] = (slice(at[0], at[-1] + 1), weight.T.contiguous(), bias)
+            self.written[layer] = ([0] * self.rows, [0] * self.rows)
+        self.scores = torch.zeros(2, self.rows, self.length, len(self.watches), device=self.device)
         self.armed = [i for i, w in enumerate(self.watches) if w.acts]
 
     def reader(self, layer: int, row: int, span: int) -> Callable[[torch.Tensor], None]:
@@ -67,61 +51,53 @@ class Watching:
         return lambda hidden: self.read(layer, row, span, hidden)
 
     def read(self, layer: int, row: int, span: int, hidden: torch.Tensor) -> None:
-        """Score ``row``'s ``T`` new positions with every probe at ``layer`` and fold them into its state."""
+        """Score ``row``'s ``T`` new positions with every probe at ``layer`` into the buffer."""
         cols, weight, bias = self.layers[layer]
-        scores = (hidden[0] @ weight).float() + bias  # [T, probes at this layer]
-        stats = self.stats[span]
-        if span == RESPONSE:
-            crossed = (scores >= self.thresholds[cols]).any(0) & (self.fired_at[row, cols] < 0)
-            first = (scores >= self.thresholds[cols]).float().argmax(0) + stats.count[row, cols].long()
-            self.fired_at[row, cols] = torch.where(crossed, first, self.fired_at[row, cols])
-        stats.high[row, cols] = torch.maximum(stats.high[row, cols], scores.max(0).values)
-        stats.total[row, cols] += scores.sum(0)
-        stats.last[row, cols] = scores[-1]
-        stats.count[row, cols] += scores.shape[0]
+        written = self.written[layer][span]
+        start, count = written[row], hidden.shape[1]
+        self.scores[span, row, start:start + count, cols] = (hidden[0] @ weight).float() + bias
+        written[row] = start + count
 
     def firing(self, row: int) -> list[int]:
-        """The armed probes (abort, steer) of ``row`` that reached their threshold and have not acted yet: each is
-        recorded as acting now (at the response position it fired at)."""
+        """The armed probes (abort, steer) of ``row`` whose score at the response position read last reached their
+        threshold (the first such position, since each is checked after every step) and have not acted yet: each
+        is recorded as acting now, at that position."""
         if not self.armed:
             return []
-        fired = self.fired_at[row, self.armed].tolist()
-        now = [i for i, at in zip(self.armed, fired) if at >= 0 and (row, i) not in self.acted]
-        for i in now:
-            self.acted[(row, i)] = int(fired[self.armed.index(i)])
-        return now
+        at = [self.written[self.watches[i].layer][RESPONSE][row] - 1 for i in self.armed]
+        live = [(i, p) for i, p in zip(self.armed, at) if p >= 0 and (row, i) not in self.acted]
+        if not live:
+            return []
+        probes = [i for i, _ in live]
+        values = self.scores[RESPONSE, row, [p for _, p in live], probes].tolist()
+        now = [(i, p) for (i, p), v in zip(live, values) if v >= self.watches[i].threshold]
+        for i, p in now:
+            self.acted[(row, i)] = p
+        return [i for i, _ in now]
 
     def verdicts(self) -> list[dict[str, Any]]:
-        """Each row's verdict of each probe: its score (the aggregation over its span), threshold, whether it
-        fired, the first response position at the threshold (None when none was), and the action taken."""
-        scores = self._scores().tolist()
-        fired_at = self.fired_at.tolist()
+        """Each row's verdict of each probe: its score (the aggregation over its span; None where it read
+        nothing), threshold, whether it fired, the first response position at the threshold (None when none
+        was), and the action taken."""
+        scores = self.scores.cpu()
         out = []
         for row in range(self.rows):
             for i, w in enumerate(self.watches):
-                score = scores[row][i]
+                written = self.written[w.layer]
+                parts = [scores[s, row, :written[s][row], i] for s in SPANS[w.span]]
+                values = torch.cat(parts)
+                score = float(_aggregate(values, w.aggregation)) if len(values) else None
+                reached = (scores[RESPONSE, row, :written[RESPONSE][row], i] >= w.threshold).nonzero()
                 acted = (row, i) in self.acted
                 out.append({"probe": w.name, "index": row, "layer": w.layer, "aggregation": w.aggregation,
-                            "span": w.span, "score": None if score != score else round(score, 6),
-                            "threshold": w.threshold, "fired": acted or (score == score and score >= w.threshold),
-                            "position": fired_at[row][i] if fired_at[row][i] >= 0 else None,
-                            "action": w.action, "acted": acted})
+                            "span": w.span, "score": None if score is None else round(score, 6),
+                            "threshold": w.threshold, "fired": acted or (score is not None and score >= w.threshold),
+                            "position": int(reached[0]) if len(reached) else None, "action": w.action,
+                            "acted": acted})
         return out
 
-    def _scores(self) -> torch.Tensor:
-        """``[rows, probes]``: each probe's aggregation over its span (NaN where its span read nothing)."""
-        prompt, response = self.stats
-        spans = {"prompt": (prompt,), "response": (response,), "both": (prompt, response)}
-        out = torch.full((self.rows, len(self.watches)), float("nan"), device=self.device)
-        for i, w in enumerate(self.watches):
-            parts = spans[w.span]
-            count = torch.stack([s.count[:, i] for s in parts]).sum(0)
-            if w.aggregation == "max":
-                value = torch.stack([s.high[:, i] for s in parts]).max(0).values
-            elif w.aggregation == "mean":
-                value = torch.stack([s.total[:, i] for s in parts]).sum(0) / count.clamp_min(1)
-            else:  # last: the response's last read when it read any, else the prompt's
-                value = parts[-1].last[:, i] if len(parts) == 1 else torch.where(
-                    response.count[:, i] > 0, response.last[:, i], prompt.last[:, i])
-            out[:, i] = torch.where(count > 0, value, torch.full_like(value, float("nan")))
-        return out.cpu()
+
+def _aggregate(values: torch.Tensor, aggregation: str) -> torch.Tensor:
+    if aggregation == "max":
+        return values.max()
+    return values.mean() if aggregation == "mean" else values[-1]

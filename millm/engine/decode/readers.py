@@ -70,7 +70,7 @@ def observe(engine: BatchEngine, job: Job, sae: str | None) -> None:
     watches = job.plans[0].probes
     if watches:
         rows = sum(len(p.prompt_ids) * p.params.n for p in job.plans)
-        job.watching = Watching(watches, rows, engine.device, engine.dtype)
+        job.watching = Watching(watches, rows, job.length, engine.device, engine.dtype)
         for layer in job.watching.layers:
             engine.steering.watch_layer(layer)
         job.watched = True
