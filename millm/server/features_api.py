@@ -1,7 +1,9 @@
 """What a feature's decoder direction says, for the console's feature pages (``GET
 /api/saes/{id}/features/{index}/directions``): the tokens it promotes and suppresses through the loaded model's
 unembedding with their logit values, and its nearest features by decoder cosine among the SAEs and vector sets
-attached at its layer (``millm.sae.directions``). The card itself is ``GET /api/saes/{id}/features/{index}``."""
+attached at its layer (``millm.sae.directions``); and its activations over a corpus every install ships, as a
+histogram (``GET .../histogram``, ``millm.sae.corpus_histogram``). The card itself is ``GET
+/api/saes/{id}/features/{index}``."""
 
 from __future__ import annotations
 
@@ -11,8 +13,10 @@ from typing import Any
 
 from quart import Blueprint, request
 
+from millm.errors import InvalidParameter
 from millm.requests.validation import check_int
 from millm.sae.cards import parse_index
+from millm.sae.corpus_histogram import Histograms, corpus_histograms
 from millm.sae.directions import extremes, nearest
 from millm.sae.formats import load_sae
 from millm.server.api import engine, use_names
@@ -22,6 +26,8 @@ bp = Blueprint("features_api", __name__, url_prefix="/api/saes")
 use_names(bp)
 
 MOST = 50  # tokens or neighbours one answer lists at most
+KEPT = 4  # SAEs whose corpus histograms are kept (each: d_sae x 24 counts)
+_histograms: dict[tuple[str, str, str, int], Histograms] = {}
 
 
 @bp.get("/<sae_id>/features/<index>/directions")
@@ -60,3 +66,28 @@ async def feature_directions(sae_id: str, index: str) -> Any:
             "promotes": tokens(up), "suppresses": tokens(down),
             "nearest": [{"sae": n.sae, "index": n.index, "cosine": n.cosine, "label": label(n.sae, n.index)}
                         for n in found]}
+
+
+@bp.get("/<sae_id>/features/<index>/histogram")
+async def feature_histogram(sae_id: str, index: str) -> Any:
+    """A feature's activations over the shipped corpus (``millm.sae.corpus_histogram``): how many of its tokens
+    it fires on and a histogram of its non-zero values. Read once per SAE, model and layer (the first call takes
+    seconds), at the layer it is attached at, else its layer hint (400 without either). Needs a loaded
+    transformers model (503 without one, 400 on llama.cpp)."""
+    svc = services()
+    record = svc.steering.sae(sae_id)
+    feature = parse_index(index, int(record["d_sae"]), sae_id)
+    own = engine().steering.attachments.get(sae_id)  # engine() refuses llama.cpp and no model
+    layer = own.layer if own is not None else record.get("layer_hint")
+    if layer is None:
+        raise InvalidParameter(f"'{sae_id}' names no layer to read: attach it at one first.", param="sae_id")
+    model = svc.manager.engine
+    assert model is not None
+    key = (sae_id, str(record["path"]), model.fingerprint, int(layer))
+    if key not in _histograms:
+        sae = own.sae if own is not None else (await asyncio.to_thread(load_sae, Path(record["path"]))).sae
+        found = await svc.worker.call(corpus_histograms, model.model, model.tokenizer, sae, int(layer))  # type: ignore[attr-defined]
+        while len(_histograms) >= KEPT:
+            _histograms.pop(next(iter(_histograms)))
+        _histograms[key] = found
+    return {"sae": sae_id, "index": feature, "layer": int(layer), **_histograms[key].of(feature)}

@@ -73,6 +73,10 @@ def test_a_feature_page_shades_every_example_token_with_the_cards_value(real):
     page.wait_for_selector("#feature-promotes tbody tr")
     assert page.locator("#feature-promotes tbody tr").count() == 10
     assert page.locator("#feature-nearest tbody tr").count() == 10
+    page.wait_for_selector("#feature-firing", timeout=180_000)
+    spread = httpx.get(f"{real.base}/api/saes/{SAE}/features/{MUSIC}/histogram", timeout=180).json()
+    assert f"Fires on {spread['firing']} of {spread['tokens']} tokens" in page.locator("#feature-firing").text_content()
+    assert page.locator("#feature-histogram rect").count() == (len(spread["bins"]) if spread["firing"] else 0)
 
 
 def answer(base: str, body: dict[str, Any]) -> str:

@@ -42,3 +42,25 @@ def test_an_unattached_sae_is_read_from_its_files_and_bad_asks_are_refused(serve
     for ask, param in asks:
         r = httpx.get(f"{server}/api/saes/{SAE}/features/{ask}")
         assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+def test_a_features_histogram_over_the_shipped_corpus_counts_what_its_sae_reads_there(server, engine):
+    from millm.sae.activations import collect
+    from millm.sae.corpus_histogram import BINS, CONTEXT, WINDOWS
+    from millm.sae.formats import load_sae
+    from millm.sae.training.corpus import python_documentation, split_documents, token_windows
+
+    r = httpx.get(f"{server}/api/saes/{SAE}/features/{MUSIC}/histogram", timeout=300)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    record = httpx.get(f"{server}/api/saes/{SAE}").json()
+    sae = load_sae(record["path"]).sae
+    windows = token_windows(engine.tokenizer, split_documents(python_documentation(), 0.1, 0)[1], CONTEXT, WINDOWS)
+    values = sae.encode(collect(engine.model, windows, 10))[:, MUSIC]
+    fired = values[values != 0]
+    assert body["tokens"] == WINDOWS * (CONTEXT - 1) and body["firing"] == len(fired)
+    assert len(body["bins"]) == BINS and sum(b["count"] for b in body["bins"]) == body["firing"]
+    if len(fired):
+        assert body["bins"][-1]["high"] == round(float(fired.max()), 4) and body["bins"][-1]["count"] >= 1
+    r = httpx.get(f"{server}/api/saes/{SAE}/features/99999/histogram")
+    assert r.status_code == 400 and r.json()["error"]["param"] == "index"

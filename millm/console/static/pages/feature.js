@@ -1,10 +1,12 @@
 // Feature pages (#/features/SAE/INDEX; an SAE's or a vector set's): the card's label, firing rate and max
 // activation, its top examples with every token shaded by the feature's value there, the tokens its decoder
 // direction promotes and suppresses with their logits, its nearest features by decoder cosine at its layer, its
-// recommended strength with the held-out measure that chose it, "steer with this" and "sweep this".
+// recommended strength with the held-out measure that chose it, "steer with this" and "sweep this"; and a histogram
+// of its activations over the corpus every install ships (read once per SAE by the server).
 // #/features alone asks for an SAE and a feature.
 
 import { get, patch, seg } from "../api.js";
+import { bars } from "../chart.js";
 import { field, fill, h, num, section, table } from "../dom.js";
 import { resolve } from "../features.js";
 import { heldOutLine, shaded } from "../research.js";
@@ -41,6 +43,20 @@ async function directions(slot, sae, index) {
     { id: "feature-nearest" }));
 }
 
+async function histogram(slot, sae, index) {
+  const d = await get(`/api/saes/${seg(sae)}/features/${seg(index)}/histogram`).catch((err) => err);
+  if (d instanceof Error) {
+    fill(slot, h("p", { class: "muted" }, `Not read: ${d.message}`));
+    return;
+  }
+  const share = `${num(100 * d.firing_fraction, 2)}%`;
+  fill(slot,
+    h("p", { id: "feature-firing" }, `Fires on ${d.firing} of ${d.tokens} tokens (${share}) of ${d.corpus}, layer ${d.layer}.`),
+    d.firing ? h("div", { id: "feature-histogram" },
+      bars(d.bins.map((b) => ({ name: `${num(b.low, 2)} to ${num(b.high, 2)}`, value: b.count })), { digits: 0 }))
+      : null);
+}
+
 async function ask(root, ctx) {
   const { data } = await get("/api/saes");
   const pick = h("select", { id: "feature-sae" }, data.map((x) => h("option", { value: x.id }, x.id)));
@@ -67,6 +83,7 @@ export async function render(root, ctx, route) {
   const sweep = h("a", { href: `#/sweeps?sae=${seg(sae)}&feature=${seg(card.index)}`, id: "feature-sweep" },
     "Sweep this");
   const slot = h("div", { id: "feature-directions" }, h("p", { class: "muted" }, "…"));
+  const spread = h("div", { id: "feature-spread" }, h("p", { class: "muted" }, "reading the corpus…"));
   root.append(
     section(`${sae} #${card.index}`,
       h("h3", { id: "feature-label" }, card.label || "(no label)"),
@@ -78,7 +95,8 @@ export async function render(root, ctx, route) {
       card.note ? h("p", { class: "muted" }, card.note) : null,
       h("p", null, steer, " ", sweep)),
     section("Top examples (each token shaded by the feature's value, read on the excerpt)", examples(card)),
-    section("Direction", slot));
-  await directions(slot, sae, index);
+    section("Direction", slot),
+    section("Activations over a shipped corpus", spread));
+  await Promise.all([directions(slot, sae, index), histogram(spread, sae, index)]);
   return null;
 }
