@@ -29,23 +29,28 @@ class Measuring(Protocol):
 
 
 def held_out(point: Point, calibration_rate: float, measure: Measuring, prompt_set: str,
-             target: float = TARGET_RATE) -> HeldOut:
+             target: float = TARGET_RATE, sweep: Sequence[Point] = ()) -> HeldOut:
     """A point measured on ``measure``'s held-out prompts as the stored record: its rate and the rate's interval
-    (from the count of answers that mentioned the concept), fluency, relevance and degeneration."""
+    (from the count of answers that mentioned the concept), fluency, relevance and degeneration; ``sweep``, the
+    calibration points that chose it, kept beside them."""
     n = len(measure.prompts)
     low, high = wilson(round(point.rate * n), n)
     return HeldOut(prompt_set, point.strength, calibration_rate, point.rate, low, high, n, measure.tokens,
-                   measure.seed, point.fluency, point.relevance, point.degenerate, target, measure.bound)
+                   measure.seed, point.fluency, point.relevance, point.degenerate, target, measure.bound,
+                   tuple((p.strength, p.rate, p.fluency, p.relevance) for p in sweep))
 
 
 def verify(measure: Measuring, chosen: Sequence[tuple[Case, float]], prompt_set: str,
-           target: float = TARGET_RATE) -> list[HeldOut]:
+           target: float = TARGET_RATE, sweeps: Sequence[Sequence[Point]] | None = None) -> list[HeldOut]:
     """Each case (at the strength the calibration prompts chose, with the rate it was chosen by) measured on
-    ``measure``'s held-out prompts, all in one job."""
+    ``measure``'s held-out prompts, all in one job; ``sweeps``, each case's calibration points, are stored with
+    it."""
     if not chosen:
         return []
     points = measure.points([case for case, _ in chosen])
-    return [held_out(p, rate, measure, prompt_set, target) for p, (_, rate) in zip(points, chosen, strict=True)]
+    swept = sweeps if sweeps is not None else [()] * len(chosen)
+    return [held_out(p, rate, measure, prompt_set, target, sweep)
+            for p, (_, rate), sweep in zip(points, chosen, swept, strict=True)]
 
 
 def unverified(prompt_set: str) -> HeldOut:

@@ -197,7 +197,7 @@ def screen(measure: Measure, held: Measuring, sae_id: str, labels: dict[int, str
         picked = {f: p for f, mine in zip(batch, found)
                   if (p := chosen_point(mine, concept_rate(measure.plain, words[f]))) is not None}
         verified = verify(held, [(Case.feature(sae_id, f, p.strength, words[f]), p.rate) for f, p in picked.items()],
-                          prompt_set)
+                          prompt_set, sweeps=[mine for f, mine in zip(batch, found) if f in picked])
         held_out = dict(zip(picked, verified, strict=True))
         done = [Screened(f, labels[f], rises[f], concept_rate(measure.plain, words[f]), mine,
                          held_out.get(f) or unverified(prompt_set)) for f, mine in zip(batch, found)]

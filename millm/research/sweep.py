@@ -183,7 +183,7 @@ def run_sweep(measure: Measure, held: Measuring, sae_id: str, layer: int, featur
     chosen = result.point(result.chosen)
     if chosen is not None:
         [result.held_out] = verify(held, [(Case.feature(sae_id, feature, chosen.strength, words), chosen.rate)],
-                                   prompt_set, result.target)
+                                   prompt_set, result.target, [points])
     return result
 
 

@@ -15,7 +15,9 @@ The row's keys (the fields every front end reads; :class:`HeldOut` reads and wri
   - ``fluency``, ``relevance``, ``degeneration``: the held-out answers' (``millm.research.measure``);
   - ``target``: the concept rate a recommendation promises; ``bound``: the fluency bound (nats/token);
   - ``recommended``: whether the interval reaches the target (``high >= target``) with the held-out fluency
-    inside the bound (:func:`reaches`, the one rule).
+    inside the bound (:func:`reaches`, the one rule);
+  - ``sweep`` (where the measure kept it): the calibration sweep that chose the strength, one
+    ``{strength, rate, fluency, relevance}`` per strength tried, as ``millm steer sweep`` measured them.
 
 - ``recommended_strength``: present only when ``held_out.recommended`` is true, and then equal to
   ``held_out.strength``. A ``recommended_strength`` without a ``held_out`` object is an older single-set
@@ -56,6 +58,7 @@ class HeldOut:
     degeneration: float = 0.0
     target: float = 0.6
     bound: float = 1.5
+    sweep: tuple[tuple[float, float, float, float], ...] = ()  # (strength, rate, fluency, relevance) calibrated
 
     @property
     def recommended(self) -> bool:
@@ -74,7 +77,9 @@ class HeldOut:
                 "interval": [round(self.low, 4), round(self.high, 4)], "answers": self.answers,
                 "tokens": self.tokens, "seed": self.seed, "fluency": round(self.fluency, 4),
                 "relevance": round(self.relevance, 4), "degeneration": round(self.degeneration, 4),
-                "target": self.target, "bound": self.bound, "recommended": self.recommended}
+                "target": self.target, "bound": self.bound, "recommended": self.recommended,
+                **({"sweep": [dict(zip(SWEEP_KEYS, (round(v, 4) for v in point))) for point in self.sweep]}
+                   if self.sweep else {})}
 
     @classmethod
     def from_json(cls, body: Mapping[str, Any]) -> HeldOut:
@@ -86,7 +91,7 @@ class HeldOut:
         return cls(str(body["prompt_set"]), float(strength), float(body["calibration_rate"]), float(body["rate"]),
                    float(low), float(high), int(body["answers"]), int(body["tokens"]), int(body["seed"]),
                    float(body["fluency"]), float(body["relevance"]), float(body["degeneration"]),
-                   float(body["target"]), float(body["bound"]))
+                   float(body["target"]), float(body["bound"]), _sweep(body.get("sweep")))
 
     def describe(self) -> str:
         """One line: the held-out rate, its interval and what it rests on (the line every front end shows)."""
@@ -98,6 +103,17 @@ class HeldOut:
 
 def _number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+SWEEP_KEYS = ("strength", "rate", "fluency", "relevance")
+
+
+def _sweep(value: Any) -> tuple[tuple[float, float, float, float], ...]:
+    """A stored ``sweep`` list as points; anything else (absent, or not a list of points) as none."""
+    if not isinstance(value, list) or not all(isinstance(p, dict) and all(_number(p.get(k)) for k in SWEEP_KEYS)
+                                              for p in value):
+        return ()
+    return tuple((float(p["strength"]), float(p["rate"]), float(p["fluency"]), float(p["relevance"])) for p in value)
 
 
 NUMBERS = ("calibration_rate", "rate", "fluency", "relevance", "degeneration", "target", "bound")

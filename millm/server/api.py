@@ -17,6 +17,7 @@ from millm.errors import InvalidParameter, InvalidSAE, ModelNotLoaded
 from millm.names import ROUTE_WORDS
 from millm.paths import user_path
 from millm.render import sse
+from millm.research.figures import sweep_figure
 from millm.sae.cards import parse_index, read_card
 from millm.server import api_bodies
 from millm.server.auth import guard_management
@@ -171,14 +172,21 @@ async def sae_features(sae_id: str) -> Any:
 
 @bp.get("/saes/<sae_id>/features/<index>")
 async def sae_feature_card(sae_id: str, index: str) -> Any:
-    """One feature's card: label, firing rate, max activation, top tokens, examples, promoted tokens."""
+    """One feature's card: label, firing rate, max activation, top tokens, examples, promoted tokens; where its
+    held-out measure kept the calibration sweep that chose its strength, that sweep as a ``figure``
+    (``millm.research.figures``, as a sweep job draws)."""
     record = services().steering.sae(sae_id)
     d_sae = int(record["d_sae"])
     feature = parse_index(index, d_sae, sae_id)
     label = services().steering.store.label(sae_id, feature)
     card = await asyncio.to_thread(read_card, record["path"], feature, d_sae, name=sae_id,
                                    labels={feature: label} if label is not None else {})
-    return card.to_json()
+    body = card.to_json()
+    held = card.held_out
+    if held is not None and held.sweep:
+        body["figure"] = sweep_figure({"points": held.to_json()["sweep"], "target": held.target, "bound": held.bound,
+                                       "chosen_strength": held.strength})
+    return body
 
 
 @bp.delete("/saes/<sae_id>")

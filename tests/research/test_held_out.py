@@ -98,6 +98,23 @@ def test_a_held_out_interval_reaching_the_target_is_stored_as_recommended(tmp_pa
     assert row["recommended_strength"] == 40 and row["held_out"]["interval"] == [round(x, 4) for x in wilson(7, 16)]
     card = read_card(tmp_path, 3, 64, name="t")
     assert card.recommended_strength == 40 and card.to_json()["held_out"]["prompt_set"] == "neutral-v1"
+    # the calibration sweep that chose 40 is kept beside it, point for point, and drawn as a sweep job's figure
+    swept = [(p.strength, p.rate) for p in result.points]
+    assert [(p["strength"], p["rate"]) for p in row["held_out"]["sweep"]] == swept and (40, 0.625) in swept
+    assert card.held_out is not None and [(s, r) for s, r, _, _ in card.held_out.sweep] == swept
+
+
+def test_a_stored_sweep_draws_as_a_sweep_jobs_figure_marked_at_the_chosen_strength():
+    from millm.research.figures import sweep_figure
+
+    result = sweep(Scripted({20: 0.25, 40: 0.625}), Scripted({40: 7 / 16}))
+    held = result.held_out
+    assert held is not None
+    body = held.to_json()
+    drawn = sweep_figure({"points": body["sweep"], "target": held.target, "bound": held.bound,
+                          "chosen_strength": held.strength})
+    assert drawn["xs"] == [p.strength for p in result.points] and drawn["mark"]["x"] == 40
+    assert drawn["panels"][0]["series"][0]["values"] == [p.rate for p in result.points]
 
 
 def test_held_out_fluency_past_the_bound_is_not_recommended():

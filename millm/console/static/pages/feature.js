@@ -7,6 +7,7 @@
 
 import { get, patch, seg } from "../api.js";
 import { bars } from "../chart.js";
+import { figure } from "../plot.js";
 import { field, fill, h, num, section, table } from "../dom.js";
 import { resolve } from "../features.js";
 import { heldOutLine, shaded } from "../research.js";
@@ -94,6 +95,8 @@ export async function render(root, ctx, route) {
         h("dt", null, "measure"), h("dd", { id: "feature-held-out" }, held ? heldOutLine(held) : "not measured")),
       card.note ? h("p", { class: "muted" }, card.note) : null,
       h("p", null, steer, " ", sweep)),
+    h("div", null, card.figure ? section("The calibration sweep that chose it",
+      h("div", { id: "feature-sweep-figure" }, figure(card.figure))) : null),
     section("Top examples (each token shaded by the feature's value, read on the excerpt)", examples(card)),
     section("Direction", slot),
     section("Activations over a shipped corpus", spread));
