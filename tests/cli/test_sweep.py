@@ -100,6 +100,8 @@ def test_save_writes_the_recommended_strength_into_a_copy(engine, untouched, tmp
     assert rows[MUSIC]["recommended_strength"] == 5.0 and "concept_rate" not in rows[MUSIC]  # no older key beside
     held = rows[MUSIC]["held_out"]  # verified on 2 held-out prompts, its interval reaching 60%
     assert held["strength"] == 5.0 and held["answers"] == 2 and held["recommended"] and held["interval"][1] >= 0.6
+    swept = json.loads(result.stdout)["points"]  # the calibration sweep that chose it, kept beside it
+    assert [(p["strength"], p["rate"]) for p in held["sweep"]] == [(p["strength"], round(p["rate"], 4)) for p in swept]
     assert {i: r for i, r in rows.items() if i != MUSIC} == {i: r for i, r in before.items() if i != MUSIC}
     assert (BUNDLED_DIR / SAE / "features.jsonl").read_bytes() == bundled  # the bundled SAE is left as it was
     run("music", "--sae", copy, "--strengths", "5", "--prompts", 1, "--held-out", 1, "--tokens", 4, "--json")
