@@ -30,6 +30,16 @@ KEPT = 4  # SAEs whose corpus histograms are kept (each: d_sae x 24 counts)
 _histograms: dict[tuple[str, str, str, int], Histograms] = {}
 
 
+def layer_of(own: Any, record: dict[str, Any]) -> int | None:
+    """The layer a feature is read at: where its SAE is attached (``own``), else the SAE's layer hint."""
+    return own.layer if own is not None else record.get("layer_hint")
+
+
+async def sae_of(own: Any, record: dict[str, Any]) -> Any:
+    """The SAE itself: the attached one (``own``), else read from its files (off the event loop)."""
+    return own.sae if own is not None else (await asyncio.to_thread(load_sae, Path(record["path"]))).sae
+
+
 @bp.get("/<sae_id>/features/<index>/directions")
 async def feature_directions(sae_id: str, index: str) -> Any:
     """A feature's direction: ``promotes`` and ``suppresses`` (?k= tokens each, default 10: the highest and lowest
@@ -45,8 +55,8 @@ async def feature_directions(sae_id: str, index: str) -> Any:
     target = engine()
     attachments = target.steering.attachments
     own = attachments.get(sae_id)
-    weights = own.sae.W_dec if own is not None else (await asyncio.to_thread(load_sae, Path(record["path"]))).sae.W_dec
-    layer = own.layer if own is not None else record.get("layer_hint")
+    weights = (await sae_of(own, record)).W_dec
+    layer = layer_of(own, record)
     direction = weights[feature].detach().float().cpu()
     model = svc.manager.engine
     assert model is not None
@@ -78,14 +88,14 @@ async def feature_histogram(sae_id: str, index: str) -> Any:
     record = svc.steering.sae(sae_id)
     feature = parse_index(index, int(record["d_sae"]), sae_id)
     own = engine().steering.attachments.get(sae_id)  # engine() refuses llama.cpp and no model
-    layer = own.layer if own is not None else record.get("layer_hint")
+    layer = layer_of(own, record)
     if layer is None:
         raise InvalidParameter(f"'{sae_id}' names no layer to read: attach it at one first.", param="sae_id")
     model = svc.manager.engine
     assert model is not None
     key = (sae_id, str(record["path"]), model.fingerprint, int(layer))
     if key not in _histograms:
-        sae = own.sae if own is not None else (await asyncio.to_thread(load_sae, Path(record["path"]))).sae
+        sae = await sae_of(own, record)
         found = await svc.worker.call(corpus_histograms, model.model, model.tokenizer, sae, int(layer))  # type: ignore[attr-defined]
         while len(_histograms) >= KEPT:
             _histograms.pop(next(iter(_histograms)))
