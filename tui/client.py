@@ -19,6 +19,7 @@ from millm.steering.rung import rung_language
 
 if TYPE_CHECKING:
     from millm.research.sweep import SweepResult
+    from millm.sae.labels import LabelIndex
 
 READOUT_TOP_K = 5
 """Features kept per generated token for the activation strip."""
@@ -151,6 +152,11 @@ class Client(Protocol):
     async def labels(self, sae_id: str) -> dict[int, str]: ...
 
     async def feature(self, sae_id: str, index: int) -> FeatureCard: ...
+
+    async def label_index(self, sae_id: str, names: list[str]) -> LabelIndex:
+        """The index ``names`` (features named by index or label) are resolved on, with the held-out measures
+        their recommended strengths come from: the SAE's whole index, or as much of it as those names need."""
+        ...
 
     async def sweep(self, sae_id: str, index: int) -> SweepResult: ...
 

@@ -44,6 +44,7 @@ from tui.client import (
 
 if TYPE_CHECKING:
     from millm.research.sweep import SweepResult
+    from millm.sae.labels import LabelIndex
     from millm.steering.service import SteeringService
 
 class LocalClient:
@@ -88,6 +89,10 @@ class LocalClient:
 
     async def labels(self, sae_id: str) -> dict[int, str]:
         return await asyncio.to_thread(self.service.store.label_map, sae_id)
+
+    async def label_index(self, sae_id: str, names: list[str]) -> LabelIndex:
+        """The SAE's whole index, as ``millm chat --steer`` resolves on it (``SteeringService.label_index``)."""
+        return await asyncio.to_thread(self.service.label_index, sae_id)
 
     async def feature(self, sae_id: str, index: int) -> FeatureCard:
         record = self.service.sae(sae_id)

@@ -60,3 +60,11 @@ class Asked(Message):
     def __init__(self, prompt: str) -> None:
         super().__init__()
         self.prompt = prompt
+
+
+class SteerTyped(Message):
+    """``/steer ITEMS`` typed in the chat input: set them on the chosen SAE (``tui.steer``)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text

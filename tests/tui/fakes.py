@@ -9,6 +9,7 @@ from typing import Any
 from millm.errors import InvalidParameter, SAENotAttached
 from millm.requests.builder import build_chat
 from millm.sae.cards import Example, FeatureCard
+from millm.sae.labels import LabelIndex
 from tui.client import (
     ChatEvent,
     ChatResult,
@@ -62,6 +63,12 @@ class ScriptedClient:
 
     async def labels(self, sae_id: str) -> dict[int, str]:
         return dict(LABELS) if sae_id == SAE else {}
+
+    async def label_index(self, sae_id: str, names: list[str]) -> LabelIndex:
+        """The labels, with the held-out measure of each feature whose card has one."""
+        labels = await self.labels(sae_id)
+        cards = [await self.feature(sae_id, index) for index in labels]
+        return LabelIndex(labels, sae_id, {c.index: c.held_out for c in cards if c.held_out is not None})
 
     async def feature(self, sae_id: str, index: int) -> FeatureCard:
         self.cards_asked.append((sae_id, index))

@@ -21,8 +21,9 @@ from textual.widgets import ContentSwitcher, Input
 from millm.errors import MillmError
 from millm.steering.readout import SAE_ACTIVATIONS_MAX_ENTRIES
 from tui.client import READOUT_TOP_K, ChatResult, Client, Done, Feature, ModelInfo
-from tui.messages import Answered, Asked, Busy, PutOnSlider
+from tui.messages import Answered, Asked, Busy, PutOnSlider, SteerTyped
 from tui.session import Conversation, SteeringFields, chat_body, compare_bodies, sampling_fields
+from tui.steer import COMMAND as STEER
 from tui.widgets.activation_strip import ActivationStrip
 from tui.widgets.chat_log import ChatLog
 from tui.widgets.compare_view import CompareView
@@ -33,7 +34,9 @@ from tui.widgets.sampling_form import SamplingForm
 MONITOR_POLL = 1.0  # seconds between reads of the monitoring history while an answer runs
 CHAT_COMMANDS = {"Enter": "send the prompt (in compare mode: answer it unsteered and steered)",
                  "/reset": "forget this chat's history",
-                 "/system TEXT": "set the system prompt (and forget the history)"}
+                 "/system TEXT": "set the system prompt (and forget the history)",
+                 "/steer FEATURE[=S], …": "set features on the chosen SAE (an index or a label); a feature alone "
+                                          "takes its recommended strength, and the notification says which"}
 
 
 def readout_too_long(sampling: dict[str, object]) -> bool:
@@ -90,6 +93,10 @@ class ChatPane(Vertical):
         event.stop()
         text = event.value.strip()
         if not text:
+            return
+        if text == STEER or text.startswith(STEER + " "):  # steering may change while an answer streams
+            event.input.value = ""
+            self.post_message(SteerTyped(text))
             return
         if self.busy:
             self.notify("An answer is streaming; Esc cancels it.", severity="warning")

@@ -19,7 +19,7 @@ from millm.errors import MillmError
 from millm.steering.intensity import Dial
 from tui.client import Client, Feature, ModelInfo, SAEInfo, SteeringState
 from tui.labels import LabelBook
-from tui.messages import Answered, Asked, Busy, PutOnSlider, Refresh, SteeringRead, Watching
+from tui.messages import Answered, Asked, Busy, PutOnSlider, Refresh, SteeringRead, SteerTyped, Watching
 from tui.screens.chat_pane import CHAT_COMMANDS, ChatPane
 from tui.screens.features import FeatureActions
 from tui.screens.profiles import ProfileActions
@@ -159,6 +159,12 @@ class MainScreen(FeatureActions, ProfileActions):
 
     def on_put_on_slider(self, message: PutOnSlider) -> None:
         self.query_one(SteeringPane).put_on_slider(message.feature)
+
+    def on_steer_typed(self, message: SteerTyped) -> None:
+        if not self.info.steerable:
+            self.notify(f"{self.info.engine} models cannot be steered.", severity="error", title="not steered")
+            return
+        self.query_one(SteeringPane).steer_typed(message.text)
 
     def on_watching(self, message: Watching) -> None:
         self.watched = message.features

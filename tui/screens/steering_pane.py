@@ -21,6 +21,7 @@ from millm.sae.cards import index_of
 from tui.client import Client, Feature, SAEInfo, SteeringState
 from tui.labels import LabelBook
 from tui.messages import Refresh, SteeringRead, Watching
+from tui.steer import items_of, resolve
 from tui.widgets.feature_search import FeatureSearch
 from tui.widgets.intensity_dial import IntensityDial
 from tui.widgets.sae_list import SAEList
@@ -149,6 +150,20 @@ class SteeringPane(VerticalScroll):
 
     def on_strength_slider_refused(self, message: StrengthSlider.Refused) -> None:
         self.notify(message.message, severity="error")
+
+    @work(group="steer-typed")
+    async def steer_typed(self, text: str) -> None:
+        """``/steer ITEMS`` on the chosen SAE (``tui.steer``): every item resolved first, then each strength
+        queued as the slider queues it; the notification says what was set and which recommended strength a
+        feature named alone took, or why nothing was."""
+        try:
+            steer = await resolve(self.client, self.chosen_sae, items_of(text))
+        except MillmError as exc:
+            self.notify(exc.message, severity="error", title="not steered")
+            return
+        for index, strength in steer.values.items():
+            self.set_strength(Feature(steer.sae.id, index), strength)
+        self.notify(steer.summary(), title="steered")
 
     def set_strength(self, feature: Feature, strength: float) -> None:
         """Queue a strength; the sender applies queued strengths one by one, the latest per feature."""
