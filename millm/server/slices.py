@@ -1,8 +1,12 @@
 """A background job's model work in slices: each slice an engine job on the engine thread (``EngineWorker.call``),
 awaited from the job's own thread, so requests waiting for the engine get their turn between two.
 
-Learning a vector (``millm.server.vector_jobs``) and sweeping a feature (``millm.server.sweep_jobs``) run their
-model work through :class:`Slices`; the rule for when a slice starts is written here once.
+Learning a vector (``millm.server.vector_jobs``), learning a probe (``millm.server.probes_api``) and sweeping a
+feature (``millm.server.sweep_jobs``) start their jobs with :func:`start_on_engine`: the job recorded (in the
+store too) with a lease on the engine, so an unload waits for it (up to its graceful timeout) as for a request;
+its ``program`` runs from a thread of its own, every engine call through :class:`Slices`; what it made is kept
+(``keep``) only if it was not stopped meanwhile. The rules for when a slice starts and what it checks first are
+written here once; how a job ends is ``millm.server.jobs``'.
 """
 
 from __future__ import annotations
@@ -12,12 +16,18 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from millm.engine.base import StepControl
+from quart import current_app
+
+from millm.engine.base import Engine, StepControl
 from millm.engine.worker import EngineWorker
-from millm.errors import QueueFull
+from millm.errors import ModelNotLoaded, QueueFull
+from millm.server.jobs import Job, Table
+from millm.server.state import services
+from millm.store import Store
 from millm.vectors.learn import stopped
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 QUEUE_RETRY = 0.2  # seconds a slice refused for a full queue waits before it asks again
 YIELD_POLL = 0.02  # seconds between two looks at whether requests still hold the engine, before a slice
@@ -50,3 +60,50 @@ class Slices:
                 continue
             self.last = time.monotonic() - began
             return done
+
+
+def store() -> Store:
+    """The server's store, where the job tables keep their records."""
+    return services().steering.store
+
+
+async def start_on_engine(table: Table, fields: dict[str, Any], engine: Engine,
+                          program: Callable[[Job, Slices], R], keep: Callable[[Job, R], str]) -> Job:
+    """Start a job of ``table``'s kind on ``engine`` in the background: recorded (in the store too) and holding a
+    lease on the engine; ``program(job, slices)`` is its model work (from a thread of its own), ``keep(job,
+    made)`` stores what it made (off the event loop, past the point where it can be cancelled) and returns the
+    success line. The kind's 409 while another of its jobs is queued or running."""
+    svc = services()
+    job = await table.open(fields, StepControl(run_commands=svc.worker.run_commands))  # commands run between steps
+    release = svc.worker.lease()
+    current_app.add_background_task(_run, table, job, engine, program, keep, release)
+    return job
+
+
+async def _run(table: Table, job: Job, engine: Engine, program: Callable[[Job, Slices], R],
+               keep: Callable[[Job, R], str], release: Callable[[], None]) -> None:
+    """The job's model work in slices, each first checking that the job was not stopped and ``engine`` is still
+    the one loaded; then, unless it was stopped meanwhile, what it made is kept."""
+    svc, loop, control = services(), asyncio.get_running_loop(), job.control
+    assert control is not None
+
+    def on_engine(work: Callable[[], T]) -> Callable[[], T]:
+        def step() -> T:
+            stopped(control)
+            if svc.manager.engine is not engine:
+                raise ModelNotLoaded(f"'{engine.model_id}' was unloaded before {table.kind.noun} {job.id} ended; "
+                                     f"{table.kind.again[0].lower()}{table.kind.again[1:]}")
+            job.begin()
+            return work()
+        return step
+
+    slices = Slices(svc.worker, loop, control, on_engine)
+
+    async def work() -> str:
+        with svc.worker.stoppable(control):
+            made = await asyncio.to_thread(program, job, slices)
+        stopped(control)  # a DELETE between the last slice and now: nothing is kept
+        job.storing = True
+        return await asyncio.to_thread(keep, job, made)
+
+    await table.execute(job, work, release)
