@@ -2,23 +2,20 @@
 attached (served on every generation request of their model) and detached, and learned as background jobs.
 
 ``POST /api/probes/learn`` checks the whole body and the loaded model first (400 before any model work), then
-answers 202 with a job ``GET /api/probes/jobs/{id}`` follows; its model work runs in slices on the engine
-thread (``EngineWorker.call``), as vector learning's does, so requests are served between two. The job table
-lives in the server's memory (the newest ``JOBS_KEPT``)."""
+answers 202 with a job ``GET /api/probes/jobs/{id}`` follows and ``DELETE /api/probes/jobs/{id}`` cancels; its
+model work runs in slices on the engine thread (``millm.server.slices``), as vector learning's does, so requests
+are served between two, and the probe is stored only if the job was not stopped meanwhile. The job table is a
+``millm.server.jobs`` table kept in the SQLite store (a restart lists it), with vector learning's rules."""
 
 from __future__ import annotations
 
 import asyncio
-import time
-import uuid
-from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
-from quart import Blueprint, current_app, request
+from quart import Blueprint, request
 
-from millm.engine.base import Engine, StepControl
+from millm.engine.base import Engine
 from millm.errors import InvalidParameter, MillmError
 from millm.names import check_name
 from millm.probes import catalog
@@ -27,10 +24,12 @@ from millm.probes.learn import check_options, learn
 from millm.probes.probe import DEFAULT_FPR, Probe, identity
 from millm.probes.serving import watches
 from millm.requests.validation import SEED_MAX, check_int
+from millm.server import jobs as job_tables
 from millm.server.api import body, use_names
+from millm.server.jobs import Job, Kind, Table
+from millm.server.slices import Slices, start_on_engine, store
 from millm.server.state import services
 from millm.server.vector_jobs import (
-    JobNotFound,
     check_sources,
     generated_examples,
     given_examples,
@@ -42,9 +41,29 @@ from millm.vectors.learn import Examples, generated
 
 bp = Blueprint("probes_api", __name__, url_prefix="/api/probes")
 use_names(bp)
-JOBS = "millm.probe_jobs"
-JOBS_KEPT = 64
-T = TypeVar("T")
+
+
+class ProbeJobRunning(MillmError):
+    """Only one probe learning job runs at a time."""
+
+    status, type, code = 409, "invalid_request_error", "probe_job_running"
+
+
+KIND = Kind("probes.learn", "probe learning job", "/api/probes/jobs", "probejob_", ProbeJobRunning, param="name",
+            again="Learn again.", about=lambda job: f" ('{job.fields['name']}')",
+            undo=lambda job: f" (remove the probe it stored with DELETE /api/probes/{job.fields['name']})")
+
+
+def jobs() -> Table:
+    """The current app's probe learning jobs (read from the store the first time it is asked for)."""
+    return job_tables.table(KIND, store)
+
+
+def view(job: Job) -> dict[str, Any]:
+    """A probe learning job as the API shows it (the probe's summary once it succeeded)."""
+    return {"id": job.id, "object": "probes.learn_job", "name": job.fields["name"], "status": job.status,
+            "progress": job.progress, "created": int(job.created), "probe": job.fields.get("probe"),
+            "error": job.error}
 
 
 def describe(probe: Probe) -> dict[str, Any]:
@@ -111,29 +130,6 @@ async def detach_probe(name: str) -> Any:
     return describe(probe)
 
 
-@dataclass(eq=False)
-class Job:
-    """A learning job: what the API shows, and the control that stops it."""
-
-    id: str
-    name: str
-    status: str = "queued"  # queued | running | succeeded | failed
-    progress: str = "waiting for the engine"
-    created: float = field(default_factory=time.time)
-    error: dict[str, Any] | None = None
-    probe: dict[str, Any] | None = None
-    control: StepControl = field(default_factory=StepControl)
-
-    def view(self) -> dict[str, Any]:
-        return {"id": self.id, "object": "probes.learn_job", "name": self.name, "status": self.status,
-                "progress": self.progress, "created": int(self.created), "probe": self.probe, "error": self.error}
-
-
-def jobs() -> OrderedDict[str, Job]:
-    table: OrderedDict[str, Job] = current_app.extensions.setdefault(JOBS, OrderedDict())
-    return table
-
-
 @bp.post("/learn")
 async def learn_probe() -> Any:
     """Learn a probe: ``{"name", "concepts" | "positive"+"negative" (texts or *_file uploads), "layer"?,
@@ -153,60 +149,58 @@ async def learn_probe() -> Any:
     layers = layers_of(data.get("layer"), identity(engine).layers)
     if len(layers) != 1:
         raise InvalidParameter("A probe reads one layer; 'layer' names several.", param="layer")
-    table = jobs()
-    if any(j.status in ("queued", "running") for j in table.values()):
-        raise InvalidParameter("A probe is being learned; one job learns at a time (see GET /api/probes/jobs).",
-                               param="name")
-    job = Job(f"probejob_{uuid.uuid4().hex[:24]}", name)
-    table[job.id] = job
-    while len(table) > JOBS_KEPT:
-        table.popitem(last=False)
-    current_app.add_background_task(_run, job, engine, name, layers[0], options, texts, extra, seed)
-    return job.view(), 202
+    job = await start_on_engine(jobs(), {"name": name, "probe": None}, engine,
+                                *_work(engine, name, layers[0], options, texts, extra, seed))
+    return view(job), 202, {"Location": f"/api/probes/jobs/{job.id}"}
 
 
 @bp.get("/jobs")
 async def list_jobs() -> Any:
-    return {"object": "list", "data": [j.view() for j in reversed(jobs().values())]}
+    """The probe learning jobs kept (the newest 64, across restarts), newest first."""
+    return {"object": "list", "data": [view(j) for j in jobs().newest()]}
 
 
 @bp.get("/jobs/<job_id>")
 async def get_job(job_id: str) -> Any:
-    job = jobs().get(job_id)
-    if job is None:
-        raise JobNotFound(f"No probe learning job has id '{job_id}'; see GET /api/probes/jobs.", param="id")
-    return job.view()
+    """A probe learning job: status queued|running|succeeded|failed|cancelled, progress, the probe's summary once
+    it succeeded, the error body once it failed or was cancelled (a job running when its server stopped reads
+    failed, error code ``interrupted``)."""
+    return view(jobs().get(job_id))
 
 
-async def _run(job: Job, engine: Engine, name: str, layer: int, options: dict[str, Any], texts: Examples | None,
-               extra: dict[str, Any], seed: int) -> None:
-    """Write the examples (for concepts), learn the probe in slices on the engine thread, store it."""
-    svc, loop = services(), asyncio.get_running_loop()
+@bp.delete("/jobs/<job_id>")
+async def cancel_job(job_id: str) -> Any:
+    """Cancel a queued or running probe learning job: 200 the job, status ``cancelled``, no probe stored (its slice
+    running ends at its next decode step). Cancelling a cancelled job again answers the same; a job that
+    succeeded or failed is a 409 ``job_finished``; an unknown id a 404 ``job_not_found``."""
+    return view(await jobs().cancel(job_id))
 
-    def run(work: Callable[[], T]) -> T:
-        job.status = "running"
-        return asyncio.run_coroutine_threadsafe(svc.worker.call(work), loop).result()
 
-    def program() -> Probe:
+def _work(engine: Engine, name: str, layer: int, options: dict[str, Any], texts: Examples | None,
+          extra: dict[str, Any], seed: int) -> tuple[Callable[[Job, Slices], Probe], Callable[[Job, Probe], str]]:
+    """A probe learning job's model work (write the examples for concepts, read them, learn the probe) and how it
+    keeps what it made (the probe stored, its summary on the job)."""
+    home = services().settings.home
+
+    def program(job: Job, run: Slices) -> Probe:
         examples = texts
         if examples is None:
-            job.progress = f"the model writes {2 * extra['count']} answers"
+            writing = f"the model writes {2 * extra['count']} answers"
+            job.say(writing)
             examples = generated(engine, extra["concepts"], extra["count"], extra["seed"], extra["tokens"],
-                                 extra["negatives"], run=run, control=job.control)
+                                 extra["negatives"], lambda done: job.say(f"{writing} ({done} written)"),
+                                 run=run, control=run.control)
             source: dict[str, object] = {"concepts": list(extra["concepts"]), "negatives": extra["negatives"]}
         else:
             source = {"given": "POST /api/probes/learn"}
-        job.progress = "reading the examples"
-        return learn(engine, name, examples, layer, seed=seed, source=source, run=run, control=job.control,
+        job.say("reading the examples")
+        return learn(engine, name, examples, layer, seed=seed, source=source, run=run, control=run.control,
                      **options)
 
-    try:
-        probe = await asyncio.to_thread(program)
-        await asyncio.to_thread(catalog.save, svc.settings.home, probe)
-        job.status, job.progress, job.probe = "succeeded", f"stored probe {name}", probe.summary()
-    except MillmError as exc:
-        job.status, job.progress, job.error = "failed", f"failed: {exc.message}", exc.body()
-    except Exception as exc:  # reported on the job, never lost
-        job.status, job.progress = "failed", "failed"
-        job.error = MillmError(f"Internal error: {exc}").body()
+    def keep(job: Job, probe: Probe) -> str:
+        job.say(f"storing probe {name}")
+        catalog.save(home, probe)  # one file written whole, or none
+        job.fields["probe"] = probe.summary()
+        return f"stored probe {name}"
 
+    return program, keep

@@ -1,36 +1,28 @@
 """Learning steering vectors for the management API: a POST /api/vectors/learn body checked whole before any
-model work (``plan_of``), the job table GET /api/vectors/jobs reads (kept in the SQLite store, so a restart lists
-it), and the job itself (``run_job``).
+model work (``plan_of``), the job table GET /api/vectors/jobs reads (``jobs``: a ``millm.server.jobs`` table kept
+in the SQLite store, so a restart lists it), and the job's work (``start``).
 
 A job's model work runs in slices (``millm.vectors.learn``: a few answers written, or a few texts read, per
-slice), each an engine job on the engine thread (``EngineWorker.call``), so a request or an unload waiting for
+slice), each an engine job on the engine thread (``millm.server.slices``), so a request or an unload waiting for
 the engine gets its turn between two; within a slice the decode loop runs the queued commands and checks the
 job's ``StepControl`` at every step. Stopping that control ends the job where it is, storing nothing: ``DELETE
-/api/vectors/jobs/{id}`` (``cancel``), or an unload past its graceful timeout (the decode driver's
+/api/vectors/jobs/{id}`` (``Table.cancel``), or an unload past its graceful timeout (the decode driver's
 ``Admitted.cancel_all``)."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import logging
-import os
-import time
-import uuid
-from collections import OrderedDict
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import Any
 
-from quart import current_app
-
-from millm.engine.base import Engine, StepControl
+from millm.engine.base import Engine
 from millm.errors import FieldNotHonoured, InvalidParameter, MillmError, ModelNotLoaded
 from millm.requests.validation import SEED_MAX, check_int
 from millm.sae.vector_sets import VectorSet, set_name
-from millm.server.slices import Slices
+from millm.server import jobs as job_tables
+from millm.server.jobs import Job, Kind, Table
+from millm.server.slices import Slices, start_on_engine, store
 from millm.server.state import services
-from millm.store import Store
 from millm.vectors import EXAMPLES as DEFAULT_EXAMPLES
 from millm.vectors import catalog
 from millm.vectors.learn import (
@@ -44,47 +36,17 @@ from millm.vectors.learn import (
     learn,
     parse_examples,
     parse_layers,
-    stopped,
 )
 
-log = logging.getLogger(__name__)
-T = TypeVar("T")
-
-JOBS_KEPT = 64  # the job table keeps the newest jobs; a queued or running one is never dropped
 MAX_CONCEPTS, MAX_TEXTS, MAX_TEXT_CHARS, MAX_CONCEPT_CHARS = 64, 1024, 8192, 256
 EXAMPLES = (2, 1024, DEFAULT_EXAMPLES)  # generated examples of each side: low, high, default
 TOKENS = (4, 256, EXAMPLE_TOKENS)  # tokens per generated example
-EXTENSION = "millm.vector_jobs"  # where an app keeps its job table
-KIND = "vectors.learn"  # the job records' kind in the store
-NOTHING_STORED = "nothing was stored"
 
 
 class LearnJobRunning(MillmError):
     """Only one learning job runs at a time."""
 
     status, type, code = 409, "invalid_request_error", "learn_job_running"
-
-
-class JobNotFound(MillmError):
-    status, type, code = 404, "invalid_request_error", "job_not_found"
-
-
-class JobFinished(MillmError):
-    """A job that ended (succeeded or failed) cannot be cancelled."""
-
-    status, type, code = 409, "invalid_request_error", "job_finished"
-
-
-class JobCancelled(MillmError):
-    """Why a job cancelled by DELETE /api/vectors/jobs/{id} ended (its record's error)."""
-
-    status, type, code = 409, "invalid_request_error", "job_cancelled"
-
-
-class Interrupted(MillmError):
-    """Why a job that was running when its server stopped ended (its record's error, after a restart)."""
-
-    status, type, code = 500, "server_error", "interrupted"
 
 
 @dataclass(frozen=True)
@@ -114,133 +76,30 @@ class Plan:
         return [set_name(self.name, layer, self.layers) for layer in self.layers]
 
 
-@dataclass(eq=False)
-class Job:
-    """A job's record (what the API shows and the store keeps) and, while this process runs it, its ``plan`` and
-    the ``control`` that stops it."""
-
-    id: str
-    name: str
-    layers: tuple[int, ...]
-    method: str
-    position: str
-    sets: tuple[str, ...]  # the vector sets it stores
-    created: float = field(default_factory=time.time)
-    status: str = "queued"  # queued | running | succeeded | failed | cancelled
-    progress: str = "waiting for the engine"
-    finished: float | None = None
-    error: dict[str, Any] | None = None
-    plan: Plan | None = None
-    control: StepControl | None = None
-    storing: bool = False  # past the point where it can be cancelled
-
-    @classmethod
-    def of(cls, plan: Plan, control: StepControl | None = None) -> Job:
-        return cls(f"job_{uuid.uuid4().hex[:24]}", plan.name, plan.layers, plan.method, plan.position,
-                   tuple(plan.names), plan=plan, control=control or StepControl())
-
-    @classmethod
-    def restored(cls, record: dict[str, Any], created: float) -> Job:
-        """A job from its stored record (``view``)."""
-        return cls(record["id"], record["name"], tuple(record["layers"]), record["method"], record["position"],
-                   tuple(record.get("planned") or ()), created, record["status"], record["progress"],
-                   record["finished"], record["error"])
-
-    @property
-    def active(self) -> bool:
-        return self.status in ("queued", "running")
-
-    def end(self, status: str, progress: str, error: MillmError | None = None) -> None:
-        """Record how it ended; a job cancelled already stays so (the DELETE that cancelled it said so)."""
-        if self.status == "cancelled":
-            return
-        self.status, self.progress, self.finished = status, progress, time.time()
-        self.error = error.body() if error is not None else None
-
-    def view(self) -> dict[str, Any]:
-        return {"id": self.id, "object": "vectors.learn_job", "status": self.status, "progress": self.progress,
-                "name": self.name, "layers": list(self.layers), "method": self.method, "position": self.position,
-                "created": int(self.created), "finished": int(self.finished) if self.finished else None,
-                "vector_sets": list(self.sets) if self.status == "succeeded" else None, "error": self.error}
+def fields_of(plan: Plan) -> dict[str, Any]:
+    """A learning job's own record: what it learns, and the sets it stores."""
+    return {"name": plan.name, "layers": list(plan.layers), "method": plan.method, "position": plan.position,
+            "planned": plan.names}
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # it exists, owned by someone else
-        return True
-    return True
+def view(job: Job) -> dict[str, Any]:
+    """A learning job as the API shows it (its sets' names once it succeeded)."""
+    f = job.fields
+    return {"id": job.id, "object": "vectors.learn_job", "status": job.status, "progress": job.progress,
+            "name": f["name"], "layers": list(f["layers"]), "method": f["method"], "position": f["position"],
+            "created": int(job.created), "finished": int(job.finished) if job.finished else None,
+            "vector_sets": list(f.get("planned") or ()) if job.status == "succeeded" else None, "error": job.error}
 
 
-class Jobs:
-    """The newest ``JOBS_KEPT`` jobs by id, kept in ``store`` when given (a restart lists them); at most one of
-    this process's jobs queued or running. A job a stopped process was running reads ``failed`` with the error
-    ``interrupted`` once another process reads the table."""
-
-    def __init__(self, store: Store | None = None) -> None:
-        self.table: OrderedDict[str, Job] = OrderedDict()
-        self.store = store
-        self.owner = f"{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        for row in store.jobs(KIND) if store is not None else []:
-            job = Job.restored(row["record"], row["created"])
-            pid = int(str(row["owner"]).partition(":")[0] or 0)
-            if job.active and (pid == os.getpid() or not _alive(pid)):
-                job.end("failed", "failed: interrupted (the server stopped before the job ended); "
-                        f"{NOTHING_STORED}", Interrupted(f"The server stopped while job {job.id} ran (interrupted); "
-                                                         f"{NOTHING_STORED}. Learn again."))
-                self.save(job)
-            self.table[job.id] = job
-
-    def start(self, plan: Plan, control: StepControl | None = None) -> Job:
-        running = next((j for j in self.table.values() if j.active and j.plan is not None), None)
-        if running is not None:
-            raise LearnJobRunning(f"Learning job {running.id} ('{running.name}') is {running.status}; one job "
-                                  f"learns at a time: retry once GET /api/vectors/jobs/{running.id} says it "
-                                  "ended.", param="name")
-        job = Job.of(plan, control)
-        self.table[job.id] = job
-        while len(self.table) > JOBS_KEPT:
-            oldest = next(j for j in self.table.values() if not j.active)
-            del self.table[oldest.id]
-        return job
-
-    def get(self, job_id: str) -> Job:
-        job = self.table.get(job_id)
-        if job is None:
-            raise JobNotFound(f"No learning job has id '{job_id}' (the newest {JOBS_KEPT} are kept); see GET "
-                              "/api/vectors/jobs.", param="id")
-        return job
-
-    def save(self, job: Job) -> None:
-        """Write ``job``'s record to the store (blocking: call it off the event loop), the oldest past
-        ``JOBS_KEPT`` dropped."""
-        if self.store is None:
-            return
-        record = {**job.view(), "planned": list(job.sets)}
-        self.store.save_job(job.id, KIND, job.created, job.active, self.owner, record)
-        self.store.prune_jobs(KIND, JOBS_KEPT)
-
-    def cancel(self, job: Job) -> bool:
-        """Stop ``job`` (queued or running, not yet storing): its control is stopped, so the slice running ends
-        at its next decode step and no other starts, and its record reads ``cancelled`` now. False when it can
-        no longer be cancelled (it ended, or it is storing its sets)."""
-        if not job.active or job.storing or job.control is None:
-            return False
-        reason = JobCancelled(f"Job {job.id} was cancelled by DELETE /api/vectors/jobs/{job.id}; {NOTHING_STORED}.")
-        job.control.stop(reason)
-        job.end("cancelled", f"cancelled: {NOTHING_STORED}", reason)
-        return True
+KIND = Kind("vectors.learn", "learning job", "/api/vectors/jobs", "job_", LearnJobRunning, param="name",
+            again="Learn again.", about=lambda job: f" ('{job.fields['name']}')",
+            undo=lambda job: (" (remove the sets it stored with DELETE /api/vectors/{name}: "
+                              f"{', '.join(job.fields.get('planned') or ())})"))
 
 
-def jobs() -> Jobs:
-    """The current app's job table (read from the store the first time it is asked for)."""
-    extensions = current_app.extensions
-    if EXTENSION not in extensions:
-        extensions[EXTENSION] = Jobs(services().steering.store)
-    table: Jobs = extensions[EXTENSION]
-    return table
+def jobs() -> Table:
+    """The current app's learning jobs (read from the store the first time it is asked for)."""
+    return job_tables.table(KIND, store)
 
 
 def _strings(data: dict[str, Any], key: str, most: int, chars: int) -> list[str]:
@@ -352,98 +211,26 @@ def layers_of(value: Any, n_layers: int) -> list[int]:
 
 
 async def start(plan: Plan, engine: Engine) -> Job:
-    """Start learning ``plan`` on ``engine`` in the background: the job recorded (in the store too) and holding a
-    lease on the engine, so an unload waits for it (up to its graceful timeout) as for a request."""
-    svc, table = services(), jobs()
-    job = table.start(plan, StepControl(run_commands=svc.worker.run_commands))  # commands run between its steps
-    release = svc.worker.lease()
-    try:
-        await asyncio.to_thread(table.save, job)
-    except BaseException:
-        del table.table[job.id]
-        release()
-        raise
-    current_app.add_background_task(run_job, job, engine, release)
-    return job
+    """Start learning ``plan`` on ``engine`` in the background (``start_on_engine``): generate the examples (for
+    concepts), read them, and store the sets only if the job was not stopped meanwhile, all or none
+    (``catalog.store_all``)."""
+    svc = services()
 
-
-async def cancel(job_id: str) -> Job:
-    """Cancel the job ``job_id`` (``Jobs.cancel``); a job cancelled already is answered as it is, one that
-    succeeded or failed is a 409, an unknown id a 404."""
-    table = jobs()
-    job = table.get(job_id)
-    if table.cancel(job):
-        await asyncio.to_thread(table.save, job)
-        return job
-    while job.active and job.storing:  # too late to cancel: its sets are being stored (all or none)
-        await asyncio.sleep(0.05)
-    if job.status == "cancelled":
-        return job
-    sets = f" (remove the sets it stored with DELETE /api/vectors/{{name}}: {', '.join(job.sets)})"
-    raise JobFinished(f"Job {job.id} has {job.status}; only a queued or running job can be cancelled"
-                      f"{sets if job.status == 'succeeded' else ''}.", param="id")
-
-
-async def run_job(job: Job, engine: Engine, release: Callable[[], None]) -> None:
-    """Generate the examples (for concepts), read them and store the sets: the model work in slices, each an
-    engine job beside the requests being served, run from a thread of its own (``program``) that waits for
-    each; the sets are stored only if the job was not stopped meanwhile, all or none (``catalog.store_all``)."""
-    svc, plan, table, loop = services(), job.plan, jobs(), asyncio.get_running_loop()
-    control = job.control
-    assert plan is not None and control is not None
-
-    def progress(what: str) -> None:
-        if job.active:
-            job.progress = what
-
-    def on_engine(work: Callable[[], T]) -> Callable[[], T]:
-        def step() -> T:
-            stopped(control)
-            if svc.manager.engine is not engine:
-                raise ModelNotLoaded(f"'{engine.model_id}' was unloaded before job {job.id} ended; learn again.")
-            if job.status == "queued":
-                job.status = "running"
-            return work()
-        return step
-
-    run = Slices(svc.worker, loop, control, on_engine)
-
-    def program() -> list[VectorSet]:
+    def program(job: Job, run: Slices) -> list[VectorSet]:
         examples = plan.texts
         if examples is None:
             writing = (f"the model writes {plan.count} answers about {', '.join(plan.concepts)} and {plan.count} "
                        f"{'about other topics' if plan.negatives == 'topics' else 'to neutral prompts'}")
-            progress(writing)
+            job.say(writing)
             examples = generated(engine, plan.concepts, plan.count, plan.seed, plan.tokens, plan.negatives,
-                                 lambda done: progress(f"{writing} ({done} of {2 * plan.count} written)"),
-                                 run=run, control=control)
+                                 lambda done: job.say(f"{writing} ({done} of {2 * plan.count} written)"),
+                                 run=run, control=run.control)
         return learn(engine, plan.name, plan.layers, examples, method=plan.method, position=plan.position,
-                     source=plan.source(), progress=progress, run=run, control=control)
+                     source=plan.source(), progress=job.say, run=run, control=run.control)
 
-    try:
-        with svc.worker.stoppable(control):
-            sets = await asyncio.to_thread(program)
-        stopped(control)  # a DELETE between the last slice and now: nothing is stored
-        job.storing = True
-        progress("storing the vector sets")
-        await asyncio.to_thread(catalog.store_all, svc.steering, svc.settings.home, sets)
-        job.end("succeeded", f"stored vector sets {', '.join(plan.names)}")
-    except MillmError as exc:
-        if control.cancel.is_set():  # stopped: by DELETE (already recorded), or an unload past its grace
-            job.end("cancelled", f"cancelled: {exc.message} {NOTHING_STORED[0].upper()}{NOTHING_STORED[1:]}.", exc)
-        else:
-            job.end("failed", f"failed: {exc.message}", exc)
-    except asyncio.CancelledError:  # the server is stopping: the slice running ends at its next step
-        control.stop(Interrupted("The server stopped before the job ended."))
-        job.end("failed", f"failed: interrupted (the server stopped before the job ended); {NOTHING_STORED}",
-                Interrupted(f"The server stopped while job {job.id} ran (interrupted); {NOTHING_STORED}. Learn "
-                            "again."))
-        raise
-    except Exception as exc:
-        log.exception("learning job %s failed", job.id)
-        job.end("failed", "failed", MillmError(f"Internal error: {exc}"))
-    finally:
-        job.control = None
-        release()
-        with contextlib.suppress(Exception):  # the record in memory is the answer; the store's is for a restart
-            await asyncio.shield(asyncio.to_thread(table.save, job))
+    def keep(job: Job, sets: list[VectorSet]) -> str:
+        job.say("storing the vector sets")
+        catalog.store_all(svc.steering, svc.settings.home, sets)
+        return f"stored vector sets {', '.join(plan.names)}"
+
+    return await start_on_engine(jobs(), fields_of(plan), engine, program, keep)

@@ -27,7 +27,7 @@ from millm.sae.vector_sets import VectorSet
 from millm.server import api
 from millm.server.api import body, command, steerable, use_names
 from millm.server.state import services
-from millm.server.vector_jobs import cancel, jobs, plan_of, start
+from millm.server.vector_jobs import jobs, plan_of, start, view
 from millm.steering.target import SteeringTarget
 from millm.vectors import catalog, gguf
 
@@ -122,13 +122,13 @@ async def learn_vectors() -> Any:
     with 400 field_not_honoured; no model with 503 model_not_loaded."""
     data = await body()
     job = await start(*await plan_of(data))
-    return job.view(), 202, {"Location": f"/api/vectors/jobs/{job.id}"}
+    return view(job), 202, {"Location": f"/api/vectors/jobs/{job.id}"}
 
 
 @bp.get("/jobs")
 async def list_jobs() -> Any:
     """The learning jobs kept (the newest 64, across restarts), newest first."""
-    return {"data": [j.view() for j in reversed(jobs().table.values())]}
+    return {"data": [view(j) for j in jobs().newest()]}
 
 
 @bp.get("/jobs/<job_id>")
@@ -136,7 +136,7 @@ async def get_job(job_id: str) -> Any:
     """A learning job: status queued|running|succeeded|failed|cancelled, progress, the sets' names once it
     succeeded (``vector_sets``), the error body once it failed or was cancelled (a job running when its server
     stopped reads failed, error code ``interrupted``)."""
-    return jobs().get(job_id).view()
+    return view(jobs().get(job_id))
 
 
 @bp.delete("/jobs/<job_id>")
@@ -145,7 +145,7 @@ async def cancel_job(job_id: str) -> Any:
     running ends at its next decode step). Cancelling a cancelled job again answers the same; a job that
     succeeded or failed is a 409 ``job_finished`` (its record stays; remove the sets it stored with DELETE
     /api/vectors/{name}); an unknown id a 404 ``job_not_found``."""
-    return (await cancel(job_id)).view()
+    return view(await jobs().cancel(job_id))
 
 
 # import and export

@@ -58,17 +58,18 @@ def app_on(home: Path, **settings: Any) -> tuple[Any, EchoEngine]:
     return app, engine  # type: ignore[return-value]
 
 
-async def job_of(client: Any, job_id: str) -> dict[str, Any]:
-    r = await client.get(f"/api/vectors/jobs/{job_id}")
+async def job_of(client: Any, job_id: str, jobs: str = "/api/vectors/jobs") -> dict[str, Any]:
+    r = await client.get(f"{jobs}/{job_id}")
     assert r.status_code == 200, await r.get_data()
     body: dict[str, Any] = await r.get_json()
     return body
 
 
-async def until(client: Any, job_id: str, *statuses: str, within: float = 60.0) -> dict[str, Any]:
+async def until(client: Any, job_id: str, *statuses: str, within: float = 60.0,
+                jobs: str = "/api/vectors/jobs") -> dict[str, Any]:
     """The job once its status is one of ``statuses`` (polled, bounded)."""
     deadline = time.monotonic() + within
-    while (job := await job_of(client, job_id))["status"] not in statuses:
+    while (job := await job_of(client, job_id, jobs))["status"] not in statuses:
         assert time.monotonic() < deadline, f"job {job_id} never became {statuses}: {job}"
         await asyncio.sleep(0.02)
     return job
@@ -156,6 +157,44 @@ def test_delete_cancels_a_job_that_stores_nothing_and_says_so(tmp_path):
     assert names == ["wet"]
 
 
+def test_a_probe_learning_job_is_cancelled_mid_way_and_stores_no_probe(tmp_path):
+    """Probe learning is a job like vector learning's (issue 55): one at a time (409 ``probe_job_running``), and
+    ``DELETE /api/probes/jobs/{id}`` stops it where it is, with no probe stored."""
+    from millm.probes import catalog
+
+    app, engine = app_on(tmp_path)
+    probes = "/api/probes/jobs"
+
+    async def scenario(client):
+        r = await client.post("/api/probes/learn", json=LONG)
+        assert r.status_code == 202, await r.get_data()
+        job_id = (await r.get_json())["id"]
+        await until(client, job_id, "running", jobs=probes)
+        second = await client.post("/api/probes/learn", json={**LONG, "name": "drizzle"})
+        r = await client.delete(f"{probes}/{job_id}")
+        cancelled = r.status_code, await r.get_json()
+        steps = engine.steps
+        await asyncio.sleep(0.5)  # the slice running ends at its next decode step
+        stopped = engine.steps - steps
+        later = await job_of(client, job_id, probes)
+        again = await client.delete(f"{probes}/{job_id}")
+        unknown = await client.delete(f"{probes}/probejob_nosuch")
+        listed = (await (await client.get("/api/probes")).get_json())["data"]
+        return ((second.status_code, await second.get_json()), cancelled, stopped, later,
+                (again.status_code, await again.get_json()), (unknown.status_code, await unknown.get_json()), listed)
+
+    second, (code, job), stopped, later, again, unknown, listed = run(app, scenario)
+    assert second[0] == 409 and second[1]["error"]["code"] == "probe_job_running", second
+    assert job["id"] in second[1]["error"]["message"]
+    assert code == 200 and job["status"] == "cancelled" and job["probe"] is None, job
+    assert "nothing was stored" in job["progress"] and job["error"]["error"]["code"] == "job_cancelled", job
+    assert stopped <= 2, f"the engine ran {stopped} more steps after the cancel"
+    assert later == job and again == (200, job)
+    assert unknown[0] == 404 and unknown[1]["error"]["code"] == "job_not_found"
+    assert listed == [] and not catalog.path_of(tmp_path, "rainy").exists()
+    assert not list(catalog.path_of(tmp_path, "rainy").parent.glob(".tmp-*"))  # nothing half-written either
+
+
 def test_job_records_outlive_a_restart_and_a_job_it_was_running_reads_interrupted(tmp_path):
     first, _ = app_on(tmp_path)
 
@@ -185,18 +224,21 @@ def test_job_records_outlive_a_restart_and_a_job_it_was_running_reads_interrupte
 
 
 def test_a_record_left_running_by_a_dead_process_reads_interrupted(tmp_path):
-    """A job record written by a process that no longer exists (as a crash leaves it) reads failed: interrupted."""
-    from millm.server.vector_jobs import KIND, Job, Jobs, Plan
+    """A job record written by a process that no longer exists (as a crash leaves it, in the shape a store written
+    before the shared job table holds) reads failed: interrupted."""
+    from millm.server.jobs import Table
+    from millm.server.vector_jobs import KIND, view
     from millm.store import Store
 
     store = Store(tmp_path / "millm.db")
-    job = Job.of(Plan("v", (4, 5), "diffmean", "mean", concepts=("x",)))
-    job.status = "running"
-    store.save_job(job.id, KIND, job.created, True, "999999999:dead", {**job.view(), "planned": list(job.sets)})
-    [seen] = Jobs(store).table.values()
+    record = {"id": "job_0123", "object": "vectors.learn_job", "status": "running", "progress": "reading",
+              "name": "v", "layers": [4, 5], "method": "diffmean", "position": "mean", "created": 1,
+              "finished": None, "vector_sets": None, "error": None, "planned": ["v-L4", "v-L5"]}
+    store.save_job("job_0123", KIND.name, 1.0, True, "999999999:dead", record)
+    [seen] = Table(KIND, store).jobs.values()
     assert (seen.status, seen.error and seen.error["error"]["code"]) == ("failed", "interrupted")
-    [again] = Jobs(store).table.values()  # and so it is stored
-    assert again.view() == seen.view() and again.view()["layers"] == [4, 5]
+    [again] = Table(KIND, store).jobs.values()  # and so it is stored
+    assert view(again) == view(seen) and view(again)["layers"] == [4, 5] and view(again)["name"] == "v"
 
 
 @pytest.mark.parametrize("tokens,device,answers", [(4, "cpu", 32), (48, "cpu", 21), (128, "cpu", 8), (256, "cpu", 4),

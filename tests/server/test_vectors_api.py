@@ -419,21 +419,14 @@ def test_the_routes_are_published_and_guarded(tmp_path):
     assert (refused, deleted, read) == (401, 401, 200)
 
 
-def test_one_job_learns_at_a_time_and_the_table_keeps_the_newest():
-    from millm.server.vector_jobs import JOBS_KEPT, Jobs, LearnJobRunning, Plan
+def test_one_job_learns_at_a_time():
+    from millm.server.jobs import Table
+    from millm.server.vector_jobs import KIND, LearnJobRunning, Plan, fields_of
 
-    table = Jobs()
-    plan = Plan("v", (1,), "diffmean", "mean", concepts=("x",))
-    first = table.start(plan)
+    table = Table(KIND)
+    fields = fields_of(Plan("v", (1,), "diffmean", "mean", concepts=("x",)))
+    first = table.start(fields)
     with pytest.raises(LearnJobRunning) as refused:
-        table.start(plan)
-    assert refused.value.status == 409 and first.id in refused.value.message
-    first.status = "succeeded"
-    ids = [first.id]
-    for _ in range(JOBS_KEPT + 5):
-        job = table.start(plan)
-        job.status = "failed"
-        ids.append(job.id)
-    assert list(table.table) == ids[-JOBS_KEPT:]
-    running = table.start(plan)  # never dropped while it runs, however many end after it
-    assert running.id in table.table and len(table.table) == JOBS_KEPT
+        table.start(fields)
+    assert refused.value.status == 409 and refused.value.code == "learn_job_running"
+    assert first.id in refused.value.message and refused.value.param == "name"
