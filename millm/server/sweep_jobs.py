@@ -1,6 +1,7 @@
 """Strength sweeps as background jobs of the management API (``POST /api/sweeps``): the body checked whole before
-any model work (:func:`plan_of`), the newest ``JOBS_KEPT`` jobs kept in memory (:class:`SweepJobs`; one runs at a
-time), and the job itself (:func:`run_job`).
+any model work (:func:`plan_of`), the job table (:func:`sweep_jobs`: a ``millm.server.jobs`` table kept in the
+SQLite store, so a restart lists the sweeps and their results; one runs at a time), and the job itself
+(:func:`start`).
 
 A job runs ``millm steer sweep``'s measure (``millm.research.sweep.run_sweep`` on a ``Measure``) against a feature
 of an SAE or vector set attached on the server, so its answers are the ones ``/v1/chat/completions`` gives for the
@@ -12,17 +13,9 @@ page can show each point's answers.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import logging
-import time
-import uuid
-from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, cast
-
-from quart import current_app
 
 from millm.engine.base import Engine, StepControl
 from millm.engine.events import Delta, Event
@@ -36,15 +29,12 @@ from millm.research.measure import HELD_OUT_PROMPTS, MAX_NEW_TOKENS, NEUTRAL_PRO
 from millm.research.sweep import MAX_TOKENS, STRENGTHS, check_strengths, run_sweep
 from millm.research.words import label_words
 from millm.sae.cards import check_index
-from millm.server.slices import Slices
+from millm.server import jobs as job_tables
+from millm.server.jobs import Job, Kind, Table
+from millm.server.slices import Slices, start_on_engine, store
 from millm.server.state import services
 from millm.steering.scope import ALL, Scope, parse_scope
-from millm.vectors.learn import stopped
 
-log = logging.getLogger(__name__)
-
-JOBS_KEPT = 64  # the newest jobs kept; a queued or running one is never dropped
-EXTENSION = "millm.sweep_jobs"  # where an app keeps its job table
 MAX_CONCEPTS, MAX_CONCEPT_CHARS = 64, 256
 PROMPTS = 16  # calibration prompts by default (``millm steer sweep --prompts``); held-out: all of them
 
@@ -94,95 +84,33 @@ class SweepPlan:
                 "held_out": self.held_out, "tokens": self.tokens, "seed": self.seed, "scope": self.scope}
 
 
-@dataclass(eq=False)
-class SweepJob:
-    """A sweep's record (what the API shows) and, while it runs, the ``control`` that stops it."""
-
-    plan: SweepPlan
-    id: str = field(default_factory=lambda: f"sweep_{uuid.uuid4().hex[:24]}")
-    created: float = field(default_factory=time.time)
-    status: str = "queued"  # queued | running | succeeded | failed | cancelled
-    progress: str = "waiting for the engine"
-    finished: float | None = None
-    error: dict[str, Any] | None = None
-    result: dict[str, Any] | None = None  # the sweep as ``millm steer sweep --json`` prints it
-    answers: dict[float, list[str]] = field(default_factory=dict)  # the calibration answers, by strength
-    held_answers: dict[float, list[str]] = field(default_factory=dict)  # the held-out answers, by strength
-    control: StepControl | None = None
-
-    @property
-    def active(self) -> bool:
-        return self.status in ("queued", "running")
-
-    def end(self, status: str, progress: str, error: MillmError | None = None) -> None:
-        """Record how it ended; a job cancelled already stays so."""
-        if self.status == "cancelled":
-            return
-        self.status, self.progress, self.finished = status, progress, time.time()
-        self.error = error.body() if error is not None else None
-
-    def view(self) -> dict[str, Any]:
-        done = self.status == "succeeded"
-        return {"id": self.id, "object": "research.sweep_job", "status": self.status, "progress": self.progress,
-                "created": int(self.created), "finished": int(self.finished) if self.finished else None,
-                "request": self.plan.view(), "prompts": list(NEUTRAL_PROMPTS[:self.plan.prompts]),
-                "held_out_prompts": list(HELD_OUT_PROMPTS[:self.plan.held_out]),
-                "result": self.result if done else None,
-                "figure": sweep_figure(self.result) if done and self.result is not None else None,
-                "answers": _by_strength(self.answers) if done else None,
-                "held_out_answers": _by_strength(self.held_answers) if done else None, "error": self.error}
+def view(job: Job) -> dict[str, Any]:
+    """A sweep as the API shows it: its request and prompts, and once it succeeded its result, figure and
+    answers."""
+    f, done = job.fields, job.status == "succeeded"
+    request, result = f["request"], f.get("result")
+    return {"id": job.id, "object": "research.sweep_job", "status": job.status, "progress": job.progress,
+            "created": int(job.created), "finished": int(job.finished) if job.finished else None,
+            "request": request, "prompts": list(NEUTRAL_PROMPTS[:request["prompts"]]),
+            "held_out_prompts": list(HELD_OUT_PROMPTS[:request["held_out"]]),
+            "result": result if done else None,
+            "figure": sweep_figure(result) if done and result is not None else None,
+            "answers": f.get("answers") if done else None,
+            "held_out_answers": f.get("held_out_answers") if done else None, "error": job.error}
 
 
 def _by_strength(answers: dict[float, list[str]]) -> list[dict[str, Any]]:
     return [{"strength": s, "answers": a} for s, a in sorted(answers.items())]
 
 
-class SweepJobs:
-    """The newest ``JOBS_KEPT`` sweeps by id (in this process's memory), at most one queued or running."""
-
-    def __init__(self) -> None:
-        self.table: OrderedDict[str, SweepJob] = OrderedDict()
-
-    def start(self, plan: SweepPlan, control: StepControl) -> SweepJob:
-        running = next((j for j in self.table.values() if j.active), None)
-        if running is not None:
-            raise SweepJobRunning(f"Sweep {running.id} (feature {running.plan.feature} of {running.plan.sae}) is "
-                                  f"{running.status}; one sweep runs at a time: retry once GET "
-                                  f"/api/sweeps/{running.id} says it ended.", param="feature")
-        job = SweepJob(plan, control=control)
-        self.table[job.id] = job
-        while len(self.table) > JOBS_KEPT:
-            oldest = next(j for j in self.table.values() if not j.active)
-            del self.table[oldest.id]
-        return job
-
-    def get(self, job_id: str) -> SweepJob:
-        job = self.table.get(job_id)
-        if job is None:
-            raise SweepNotFound(f"No sweep has id '{job_id}' (the newest {JOBS_KEPT} are kept); see GET "
-                                "/api/sweeps.", param="id")
-        return job
-
-    def cancel(self, job: SweepJob) -> None:
-        """Stop ``job``: its slice running ends at its next decode step, and its record reads ``cancelled``; a
-        sweep that ended is a 409."""
-        if job.status == "cancelled":
-            return
-        if not job.active or job.control is None:
-            raise SweepFinished(f"Sweep {job.id} has {job.status}; only a queued or running sweep can be "
-                                "cancelled.", param="id")
-        reason = SweepCancelled(f"Sweep {job.id} was cancelled by DELETE /api/sweeps/{job.id}.")
-        job.control.stop(reason)
-        job.end("cancelled", "cancelled", reason)
+KIND = Kind("research.sweep", "sweep", "/api/sweeps", "sweep_", SweepJobRunning, param="feature",
+            not_found=SweepNotFound, finished=SweepFinished, cancelled=SweepCancelled, again="Sweep again.",
+            about=lambda job: f" (feature {job.fields['request']['feature']} of {job.fields['request']['sae']})")
 
 
-def sweep_jobs() -> SweepJobs:
-    """The current app's sweep table."""
-    extensions = current_app.extensions
-    if EXTENSION not in extensions:
-        extensions[EXTENSION] = SweepJobs()
-    table: SweepJobs = extensions[EXTENSION]
-    return table
+def sweep_jobs() -> Table:
+    """The current app's sweeps (read from the store the first time it is asked for)."""
+    return job_tables.table(KIND, store)
 
 
 def _concepts(value: Any, label: str, feature: int) -> tuple[str, ...]:
@@ -269,60 +197,26 @@ class SlicedEngine:
         yield from events
 
 
-async def start(plan: SweepPlan, engine: Engine) -> SweepJob:
-    """Start ``plan`` on ``engine`` in the background, holding a lease on the engine (an unload waits for it up
-    to its graceful timeout, as for a request)."""
-    svc = services()
-    job = sweep_jobs().start(plan, StepControl(run_commands=svc.worker.run_commands))
-    current_app.add_background_task(run_job, job, engine, svc.worker.lease())
-    return job
+async def start(plan: SweepPlan, engine: Engine) -> Job:
+    """Start ``plan`` on ``engine`` in the background (``start_on_engine``), its answers kept beside its result."""
 
-
-async def run_job(job: SweepJob, engine: Engine, release: Callable[[], None]) -> None:
-    """The sweep, from a thread of its own whose engine calls are slices on the engine thread."""
-    svc, plan, loop, control = services(), job.plan, asyncio.get_running_loop(), job.control
-    assert control is not None
-
-    def progress(what: str) -> None:
-        if job.active:
-            job.progress = what
-
-    def on_engine(work: Callable[[], Any]) -> Callable[[], Any]:
-        def step() -> Any:
-            stopped(control)
-            if svc.manager.engine is not engine:
-                raise ModelNotLoaded(f"'{engine.model_id}' was unloaded before sweep {job.id} ended; sweep again.")
-            if job.status == "queued":
-                job.status = "running"
-            return work()
-        return step
-
-    slices = Slices(svc.worker, loop, control, on_engine)
-    calibration = SlicedEngine(engine, slices, plan, plan.prompts, job.answers, progress)
-    held_out = SlicedEngine(engine, slices, plan, plan.held_out, job.held_answers, progress)
-
-    def program() -> dict[str, Any]:
+    def program(job: Job, slices: Slices) -> tuple[dict[str, Any], dict[float, list[str]], dict[float, list[str]]]:
+        answers: dict[float, list[str]] = {}
+        held_answers: dict[float, list[str]] = {}
+        calibration = SlicedEngine(engine, slices, plan, plan.prompts, answers, job.say)
+        held_out = SlicedEngine(engine, slices, plan, plan.held_out, held_answers, job.say)
         measure = Measure(cast(Engine, calibration), NEUTRAL_PROMPTS[:plan.prompts], plan.seed, plan.tokens,
                           scope=plan.scope)
         held = Measure(cast(Engine, held_out), HELD_OUT_PROMPTS[:plan.held_out], plan.seed, plan.tokens,
                        scope=plan.scope)
-        return run_sweep(measure, held, plan.sae, plan.layer, plan.feature, plan.label, plan.words,
-                         plan.strengths).to_json()
+        result = run_sweep(measure, held, plan.sae, plan.layer, plan.feature, plan.label, plan.words,
+                           plan.strengths).to_json()
+        return result, answers, held_answers
 
-    try:
-        with svc.worker.stoppable(control):
-            job.result = await asyncio.to_thread(program)
-        job.end("succeeded", f"measured {len(job.result['points'])} strengths")
-    except MillmError as exc:
-        job.end("cancelled" if control.cancel.is_set() else "failed", f"failed: {exc.message}", exc)
-    except asyncio.CancelledError:  # the server is stopping: the slice running ends at its next step
-        control.stop(MillmError("The server stopped before the sweep ended."))
-        job.end("failed", "failed: the server stopped before the sweep ended")
-        raise
-    except Exception as exc:
-        log.exception("sweep %s failed", job.id)
-        job.end("failed", "failed", MillmError(f"Internal error: {exc}"))
-    finally:
-        job.control = None
-        with contextlib.suppress(Exception):
-            release()
+    def keep(job: Job, made: tuple[dict[str, Any], dict[float, list[str]], dict[float, list[str]]]) -> str:
+        result, answers, held_answers = made
+        job.fields.update(result=result, answers=_by_strength(answers), held_out_answers=_by_strength(held_answers))
+        return f"measured {len(result['points'])} strengths"
+
+    fields = {"request": plan.view(), "result": None, "answers": None, "held_out_answers": None}
+    return await start_on_engine(sweep_jobs(), fields, engine, program, keep)

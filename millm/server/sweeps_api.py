@@ -13,7 +13,7 @@ from typing import Any
 from quart import Blueprint
 
 from millm.server.api import body, use_names
-from millm.server.sweep_jobs import plan_of, start, sweep_jobs
+from millm.server.sweep_jobs import plan_of, start, sweep_jobs, view
 
 bp = Blueprint("sweeps_api", __name__, url_prefix="/api/sweeps")
 use_names(bp)
@@ -35,28 +35,26 @@ async def start_sweep() -> Any:
     or running with 409 ``sweep_job_running``. Then 202 with the job."""
     data = await body()
     job = await start(*plan_of(data))
-    return job.view(), 202, {"Location": f"/api/sweeps/{job.id}"}
+    return view(job), 202, {"Location": f"/api/sweeps/{job.id}"}
 
 
 @bp.get("")
 async def list_sweeps() -> Any:
-    """The sweeps kept (the newest 64 of this server's run), newest first."""
-    return {"data": [j.view() for j in reversed(sweep_jobs().table.values())]}
+    """The sweeps kept (the newest 64, across restarts), newest first."""
+    return {"data": [view(j) for j in sweep_jobs().newest()]}
 
 
 @bp.get("/<job_id>")
 async def get_sweep(job_id: str) -> Any:
     """A sweep: status queued|running|succeeded|failed|cancelled, progress, its request, and once it succeeded
     its ``result`` (``millm steer sweep --json``'s body) and every ``answers`` set by strength; the error body once
-    it failed or was cancelled."""
-    return sweep_jobs().get(job_id).view()
+    it failed or was cancelled (a sweep running when its server stopped reads failed, error code
+    ``interrupted``)."""
+    return view(sweep_jobs().get(job_id))
 
 
 @bp.delete("/<job_id>")
 async def cancel_sweep(job_id: str) -> Any:
     """Cancel a queued or running sweep (its slice running ends at its next decode step): 200 the job, status
     ``cancelled``; a sweep that ended is a 409 ``sweep_finished``, an unknown id a 404."""
-    table = sweep_jobs()
-    job = table.get(job_id)
-    table.cancel(job)
-    return job.view()
+    return view(await sweep_jobs().cancel(job_id))

@@ -94,3 +94,27 @@ def test_a_sweep_job_equals_the_cli_for_the_same_seed_and_a_second_job_meanwhile
     cli = CliRunner().invoke(app, ["steer", "sweep", str(MUSIC), *args, "--json"], env={"COLUMNS": "200"})
     assert cli.exit_code == 0, cli.output
     assert json.loads(cli.stdout) == result
+
+
+def test_a_sweeps_record_outlives_its_server(attached, settings):
+    """A sweep's record is kept in the store, as learning jobs' are: a server started on the same home (no model
+    loaded) lists it and shows it as the server that ran it did, result and answers included."""
+    import asyncio
+
+    from millm.server.app import create_app
+
+    r = httpx.post(attached + "/api/sweeps", json={**SHORT, "strengths": [0, 20]})
+    assert r.status_code == 202, r.text
+    done = until_ended(attached, r.json()["id"])
+    assert done["status"] == "succeeded", done
+
+    async def restarted() -> tuple[Any, Any]:
+        app = create_app(settings)
+        async with app.test_app():
+            client = app.test_client()
+            listed = await (await client.get("/api/sweeps")).get_json()
+            return listed, await (await client.get(f"/api/sweeps/{done['id']}")).get_json()
+
+    listed, again = asyncio.run(restarted())
+    assert listed["data"][0]["id"] == done["id"] and again == done
+    assert again["result"]["points"] and again["answers"] and again["figure"] is not None
