@@ -78,3 +78,17 @@ def test_a_bad_pull_request_is_a_400_and_starts_nothing(base, body, param):
         assert r.json()["error"]["param"] == param
     assert httpx.get(base + "/api/pulls").json()["data"] == []
     assert httpx.get(base + "/api/pulls/pull-000000000000").status_code == 404
+
+
+def test_a_pulls_record_outlives_its_server(tmp_path, hub_):
+    """Pulls are kept in the store, as learning jobs are: a server started on the same home lists them."""
+    first, _ = make(tmp_path)
+    with live_server(first) as url:
+        done = ended(url, httpx.post(url + "/api/pulls", json={"model": "acme/tiny-GGUF:Q8_0"}).json()["id"])
+        refused = ended(url, httpx.post(url + "/api/pulls", json={"model": "acme/absent"}).json()["id"])
+    second, _ = make(tmp_path)
+    with live_server(second) as url:
+        assert httpx.get(url + "/api/pulls").json()["data"] == [refused, done]
+        assert httpx.get(f"{url}/api/pulls/{done['id']}").json() == done
+    assert done["status"] == "succeeded" and done["bytes_done"] == len(GGUF_REPO["tiny.Q8_0.gguf"]) > 0
+    assert refused["status"] == "failed" and refused["error"]["message"].startswith("acme/absent")
