@@ -1,5 +1,5 @@
 """The SQLite store: registered SAEs and their labels, saved profiles, imported clusters and circuits,
-persisted steering state, and the records of learning jobs.
+persisted steering state, and the records of background jobs (learning, sweeps, pulls).
 
 Every write is one transaction, so a process killed mid-write leaves the previous state readable; ``atomic``
 makes several writes one transaction (a multi-layer learn registers all its sets, or none).
@@ -265,7 +265,7 @@ class Store:
             out["intensity"] = row["intensity"]
         return out
 
-    # job records (learning jobs), kept across restarts
+    # background job records (millm.server.jobs), kept across restarts
     def save_job(self, job_id: str, kind: str, created: float, active: bool, owner: str,
                  record: dict[str, Any]) -> None:
         """Write (or rewrite) a job's record; ``owner`` names the process running it while ``active``."""
