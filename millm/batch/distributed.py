@@ -22,6 +22,7 @@ from millm.errors import InvalidParameter
 
 if TYPE_CHECKING:
     from millm.batch.run import BatchJob
+    from millm.batch.steer import JobSteering
     from millm.config import Settings
     from millm.steering.service import SteeringService
 
@@ -141,11 +142,14 @@ def match_threads(threads: list[Any]) -> None:
 
 class BatchWorker:
     """One Ray actor of a ``millm batch`` job: the shipped steering state installed in a directory of its
-    own, an engine per model (loaded on first use, its persisted steering restored), and an Answerer."""
+    own, an engine per model (loaded on first use, its persisted steering restored, the job's ``--steer`` values
+    merged in), and an Answerer."""
 
-    def __init__(self, state: list[Any], created: list[Any], shares: list[Any], threads: list[Any]) -> None:
+    def __init__(self, state: list[Any], created: list[Any], shares: list[Any], threads: list[Any],
+                 steer: list[Any]) -> None:
         from millm.batch.answer import Answerer
         from millm.batch.shipped import install
+        from millm.batch.steer import SteeredEngines
         from millm.config import get_settings
         from millm.engine import Engine, load_engine
         from millm.registry import ModelEntry
@@ -162,7 +166,8 @@ class BatchWorker:
                 steering.restore(engines[entry.id].steering_target())
             return engines[entry.id]
 
-        self.answerer = Answerer(engine_for, steering, settings, shipped(created), shipped(shares))
+        self.answerer = Answerer(SteeredEngines(engine_for, shipped(steer)), steering, settings, shipped(created),
+                                 shipped(shares))  # the job's --steer stays on the actor's own engines
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
         import numpy as np
@@ -190,8 +195,10 @@ def models_named(job: BatchJob, settings: Settings) -> list[str]:
 
 
 def answer_on_ray(job: BatchJob, output: Path, steering: SteeringService, settings: Settings, address: str | None,
-                  workers: int, batch_size: int, advance: Advance | None = None, shares: bool = True) -> None:
-    """A batch job's pending lines over Ray, appended to ``output`` in input order."""
+                  workers: int, batch_size: int, advance: Advance | None = None, shares: bool = True,
+                  steer: JobSteering | None = None) -> None:
+    """A batch job's pending lines over Ray, appended to ``output`` in input order; ``steer``: the job's
+    ``--steer`` values (``millm.batch.steer``), merged into each worker's live values."""
     from millm.batch.lines import to_wire
     from millm.batch.shipped import capture
 
@@ -203,5 +210,5 @@ def answer_on_ray(job: BatchJob, output: Path, steering: SteeringService, settin
             sink.flush()
 
         run_rows([(line.index, to_wire(line)) for line in job.todo], BatchWorker,
-                 {"state": state, "created": job.created, "shares": shares}, address, workers, batch_size, write,
-                 advance)
+                 {"state": state, "created": job.created, "shares": shares, "steer": steer}, address, workers,
+                 batch_size, write, advance)

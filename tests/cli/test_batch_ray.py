@@ -58,6 +58,26 @@ def test_ray_resumes_a_killed_run(single, local_ray, tmp_path):
     assert out.read_bytes() == expected.read_bytes()
 
 
+def test_steer_on_ray_writes_the_single_process_file(engine, weather_profile, local_ray, tmp_path):
+    """``--steer`` travels to every worker: the Ray file is the single-process file under the same values, which
+    steer (the answers differ from the job without them), and the driver's live values are put back after."""
+    from tests.support.batch_rows import SAE, chat
+
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"custom_id": f"w{i}", "method": "POST", "url": "/v1/chat/completions",
+                                       "body": chat(text)}) + "\n" for i, text in enumerate(["Hi.", "The sky"])))
+    steer = ["--sae", SAE, "--steer", "1604=60", "--batch-size", "2"]
+    outs = {name: tmp_path / f"{name}.jsonl" for name in ("plain", "single", "ray")}
+    for name, extra in (("plain", ["--batch-size", "2"]), ("single", steer), ("ray", [*steer, "--ray", "local"])):
+        result = runner.invoke(app, ["batch", str(src), "-o", str(outs[name]), *extra])
+        assert result.exit_code == 0, result.output
+    assert outs["ray"].read_bytes() == outs["single"].read_bytes()
+    answers = {name: [row["response"]["body"]["choices"][0]["message"]["content"]
+                      for row in map(json.loads, out.read_text().splitlines())] for name, out in outs.items()}
+    assert answers["single"] != answers["plain"]
+    assert engine.steering_target().steering.attachments[SAE].values == {}
+
+
 def test_score_on_ray_writes_the_single_process_file(engine, local_ray, tmp_path):
     src = tmp_path / "prompts.jsonl"
     rows = [{"prompt": "The sky is"}, {"messages": [{"role": "user", "content": "Yes or no?"}]}, "not an object",
