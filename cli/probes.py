@@ -39,7 +39,10 @@ def learn(name: Annotated[str, typer.Argument(help="The probe's name.")],
           layer: Annotated[int | None, typer.Option(help="The layer whose output it reads (default: 47% of the "
                                                          "model's depth, 14 of 30).")] = None,
           method: Annotated[str, typer.Option(help="diffmean or logreg.")] = "diffmean",
-          aggregation: Annotated[str, typer.Option(help="max, mean or last over the positions read.")] = "max",
+          aggregation: Annotated[str, typer.Option(help="max, mean, last or rolling_mean over the positions "
+                                                        "read.")] = "max",
+          window: Annotated[int | None, typer.Option(help="A rolling_mean's window in response tokens (default "
+                                                          "8).")] = None,
           span: Annotated[str, typer.Option(help="The positions read: response, prompt or both.")] = "response",
           target_fpr: Annotated[float, typer.Option(help="The false-positive rate the threshold is cut at on the "
                                                          "held-out negatives, in (0, 1).")] = 0.01,
@@ -57,7 +60,7 @@ def learn(name: Annotated[str, typer.Argument(help="The probe's name.")],
     from millm.vectors.learn import default_layer, generated
 
     check_seed(seed)
-    check_options(method, aggregation, span, target_fpr)
+    window = check_options(method, aggregation, span, target_fpr, window)
     home = get_settings().home
     catalog.check_new(home, name)  # before any model work
     _check_sources(concept, positive, negative)
@@ -73,7 +76,7 @@ def learn(name: Annotated[str, typer.Argument(help="The probe's name.")],
         source = {"positive": str(positive), "negative": str(negative)}
     at = layer if layer is not None else default_layer(identity(engine).layers)
     probe = learn_probe(engine, name, files, at, method=method, aggregation=aggregation, span=span,
-                        target_fpr=target_fpr, seed=seed, source=source)
+                        target_fpr=target_fpr, seed=seed, source=source, window=window)
     catalog.save(home, probe)
     out.print(f"probe {name}: {method} at layer {at}, {aggregation} over the {span}, threshold "
               f"{probe.threshold:.4g}; {_figures(probe.document())}")

@@ -6,9 +6,11 @@ assistant answer, unsteered, at ``layer``'s output, position by position. The di
 examples' mean residuals: their difference in means (DiffMean, unit norm, centred between the two means) or a
 logistic regression (L2-regularised, on standardised inputs, folded back to one weight and bias). Each held-out
 example's score is the probe's aggregation of its positions' scores, as served (the answer's positions, read
-as the response). The threshold is the lowest score at which at most ``target_fpr`` of the held-out negatives
-score as high (above every negative when there are too few to spare one); the held-out AUROC, the recall and
-the realised FPR at it are the evidence stored beside it."""
+as the response; a rolling mean's is the highest mean of a full window, so a held-out example shorter than its
+window, which would never fire when served, has no score and is left out of the figures). The threshold is
+the lowest score at which at most ``target_fpr`` of the held-out negatives score as high (above every negative
+when there are too few to spare one); the held-out AUROC, the recall and the realised FPR at it are the evidence
+stored beside it."""
 
 from __future__ import annotations
 
@@ -24,6 +26,8 @@ from millm.engine.params import TextPrompt
 from millm.errors import InvalidParameter
 from millm.probes.probe import DEFAULT_FPR, METHODS, Figures, Probe, check_fpr, identity
 from millm.steering.probe import check_aggregation
+from millm.steering.watching import aggregate as aggregate_one
+from millm.steering.watching import rolling_means
 from millm.vectors.learn import READ_SLICE, Examples, Runner, activations, inline, stopped
 
 HELD_OUT = 1 / 3  # the share of each side's examples held out for the operating point
@@ -101,10 +105,23 @@ def logreg(positive: torch.Tensor, negative: torch.Tensor, steps: int = 200) -> 
 TRAINERS = {"diffmean": diffmean, "logreg": logreg}
 
 
-def aggregate(scores: Sequence[torch.Tensor], aggregation: str) -> torch.Tensor:
-    """Each text's positions' scores aggregated as served (``max``, ``mean``, ``last``)."""
-    pick = {"max": lambda s: s.max(), "mean": lambda s: s.mean(), "last": lambda s: s[-1]}[aggregation]
-    return torch.stack([pick(s) for s in scores])
+def aggregate(scores: Sequence[torch.Tensor], aggregation: str, window: int | None = None) -> torch.Tensor:
+    """Each text's positions' scores aggregated as served (``max``, ``mean``, ``last``; ``rolling_mean``: the
+    highest mean of ``window`` consecutive scores, every text at least ``window`` long: ``long_enough``)."""
+    if window is not None:
+        scores = [rolling_means(s, window) for s in scores]
+    return torch.stack([aggregate_one(s, aggregation) for s in scores])
+
+
+def long_enough(spans: Sequence[torch.Tensor], texts: Sequence[str], window: int | None,
+                side: str) -> tuple[list[torch.Tensor], list[str]]:
+    """The held-out examples a rolling mean scores (at least ``window`` tokens: a shorter answer has no full
+    window, so it never fires when served and has no score); a side left with none is a 400 naming ``window``."""
+    kept = [(s, t) for s, t in zip(spans, texts) if window is None or len(s) >= window]
+    if not kept:
+        raise InvalidParameter(f"No held-out {side} example is {window} tokens long, the rolling mean's window; "
+                               "give a smaller 'window' or longer examples.", param="window")
+    return [s for s, _ in kept], [t for _, t in kept]
 
 
 def auroc(positive: torch.Tensor, negative: torch.Tensor) -> float:
@@ -127,20 +144,22 @@ def score(weight: torch.Tensor, bias: float, spans: Sequence[torch.Tensor]) -> l
     return [s.float() @ weight + bias for s in spans]
 
 
-def check_options(method: str, aggregation: str, span: str, target_fpr: float) -> None:
-    """Every learning option known (before any model work), or a 400 naming it."""
+def check_options(method: str, aggregation: str, span: str, target_fpr: float, window: int | None = None) -> int | None:
+    """Every learning option known (before any model work), or a 400 naming it; the window a rolling mean
+    takes (its default when none is given; None for the other aggregations)."""
     if method not in METHODS:
         raise InvalidParameter(f"'method' must be one of {', '.join(METHODS)}, got {method!r}.", param="method")
-    check_aggregation(aggregation, span)
+    _, _, checked = check_aggregation(aggregation, span, window)
     check_fpr(target_fpr)
+    return checked
 
 
 def learn(engine: Engine, name: str, examples: Examples, layer: int, *, method: str = "diffmean",
           aggregation: str = "max", span: str = "response", target_fpr: float = DEFAULT_FPR, seed: int = 0,
           source: dict[str, object] | None = None, run: Runner = inline,
-          control: StepControl | None = None) -> Probe:
+          control: StepControl | None = None, window: int | None = None) -> Probe:
     """A probe learned from ``examples`` at ``layer`` (see the module's docstring)."""
-    check_options(method, aggregation, span, target_fpr)
+    window = check_options(method, aggregation, span, target_fpr, window)
     model = identity(engine)
     if not 0 <= layer < model.layers:
         raise InvalidParameter(f"'layer' must be between 0 and {model.layers - 1}, got {layer}.", param="layer")
@@ -153,8 +172,10 @@ def learn(engine: Engine, name: str, examples: Examples, layer: int, *, method: 
     pos_train, neg_train, pos_held, neg_held = (spans[a:a + n] for a, n in zip(_starts(sizes), sizes))
     weight, bias = TRAINERS[method](torch.stack([s.mean(0) for s in pos_train]),
                                     torch.stack([s.mean(0) for s in neg_train]))
-    positive = aggregate(score(weight, bias, pos_held), aggregation)
-    negative = aggregate(score(weight, bias, neg_held), aggregation)
+    pos_held, pos_texts = long_enough(pos_held, parts.held.positive, window, "positive")
+    neg_held, neg_texts = long_enough(neg_held, parts.held.negative, window, "negative")
+    positive = aggregate(score(weight, bias, pos_held), aggregation, window)
+    negative = aggregate(score(weight, bias, neg_held), aggregation, window)
     threshold, recall, fpr = operating_point(positive, negative, target_fpr)
     figures = Figures(round(auroc(positive, negative), 6), round(recall, 6), round(fpr, 6), target_fpr,
                       {"positive": len(pos_held), "negative": len(neg_held)},
@@ -162,7 +183,7 @@ def learn(engine: Engine, name: str, examples: Examples, layer: int, *, method: 
     return Probe(name, layer, method, weight.tolist(), bias, aggregation, span, threshold, figures, model,
                  {**(source or {}), "seed": seed},
                  {"positive": positive.tolist(), "negative": negative.tolist()},
-                 {"positive": list(parts.held.positive), "negative": list(parts.held.negative)})
+                 {"positive": pos_texts, "negative": neg_texts}, window=window)
 
 
 def _starts(sizes: Sequence[int]) -> list[int]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from millm.errors import InvalidParameter
@@ -66,7 +66,8 @@ class Figures:
 @dataclass(frozen=True)
 class Probe:
     """A stored probe: ``score = weight . h + bias`` at ``layer``'s output at each position read, aggregated over
-    ``span`` and compared with ``threshold``; the held-out ``scores`` (and ``held_out`` texts) it was cut on."""
+    ``span`` (a ``rolling_mean`` over ``window`` response tokens) and compared with ``threshold``; the held-out
+    ``scores`` (and ``held_out`` texts) it was cut on."""
 
     name: str
     layer: int
@@ -82,6 +83,7 @@ class Probe:
     scores: dict[str, list[float]] = field(default_factory=dict)  # held-out scores of each side
     held_out: dict[str, list[str]] = field(default_factory=dict)  # the held-out texts of each side
     description: str = ""
+    window: int | None = None  # a rolling mean's window (response tokens); None for the other aggregations
 
     def document(self) -> dict[str, Any]:
         """The probe as one JSON document (what export writes and import reads)."""
@@ -106,7 +108,7 @@ class Probe:
         action it cannot take is a 400 naming ``param``."""
         check_action(action, profile, self.aggregation, self.span, param)
         return Watch(self.name, self.layer, self.weight, self.bias, self.aggregation, self.span, self.threshold, action,
-                     profile, steering)
+                     profile, steering, self.window)
 
 
 def identity(engine: Engine) -> ModelIdentity:
@@ -139,7 +141,8 @@ def from_document(doc: Any, name: str | None = None) -> Probe:
     except (KeyError, TypeError, ValueError) as exc:
         raise InvalidParameter(f"The probe document is missing or has a malformed field: {exc}.",
                                param="document") from None
-    check_aggregation(probe.aggregation, probe.span)
+    _, _, window = check_aggregation(probe.aggregation, probe.span, doc.get("window"))
+    probe = replace(probe, window=window)
     if len(probe.weight) != probe.model.hidden_size or not all(math.isfinite(x) for x in probe.weight):
         raise InvalidParameter(f"'weight' must hold {probe.model.hidden_size} finite numbers (the model's hidden "
                                "size).", param="weight")

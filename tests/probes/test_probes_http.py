@@ -105,6 +105,29 @@ def test_abort_ends_the_stream_with_content_filter(server, learned):
     assert streamed[-3]["usage"]["completion_tokens"] == 1
 
 
+def test_an_abort_rolling_mean_ends_the_stream_where_its_first_window_fires(server, learned):
+    doc = document(server, aggregation="rolling_mean", window=3, threshold=-1e9)
+    imported = httpx.post(server + "/api/probes/import?name=rain-rolling", json=doc, timeout=30)
+    assert imported.status_code == 201 and imported.json()["window"] == 3
+    assert httpx.get(server + "/api/probes/rain-rolling/export", timeout=30).json()["window"] == 3
+    streamed = frames(chat(server, stream=True, probes=[{"name": "rain-rolling", "action": "abort"}]))
+    ended = next(i for i, f in enumerate(streamed) if f["choices"] and f["choices"][0]["finish_reason"])
+    assert streamed[ended]["choices"][0]["finish_reason"] == "content_filter"
+    assert not any(f["choices"] for f in streamed[ended + 1:-1])  # nothing after: usage, the verdict, [DONE]
+    [verdict] = streamed[-2]["millm"]["probes"]
+    # the first full window ends at response position 2: the answer is the three tokens fed by then
+    assert (verdict["acted"], verdict["position"], verdict["window"]) == (True, 2, 3)
+    assert streamed[-3]["usage"]["completion_tokens"] == verdict["position"] + 1
+
+
+@pytest.mark.parametrize("changes", [{"aggregation": "rolling_mean", "window": 0},
+                                     {"aggregation": "rolling_mean", "window": "8"}, {"window": 4}])
+def test_a_probe_document_with_a_bad_window_is_a_400_naming_it(server, learned, changes):
+    r = httpx.post(server + "/api/probes/import?name=rain-window", json=document(server, **changes), timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "window"
+    assert httpx.get(server + "/api/probes/rain-window", timeout=30).status_code == 404
+
+
 def test_a_probe_for_another_model_is_refused_at_attach_naming_both(server, learned):
     doc = document(server, weight=[0.0] * 1024, model={**document(server)["model"], "hidden_size": 1024})
     assert httpx.post(server + "/api/probes/import?name=rain-wide", json=doc, timeout=30).status_code == 201

@@ -29,6 +29,14 @@ def probe(engine) -> Probe:
     return learn(engine, "rain-test", Examples(POSITIVE, NEGATIVE), LAYER, method="diffmean")
 
 
+@pytest.fixture(scope="module")
+def rolling(engine) -> Probe:
+    from millm.probes.learn import learn
+    from millm.vectors.learn import Examples
+
+    return learn(engine, "rain-rolling", Examples(POSITIVE, NEGATIVE), LAYER, aggregation="rolling_mean", window=4)
+
+
 def _run(engine, p):
     return list(engine.run(p))
 
@@ -37,14 +45,18 @@ def _verdicts(events) -> list[dict]:
     return next(e.body for e in events if isinstance(e, Verdicts))
 
 
-def test_stored_figures_reproduce_from_the_stored_split(engine, probe):
+@pytest.mark.parametrize("learned", ["probe", "rolling"])
+def test_stored_figures_reproduce_from_the_stored_split(engine, learned, request):
     import torch
 
     from millm.probes.learn import aggregate, auroc, operating_point, read, score
 
+    probe = request.getfixturevalue(learned)
     weight = torch.tensor(probe.weight)
-    pos = aggregate(score(weight, probe.bias, read(engine, probe.held_out["positive"], LAYER)), probe.aggregation)
-    neg = aggregate(score(weight, probe.bias, read(engine, probe.held_out["negative"], LAYER)), probe.aggregation)
+    pos = aggregate(score(weight, probe.bias, read(engine, probe.held_out["positive"], LAYER)), probe.aggregation,
+                    probe.window)
+    neg = aggregate(score(weight, probe.bias, read(engine, probe.held_out["negative"], LAYER)), probe.aggregation,
+                    probe.window)
     assert round(auroc(pos, neg), 6) == probe.figures.auroc
     threshold, recall, fpr = operating_point(pos, neg, probe.figures.target_fpr)
     assert (round(recall, 6), round(fpr, 6)) == (probe.figures.recall, probe.figures.fpr)
@@ -136,3 +148,22 @@ def test_an_acting_row_leaves_its_neighbours_text_alone_under_batching(engine, p
     assert acting.finishes == ["content_filter"]
     assert [(c.text, c.finishes) for c in others] == expected
     assert any(isinstance(e, Verdicts) for e in others[1].events)
+
+
+def test_an_aborting_rolling_mean_ends_its_row_at_its_first_full_window_under_batching(engine, rolling):
+    from millm.engine.decode.admission import BatchSettings
+    from millm.engine.decode.scheduler import Scheduler
+
+    neighbours = [plan(engine, "The capital of France is", max_tokens=10),
+                  replace(plan(engine, "Name three colours.", chat=True, max_tokens=10), probes=(rolling.watch(),))]
+    expected = [alone(engine, p) for p in neighbours]
+    scheduler = Scheduler(engine, BatchSettings(max_rows=4, max_tokens=4 * 256, prefill_chunk=64))
+    eager = replace(rolling.watch("abort"), threshold=-1e9)  # every full window reaches it
+    acting = submit(scheduler, replace(plan(engine, ACTING, chat=True, max_tokens=16), probes=(eager,)))
+    others = [submit(scheduler, p) for p in neighbours]
+    drain(scheduler)
+    [verdict] = _verdicts(acting.events)
+    finish = next(e for e in acting.events if isinstance(e, Finish))
+    assert acting.finishes == ["content_filter"] and verdict["acted"] and verdict["window"] == rolling.window
+    assert verdict["position"] == rolling.window - 1 and finish.completion_tokens == rolling.window
+    assert [(c.text, c.finishes) for c in others] == expected
