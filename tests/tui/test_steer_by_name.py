@@ -99,5 +99,26 @@ def test_a_name_without_a_recommendation_is_refused_and_changes_nothing(engine, 
     drive(LocalClient(engine), scenario)
 
 
+def test_url_mode_resolves_names_as_in_process(engine, server, measured_sae):
+    """Over ``--url`` the names resolve on the server's search and cards, to the same values and words."""
+    import httpx
+
+    from tui.remote import RemoteClient
+
+    async def scenario(app, pilot) -> None:
+        await choose(app, pilot, measured_sae)
+        await send(app, pilot, "/steer weather, 9=-15")
+        await settle(pilot)
+        assert httpx.get(server + "/api/steering").json()["saes"][measured_sae]["values"] == {"5": 60.0, "9": -15.0}
+        assert "at its recommended strength 60 (held-out 50% [30%-69%]" in notes(app)[-1][2]
+        await send(app, pilot, "/steer ocean")
+        await settle(pilot)
+        assert notes(app)[-1][:2] == ("error", "not steered")
+        assert f"'ocean' (feature 7 of {measured_sae}) has no recommended strength" in notes(app)[-1][2]
+        assert httpx.get(server + "/api/steering").json()["saes"][measured_sae]["values"] == {"5": 60.0, "9": -15.0}
+
+    drive(RemoteClient(server), scenario)
+
+
 def test_items_split_at_commas_and_keep_spaces():
     assert items_of("/steer weather,  stormy seas=20 ,,12") == ["weather", "stormy seas=20", "12"]
