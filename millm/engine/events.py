@@ -60,7 +60,15 @@ class Verdicts:
     body: list[dict[str, Any]]
 
 
-Event = Steered | Delta | Finish | Verdicts | Activations | Usage
+@dataclass(frozen=True)
+class Sensed:
+    """The request's cluster sensing firings (``millm.steering.sensing.ClusterSensing.events``), sent when its
+    last row ends, only when a cluster fired: the server records them and no response carries them."""
+
+    body: list[dict[str, Any]]
+
+
+Event = Steered | Delta | Finish | Verdicts | Sensed | Activations | Usage
 
 
 def steered_label(events: Iterable[Event]) -> str | None:

@@ -293,6 +293,7 @@ async def delete_profile(name: str) -> Any:
     svc = services().steering
     svc.profile(name)
     await deactivate_if_active(name)
+    await stop_sensing(name)
     await asyncio.to_thread(svc.delete_profile, name)
     return {"deleted": name}
 
@@ -302,6 +303,13 @@ async def deactivate_if_active(name: str) -> None:
     target = steerable()
     if target is not None and target.steering.active_profile == name:
         await command(services().steering.deactivate, target)
+
+
+async def stop_sensing(name: str) -> None:
+    """Stop cluster ``name``'s sensing on the loaded model (a cluster deleted or replaced senses nothing)."""
+    target = steerable()
+    if target is not None and services().steering.cluster_sensing(target, name) is not None:
+        await command(services().steering.stop_sensing, target, name)
 
 
 @bp.post("/profiles/<name:name>/activate")

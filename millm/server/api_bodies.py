@@ -101,7 +101,8 @@ BODIES: dict[str, dict[str, Any] | type[BaseModel]] = {
         "layer": {"type": ["integer", "string"], "description": "The layer whose output it reads. Default: 47% of "
                                                                 "the model's depth (14 of 30)"},
         "method": {"type": "string", "description": "diffmean (default) or logreg"},
-        "aggregation": {"type": "string", "description": "max (default), mean or last over the positions read"},
+        "aggregation": {"type": "string", "description": "max (default), mean, last or rolling_mean over the "
+                                                         "positions read"},
         "span": {"type": "string", "description": "response (default), prompt or both"},
         "target_fpr": {"type": "number", "description": "The false-positive rate the threshold is cut at on the "
                                                         "held-out negatives, in (0, 1); default 0.01"},
@@ -117,7 +118,8 @@ BODIES: dict[str, dict[str, Any] | type[BaseModel]] = {
         "tokens": {"type": "integer", "description": "Tokens per generated example (concepts only)"},
         "seed": {"type": "integer", "description": "Sampling seed of the examples and of the held-out split"}}},
     "probes_api.attach_probe": {"type": "object", "properties": {
-        "action": {"type": "string", "description": "flag (default), abort or steer (max over the response only)"},
+        "action": {"type": "string", "description": "flag (default), abort or steer (max or rolling_mean over the "
+                                                    "response only)"},
         "profile": {"type": ["string", "null"], "description": "The profile a steer action applies"}}},
     "sweeps_api.start_sweep": {"type": "object", "required": ["sae", "feature"], "properties": {
         "sae": {"type": "string", "description": "An SAE or vector set attached to the loaded model"},
@@ -138,6 +140,9 @@ BODIES: dict[str, dict[str, Any] | type[BaseModel]] = {
     "steering_docs.import_circuit": CircuitDoc,
     "steering_docs.set_cluster_intensity": {"type": "object", "required": ["lambda"], "properties": {
         "lambda": {"type": "number"}}},
+    "steering_docs.sense_cluster": {"type": "object", "properties": {
+        "min_members": {"type": "integer", "description": "How many members must exceed their thresholds at one "
+                                                          "position (1 to the cluster's size; default 1)"}}},
 }
 BODIES = {endpoint: closed(body) if isinstance(body, dict) else body for endpoint, body in BODIES.items()}
 

@@ -1,8 +1,10 @@
-"""Sensing: every probe verdict that fired on a served generation is an event (time, request id, probe, score,
-position, action) in a bounded log: ``GET /api/sensing/events?since=&source=&limit=`` reads it,
-``GET /api/sensing/stream`` pushes each new event as it comes (the console's Monitor page), and
-``millm_sensing_events_total`` counts them by source. Only generation requests are watched, so scoring requests
-and embeddings never add one (the contract: a judge's prompt isn't user traffic)."""
+"""Sensing: every probe verdict that fired on a served generation (source ``probe``), and every sensing
+cluster that fired on one (source ``cluster``: enough of its members over their thresholds,
+``millm.steering.sensors``), is an event (time, request id, source, name, choice, score, threshold, position,
+action) in a bounded log: ``GET /api/sensing/events?since=&source=&limit=`` reads it, ``GET /api/sensing/stream``
+pushes each new event as it comes (the console's Monitor page), and ``millm_sensing_events_total`` counts them
+by source. Only generation requests are watched or sensed, so scoring requests and embeddings never add one
+(the contract: a judge's prompt isn't user traffic)."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from typing import Any, TypeVar
 from prometheus_client import Counter
 from quart import Blueprint, Quart, Response, current_app, request
 
-from millm.engine.events import Verdicts
+from millm.engine.events import Sensed, Verdicts
 from millm.errors import InvalidParameter
 from millm.render import sse
 from millm.server import metrics
@@ -25,7 +27,7 @@ from millm.server import metrics
 bp = Blueprint("sensing", __name__, url_prefix="/api/sensing")
 EXTENSION = "millm.sensing"
 KEPT = 1000  # events the log keeps (the oldest go first)
-SOURCES = ("probe",)
+SOURCES = ("probe", "cluster")
 LIMIT = (1, 1000, 100)  # ?limit=: low, high, default
 HEARTBEAT_S = 15.0
 E = TypeVar("E")
@@ -41,12 +43,14 @@ class SensingLog:
         self._lock = threading.Lock()
         self._listeners: list[Callable[[], None]] = []
 
-    def record(self, source: str, name: str, request_id: str, verdict: dict[str, Any]) -> None:
+    def record(self, source: str, name: str, request_id: str, fired: dict[str, Any]) -> None:
+        """Add an event of ``source`` (a probe's fired verdict, a cluster's firing: a cluster takes no action,
+        so its ``action`` is null)."""
         with self._lock:
             self.events.append({"id": self.next_id, "time": time.time(), "source": source, "name": name,
-                                "request_id": request_id, "index": verdict["index"], "score": verdict["score"],
-                                "threshold": verdict["threshold"], "position": verdict["position"],
-                                "action": verdict["action"], "acted": verdict["acted"]})
+                                "request_id": request_id, "index": fired["index"], "score": fired["score"],
+                                "threshold": fired["threshold"], "position": fired["position"],
+                                "action": fired.get("action"), "acted": fired.get("acted", False)})
             self.next_id += 1
             listeners = list(self._listeners)
         self.counter.labels(source).inc()
@@ -66,7 +70,8 @@ class SensingLog:
 
 
 def install(app: Quart) -> None:
-    counter = Counter("millm_sensing_events", "Sensing events recorded (fired probe verdicts), by source.",
+    counter = Counter("millm_sensing_events", "Sensing events recorded (fired probe verdicts, clusters whose "
+                      "members exceeded their thresholds), by source.",
                       ["source"], registry=metrics.of(app).registry)
     app.extensions[EXTENSION] = SensingLog(counter)
     app.register_blueprint(bp)
@@ -78,12 +83,17 @@ def log() -> SensingLog:
 
 
 def sensed(events: AsyncIterator[E], request_id: str) -> AsyncIterator[E]:
-    """``events`` passed on as they are; each fired verdict among them recorded under ``request_id``."""
+    """``events`` passed on, each fired verdict among them recorded under ``request_id``, and each cluster
+    firing recorded and taken out (no response carries one)."""
     return _sensed(events, request_id, log())
 
 
 async def _sensed(events: AsyncIterator[E], request_id: str, found: SensingLog) -> AsyncIterator[E]:
     async for event in events:
+        if isinstance(event, Sensed):
+            for fired in event.body:
+                found.record("cluster", fired["cluster"], request_id, fired)
+            continue
         if isinstance(event, Verdicts):
             for verdict in event.body:
                 if verdict["fired"]:

@@ -12,7 +12,16 @@ from typing import Any
 
 from quart import Blueprint, request
 
-from millm.server.api import body, command, deactivate_if_active, engine, steerable, steering_state, use_names
+from millm.server.api import (
+    body,
+    command,
+    deactivate_if_active,
+    engine,
+    steerable,
+    steering_state,
+    stop_sensing,
+    use_names,
+)
 from millm.server.state import services
 from millm.steering.target import SteeringTarget
 
@@ -35,8 +44,10 @@ def _active(target: SteeringTarget | None) -> str | None:
 
 
 def cluster_view(row: dict[str, Any], target: SteeringTarget | None) -> dict[str, Any]:
-    """An imported cluster: its document, persistent dial λ (``intensity``), and whether it is the active profile."""
-    return {**row, "active": row["name"] == _active(target)}
+    """An imported cluster: its document, persistent dial λ (``intensity``), whether it is the active profile,
+    and what it senses on the loaded model (``sensing``: null when it does not)."""
+    sensing = services().steering.cluster_sensing(target, row["name"])
+    return {**row, "active": row["name"] == _active(target), "sensing": sensing}
 
 
 def circuit_view(row: dict[str, Any], target: SteeringTarget | None, model_id: str) -> dict[str, Any]:
@@ -61,6 +72,7 @@ async def import_cluster() -> Any:
     target, model_id = _target()
     svc = services().steering
     row = await command(lambda: svc.import_document("cluster", data, target, model_id, overwrite=overwrite))
+    await stop_sensing(row["name"])  # a cluster imported over a sensing one senses again only when asked
     return cluster_view(row, target), 201
 
 
@@ -89,8 +101,32 @@ async def delete_cluster(name: str) -> Any:
     svc = services().steering
     svc.document("cluster", name)
     await deactivate_if_active(name)
+    await stop_sensing(name)
     await asyncio.to_thread(svc.delete_document, "cluster", name)
     return {"deleted": name}
+
+
+@bp.post("/clusters/<name:name>/sensing")
+async def sense_cluster(name: str) -> Any:
+    """Switch sensing on for the cluster, ``{"min_members"?}`` (default 1): every generation request then reads
+    its members' features through its SAE, and the first response position where at least ``min_members``
+    exceed their thresholds is a sensing event. Its SAE must be attached (400 ``sae``), each member must have a
+    threshold (given, or half its card's max activation; 400 ``/members/i/threshold``)."""
+    data = await body()
+    svc = services().steering
+    svc.document("cluster", name)
+    target = engine()
+    await command(svc.sense_cluster, target, name, data.get("min_members", 1))
+    return cluster_view(svc.document("cluster", name), target)
+
+
+@bp.delete("/clusters/<name:name>/sensing")
+async def stop_cluster_sensing(name: str) -> Any:
+    """Switch the cluster's sensing off (nothing changes when it was off)."""
+    svc = services().steering
+    svc.document("cluster", name)
+    await stop_sensing(name)
+    return cluster_view(svc.document("cluster", name), steerable())
 
 
 # circuits

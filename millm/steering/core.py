@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -28,6 +28,9 @@ from millm.errors import InvalidFeatureIndex, InvalidParameter, SAENotAttached
 from millm.sae.model import SAE
 from millm.steering.scope import ALL, Scope, gates
 from millm.steering.values import check_values, clamp
+
+if TYPE_CHECKING:
+    from millm.steering.sensors import ClusterSensor
 
 Reader = Callable[[torch.Tensor], None]
 Values = dict[str, dict[int, float]]  # strengths per SAE id, per feature index
@@ -50,6 +53,7 @@ class Attachment:
     rows: torch.Tensor | None = None  # per-row deltas, [rows, d_model]
     gates: torch.Tensor | None = None  # per-row gates by phase, [2, rows] (millm.steering.scope)
     row_steering: set[int] = field(default_factory=set)  # rows whose delta here is non-zero
+    sensors: dict[str, ClusterSensor] = field(default_factory=dict)  # sensing clusters on it, by name
 
 
 @dataclass(frozen=True)

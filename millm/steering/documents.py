@@ -57,9 +57,13 @@ class ClusterSAE(_Strict):
 
 
 class ClusterMember(_Strict):
+    """One feature of a cluster: its steering strength, and (for sensing) the activation of that feature it must
+    exceed (``threshold``; default: derived from the SAE's card when sensing is switched on)."""
+
     feature: int = Field(ge=0)
     strength: float
     label: str | None = None
+    threshold: float | None = Field(None, gt=0)
 
 
 class ClusterDoc(_Document):

@@ -14,17 +14,25 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from millm.config import get_settings
-from millm.errors import InvalidParameter, MillmError, ProfileConflict, ProfileNotFound, SAENotFound
+from millm.errors import (
+    InvalidParameter,
+    MillmError,
+    ProfileConflict,
+    ProfileNotFound,
+    SAENotAttached,
+    SAENotFound,
+)
 from millm.paths import user_path
 from millm.sae.bundled import register_bundled
 from millm.sae.formats import load_sae
 from millm.steering.bases import Bases, circuit_serving, profile_row, registered, stored_profile
-from millm.steering.core import RequestSteering
-from millm.steering.documents import Document, Registered, Serving, ServingMode
+from millm.steering.core import Attachment, RequestSteering
+from millm.steering.documents import ClusterDoc, Document, Registered, Serving, ServingMode
 from millm.steering.imports import import_document, stored_cluster
 from millm.steering.intensity import Dial, IntensitySettings, check_stored_dial
 from millm.steering.monitor import MonitorConfig, parse_monitor_config
 from millm.steering.profiles import ProfileDoc, parse_profile
+from millm.steering.sensors import sensor_for
 from millm.steering.target import SteeringTarget
 from millm.store import Store
 
@@ -316,6 +324,60 @@ class SteeringService:
         if engine.steering.active_profile is None:
             return
         self.clear(engine)
+
+    # cluster sensing (millm.steering.sensors): held by the cluster's SAE attachment, so a detach ends it
+    def sense_cluster(self, engine: SteeringTarget, name: str, min_members: Any = 1) -> dict[str, Any]:
+        """Switch sensing on for cluster ``name`` (again: with these settings): its SAE must be attached to a
+        model whose residual can be read, and each member must have a threshold (given, or derived from the
+        SAE's card); every refusal comes before anything changes. Returns what it senses."""
+        from millm.sae.cards import feature_rows
+
+        found = stored_cluster(self.store, name)
+        if found is None:
+            raise ProfileNotFound(f"No cluster is named '{name}'.", param="name")
+        cluster = found[0]
+        if not engine.reads:
+            raise InvalidParameter(f"'{engine.model_id}' is steered through llama.cpp's control vectors, which read "
+                                   "nothing; sense clusters on a transformers model.", param="model")
+        att = self._cluster_attachment(engine, cluster)
+        record = self.store.sae(att.sae_id)
+        rows = feature_rows(record["path"]) if record is not None else {}
+        tops = {i: float(r["max_activation"]) for i, r in rows.items() if r.get("max_activation") is not None}
+        sensor = sensor_for(cluster, att.sae_id, tops, min_members)
+        self.stop_sensing(engine, name)
+        att.sensors[name] = sensor
+        return sensor.describe()
+
+    def stop_sensing(self, engine: SteeringTarget | None, name: str) -> bool:
+        """Switch sensing off for cluster ``name``; False when it was not on."""
+        if engine is None:
+            return False
+        held = [a for a in engine.steering.attachments.values() if name in a.sensors]
+        for att in held:
+            del att.sensors[name]
+        return bool(held)
+
+    @staticmethod
+    def cluster_sensing(engine: SteeringTarget | None, name: str) -> dict[str, Any] | None:
+        """What cluster ``name`` senses on the loaded model (None: it does not)."""
+        for att in engine.steering.attachments.values() if engine is not None else ():
+            if name in att.sensors:
+                return att.sensors[name].describe()
+        return None
+
+    @staticmethod
+    def _cluster_attachment(engine: SteeringTarget, cluster: ClusterDoc) -> Attachment:
+        """The attached SAE a cluster lives on (the one it names, else the one attached at its layer), of its
+        width; a 400 naming ``sae`` when there is none."""
+        sae = cluster.sae
+        for att in engine.steering.attachments.values():
+            named = att.sae_id == sae.id if sae.id is not None else (
+                att.layer == sae.layer and att.sae.architecture != "linear")
+            if named and att.sae.d_sae == sae.d_sae:
+                return att
+        which = f"SAE {sae.id}" if sae.id is not None else f"an SAE of width {sae.d_sae} at layer {sae.layer}"
+        raise SAENotAttached(f"Cluster '{cluster.name}' lives on {which}, which is not attached to the loaded model; "
+                             "attach it first (POST /api/saes/{id}/attach).", param="sae")
 
     # monitoring
     def configure_monitor(self, engine: SteeringTarget, data: dict[str, Any]) -> dict[str, Any]:

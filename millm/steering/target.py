@@ -20,12 +20,13 @@ from millm.steering.probe import RESPONSE as PROBE_RESPONSE
 from millm.steering.probe import Watch, reader_key
 from millm.steering.readout import UNSTEERED, ReadoutAsk, ReadoutRecorder, ReadoutSpec, bind_readout
 from millm.steering.scope import GENERATED_PHASE, PROMPT_PHASE, Scope, applies
+from millm.steering.sensing import ClusterSensing, sensing_for
 from millm.steering.watching import Watching
 
-__all__ = ["GENERATED_PHASE", "PROBE_PROMPT", "PROBE_RESPONSE", "PROMPT_PHASE", "ROW", "UNSTEERED", "ControlVector",
-           "ControlVectorSteering", "Monitor", "MonitorSession", "ReadoutAsk", "ReadoutRecorder", "ReadoutSpec",
-           "Reader", "RequestSteering", "RowView", "Scope", "Steering", "SteeringCore", "SteeringTarget", "Watch",
-           "Watching", "applies", "bind_readout", "own_values", "reader_key"]
+__all__ = ["GENERATED_PHASE", "PROBE_PROMPT", "PROBE_RESPONSE", "PROMPT_PHASE", "ROW", "UNSTEERED", "ClusterSensing",
+           "ControlVector", "ControlVectorSteering", "Monitor", "MonitorSession", "ReadoutAsk", "ReadoutRecorder",
+           "ReadoutSpec", "Reader", "RequestSteering", "RowView", "Scope", "Steering", "SteeringCore", "SteeringTarget",
+           "Watch", "Watching", "applies", "bind_readout", "own_values", "reader_key", "sensing_for"]
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from millm.engine.decode.rows import Row
     from millm.engine.events import Event
     from millm.engine.plan import Plan
-    from millm.steering.target import MonitorSession, ReadoutRecorder, Watching
+    from millm.steering.target import ClusterSensing, MonitorSession, ReadoutRecorder, Watching
 
 
 @dataclass(eq=False)
@@ -39,6 +39,7 @@ class Job:
     recorder: ReadoutRecorder | None = None
     watching: Watching | None = None  # its probes' state (``probes`` of its plan)
     watched: bool = False  # whether its probes' layer hooks are on
+    sensing: ClusterSensing | None = None  # its sensing clusters' state (None: no attached SAE has one)
     rows: list[BatchRow] = field(default_factory=list)
 
     @property

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from millm.steering.target import PROBE_PROMPT, PROBE_RESPONSE, ReadoutRecorder, Watching, reader_key
+from millm.steering.target import PROBE_PROMPT, PROBE_RESPONSE, ReadoutRecorder, Watching, reader_key, sensing_for
 
 if TYPE_CHECKING:
     import torch
@@ -37,6 +37,8 @@ def readers(rows: list[BatchRow], first: int, writes: torch.Tensor, aside: int) 
             span = PROBE_RESPONSE if r.next_token is not None else PROBE_PROMPT
             wanted += [(pre, reader_key(layer), job.watching.reader(layer, r.row.index, span))
                        for layer in job.watching.layers]
+        if job.sensing is not None and r.next_token is not None:  # sensing reads the fed response tokens
+            wanted += [(pre, sae_id, job.sensing.reader(sae_id, r.row.index)) for sae_id in job.sensing.on]
         if not wanted:
             continue
         offset = r.slot - first
@@ -59,7 +61,7 @@ def monitored(engine: BatchEngine) -> str | None:
 
 def observe(engine: BatchEngine, job: Job, sae: str | None) -> None:
     """The job's readers: a monitoring session on ``sae`` (what ``monitored`` says), its read-out's recorder,
-    and its probes' state, their layers watched."""
+    its probes' state, their layers watched, and its sensing clusters' (only while an attached SAE has one)."""
     if sae is not None:
         job.session = engine.monitor.session()
         job.session.sae = engine.steering.attachments[sae].sae
@@ -68,12 +70,14 @@ def observe(engine: BatchEngine, job: Job, sae: str | None) -> None:
     if readout is not None:
         job.recorder = ReadoutRecorder(readout, engine.steering, engine.token_texts)
     watches = job.plans[0].probes
+    rows = sum(len(p.prompt_ids) * p.params.n for p in job.plans)
     if watches:
-        rows = sum(len(p.prompt_ids) * p.params.n for p in job.plans)
         job.watching = Watching(watches, rows, job.length, engine.device, engine.dtype)
         for layer in job.watching.layers:
             engine.steering.watch_layer(layer)
         job.watched = True
+    job.sensing = sensing_for([(a.sae_id, a.sae, a.sensors) for a in engine.steering.attachments.values()],
+                              rows, job.length, engine.device)
 
 
 def unobserve(engine: BatchEngine, job: Job) -> None:

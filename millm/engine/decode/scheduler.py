@@ -48,7 +48,7 @@ from millm.engine.decode.prefill import Merged, choose, inputs
 from millm.engine.decode.reacting import react
 from millm.engine.decode.readers import monitored, observe, readers, unobserve
 from millm.engine.decode.rows import Row, emit
-from millm.engine.events import Activations, Steered, Usage, Verdicts
+from millm.engine.events import Activations, Sensed, Steered, Usage, Verdicts
 from millm.engine.shared_prefix import hand_on, share_starts
 from millm.steering.target import (
     GENERATED_PHASE,
@@ -447,6 +447,8 @@ class Scheduler:
         if job.rows_left == 0:
             if job.watching is not None:
                 job.send(Verdicts(job.watching.verdicts()))
+            if job.sensing is not None and (sensed := job.sensing.events()):
+                job.send(Sensed(sensed))
             if job.recorder is not None:
                 first = job.rows[0]
                 job.send(Activations(job.recorder.result(first.prompt + first.row.output.detok.ids, len(first.prompt))))

@@ -2,8 +2,9 @@
 // running statistics (a bar chart of the top features by mean activation and the table GET
 // /api/monitoring/stats answers) and the per-request history. The server pushes every change on
 // GET /api/monitoring/events; the page asks for nothing while it is open. Below, the stored probes (attached ones
-// watch every generation; attach or detach one here) and the sensing events (fired verdicts) the server pushes
-// on GET /api/sensing/stream as they come.
+// watch every generation; attach or detach one here) and the sensing events (fired verdicts, sensing clusters
+// whose members exceeded their thresholds: source and name in one column, a cluster's score the members over
+// and its threshold min_members) the server pushes on GET /api/sensing/stream as they come.
 
 import { del, get, post, put, seg, subscribe } from "../api.js";
 import { bars, sparkline } from "../chart.js";
@@ -99,11 +100,12 @@ export async function render(root, ctx) {
   }
 
   function drawSensing() {
-    fill(sensing, sensed.length ? table(["request", "time", "probe", "choice", "score", "threshold", "position",
-      "action"], sensed.map((e) => [e.request_id, new Date(e.time * 1000).toLocaleTimeString(), e.name,
+    fill(sensing, sensed.length ? table(["request", "time", "source", "choice", "score", "threshold", "position",
+      "action"], sensed.map((e) => [e.request_id, new Date(e.time * 1000).toLocaleTimeString(), `${e.source} ${e.name}`,
       String(e.index), num(e.score, DIGITS), num(e.threshold, DIGITS), e.position === null ? "–" : String(e.position),
-      e.acted ? `${e.action} (acted)` : e.action]), { id: "mon-sensing-table" })
-      : h("p", { class: "muted" }, "No sensing event yet: a probe's verdict that fires is one."));
+      e.action === null ? "–" : e.acted ? `${e.action} (acted)` : e.action]), { id: "mon-sensing-table" })
+      : h("p", { class: "muted" }, "No sensing event yet: a probe's verdict that fires is one, and so is a sensing "
+        + "cluster whose members exceed their thresholds."));
   }
 
   const stop = new AbortController();
