@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from millm.errors import InvalidParameter, SAENotAttached
 from millm.requests.builder import build_chat
 from millm.sae.cards import Example, FeatureCard
-from millm.sae.labels import LabelIndex
 from tui.client import (
     ChatEvent,
     ChatResult,
@@ -22,6 +21,9 @@ from tui.client import (
     SteeringState,
     TokenFeatures,
 )
+
+if TYPE_CHECKING:
+    from millm.sae.labels import LabelIndex
 
 SAE = "smollm2-135m-res-L10"
 LABELS = {12: "rain, storm, weather", 40: "ocean, sea, waves", 77: "happy, joy, smile", 301: "storm, thunder",
@@ -66,6 +68,8 @@ class ScriptedClient:
 
     async def label_index(self, sae_id: str, names: list[str]) -> LabelIndex:
         """The labels, with the held-out measure of each feature whose card has one."""
+        from millm.sae.labels import LabelIndex  # imports torch: not at the fast tier's collection
+
         labels = await self.labels(sae_id)
         cards = [await self.feature(sae_id, index) for index in labels]
         return LabelIndex(labels, sae_id, {c.index: c.held_out for c in cards if c.held_out is not None})
