@@ -133,11 +133,13 @@ async def detach_probe(name: str) -> Any:
 @bp.post("/learn")
 async def learn_probe() -> Any:
     """Learn a probe: ``{"name", "concepts" | "positive"+"negative" (texts or *_file uploads), "layer"?,
-    "method"?, "aggregation"?, "span"?, "target_fpr"?, "examples"?, "tokens"?, "seed"?}``; 202 with the job."""
+    "method"?, "aggregation"?, "span"?, "target_fpr"?, "window"? (a rolling_mean's), "examples"?, "tokens"?,
+    "seed"?}``; 202 with the job."""
     data = await body()
     options = {"method": data.get("method", "diffmean"), "aggregation": data.get("aggregation", "max"),
-               "span": data.get("span", "response"), "target_fpr": data.get("target_fpr", DEFAULT_FPR)}
-    check_options(**options)
+               "span": data.get("span", "response"), "target_fpr": data.get("target_fpr", DEFAULT_FPR),
+               "window": data.get("window")}
+    options["window"] = check_options(**options)
     name = await asyncio.to_thread(catalog.check_new, services().settings.home, check_name(data["name"]))
     data, _ = uploaded(data)
     concepts = check_sources(*(data.get(k) for k in ("concepts", "positive", "negative")))

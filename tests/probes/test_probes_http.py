@@ -138,7 +138,9 @@ def test_a_probe_for_another_model_is_refused_at_attach_naming_both(server, lear
 
 
 @pytest.mark.parametrize(("body", "param"), [({"aggregation": "median"}, "aggregation"),
-                                             ({"target_fpr": 1.5}, "target_fpr"), ({"target_fpr": 0}, "target_fpr")])
+                                             ({"target_fpr": 1.5}, "target_fpr"), ({"target_fpr": 0}, "target_fpr"),
+                                             ({"aggregation": "rolling_mean", "window": 0}, "window"),
+                                             ({"window": 4}, "window")])
 def test_bad_learning_bodies_are_400s_naming_the_field(server, body, param):
     r = post(server, "/api/probes/learn", name="rain-bad", positive=POSITIVE, negative=NEGATIVE, **body)
     assert r.status_code == 400 and r.json()["error"]["param"] == param
