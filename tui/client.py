@@ -19,7 +19,6 @@ from millm.steering.rung import rung_language
 
 if TYPE_CHECKING:
     from millm.research.sweep import SweepResult
-    from millm.sae.labels import LabelIndex
 
 READOUT_TOP_K = 5
 """Features kept per generated token for the activation strip."""
@@ -153,9 +152,10 @@ class Client(Protocol):
 
     async def feature(self, sae_id: str, index: int) -> FeatureCard: ...
 
-    async def label_index(self, sae_id: str, names: list[str]) -> LabelIndex:
-        """The index ``names`` (features named by index or label) are resolved on, with the held-out measures
-        their recommended strengths come from: the SAE's whole index, or as much of it as those names need."""
+    async def resolve_steer(self, sae_id: str, items: list[str]) -> tuple[dict[int, float], list[str]]:
+        """``FEATURE[=STRENGTH]`` items on the SAE resolved by ``--steer``'s one rule
+        (``LabelIndex.resolve_assignments``): ``{index: strength}``, a feature alone at its recommended strength, and
+        the lines saying which recommended strengths were taken; its refusal where an item resolves to none."""
         ...
 
     async def sweep(self, sae_id: str, index: int) -> SweepResult: ...

@@ -44,7 +44,6 @@ from tui.client import (
 
 if TYPE_CHECKING:
     from millm.research.sweep import SweepResult
-    from millm.sae.labels import LabelIndex
     from millm.steering.service import SteeringService
 
 class LocalClient:
@@ -90,9 +89,11 @@ class LocalClient:
     async def labels(self, sae_id: str) -> dict[int, str]:
         return await asyncio.to_thread(self.service.store.label_map, sae_id)
 
-    async def label_index(self, sae_id: str, names: list[str]) -> LabelIndex:
-        """The SAE's whole index, as ``millm chat --steer`` resolves on it (``SteeringService.label_index``)."""
-        return await asyncio.to_thread(self.service.label_index, sae_id)
+    async def resolve_steer(self, sae_id: str, items: list[str]) -> tuple[dict[int, float], list[str]]:
+        """On the SAE's whole index, as ``millm chat --steer`` resolves (``SteeringService.label_index``)."""
+        said: list[str] = []
+        index = await asyncio.to_thread(self.service.label_index, sae_id)
+        return index.resolve_assignments(items, "steer", said.append), said
 
     async def feature(self, sae_id: str, index: int) -> FeatureCard:
         record = self.service.sae(sae_id)

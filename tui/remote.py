@@ -37,7 +37,6 @@ from tui.client import (
 
 if TYPE_CHECKING:
     from millm.research.sweep import SweepResult
-    from millm.sae.labels import LabelIndex
 
 INTENSITY_HEADER = "x-millm-steering-intensity"
 RUNG_HEADER = "x-millm-circuit-rung"
@@ -182,25 +181,11 @@ class RemoteClient:
     async def feature(self, sae_id: str, index: int) -> FeatureCard:
         return FeatureCard.from_json(await self._call("GET", f"/api/saes/{_q(sae_id)}/features/{index}"))
 
-    async def label_index(self, sae_id: str, names: list[str]) -> LabelIndex:
-        """As much of the server's index as ``names`` need: the labels its search finds for each name (at most
-        its first 50 matches), and the held-out measure of each feature a name resolves to, from its card."""
-        from millm.sae.labels import LabelIndex
-
-        labels: dict[int, str] = {}
-        for name in names:
-            labels.update({f.index: f.label for f in await self.search(sae_id, name.strip().removeprefix("#"))})
-        found = LabelIndex(labels, sae_id)
-        held = {}
-        for name in names:
-            try:
-                index = found.resolve(name)
-            except InvalidParameter:
-                continue  # refused again, in the same words, when the caller resolves it
-            card = await self.feature(sae_id, index)
-            if card.held_out is not None:
-                held[index] = card.held_out
-        return LabelIndex(labels, sae_id, held)
+    async def resolve_steer(self, sae_id: str, items: list[str]) -> tuple[dict[int, float], list[str]]:
+        """By the server, on the SAE's whole index (``POST /api/saes/{id}/resolve``): the rule and its refusals
+        as ``millm chat --steer`` has them."""
+        found = await self._call("POST", f"/api/saes/{_q(sae_id)}/resolve", {"steer": items})
+        return {int(i): float(v) for i, v in found["values"].items()}, list(found["said"])
 
     async def sweep(self, sae_id: str, index: int) -> SweepResult:
         raise InvalidParameter("A sweep runs the model in this process: use `millm tui` without --url, or "

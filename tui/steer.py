@@ -1,9 +1,10 @@
 """The chat input's ``/steer FEATURE[=STRENGTH], …``: features set on the chosen SAE as ``--steer`` sets them.
 
 A feature is an index or a label; a feature named without ``=STRENGTH`` takes its recommended strength. Names
-and strengths go through the one rule the CLI's ``--steer`` uses (``LabelIndex.resolve_assignments``), on the
-index the client gives (``Client.label_index``), so the TUI resolves, recommends and refuses word for word as
-``millm chat --steer`` does. Everything is resolved before anything is set: a refused item changes nothing.
+and strengths go through the one rule the CLI's ``--steer`` uses (``LabelIndex.resolve_assignments``, which the
+client runs in-process or the server runs for it: ``Client.resolve_steer``), so the TUI resolves, recommends and
+refuses word for word as ``millm chat --steer`` does. Everything is resolved before anything is set: a refused
+item changes nothing.
 """
 
 from __future__ import annotations
@@ -51,8 +52,5 @@ async def resolve(client: Client, sae: SAEInfo | None, items: list[str]) -> Stee
     if sae.attached_layer is None:
         raise InvalidParameter(f"{sae.name} is not attached: attach it (a in the SAE list) before {COMMAND}.",
                                param="sae")
-    names = [item.rpartition("=")[0] if "=" in item else item for item in items]
-    index = await client.label_index(sae.id, names)
-    said: list[str] = []
-    values = index.resolve_assignments(items, "steer", said.append)
+    values, said = await client.resolve_steer(sae.id, items)
     return Steer(sae, check_values(values, sae.d_sae, "steer"), tuple(said))

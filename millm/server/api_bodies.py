@@ -104,6 +104,7 @@ BODIES: dict[str, dict[str, Any] | type[BaseModel]] = {
         "aggregation": {"type": "string", "description": "max (default), mean, last or rolling_mean over the "
                                                          "positions read"},
         "span": {"type": "string", "description": "response (default), prompt or both"},
+        "window": {"type": "integer", "description": "A rolling_mean's window in response tokens (1-1024, default 8)"},
         "target_fpr": {"type": "number", "description": "The false-positive rate the threshold is cut at on the "
                                                         "held-out negatives, in (0, 1); default 0.01"},
         "negatives": {"type": "string", "description": "topics (default) or neutral (concepts only)"},
@@ -134,6 +135,10 @@ BODIES: dict[str, dict[str, Any] | type[BaseModel]] = {
         "concepts": {"type": "array", "items": STRING,
                      "description": "Words that count as mentioning the concept (default: the label's)"},
         "scope": {"type": ["string", "null"], "description": "Where steering applies: all, generated or prompt"}}},
+    "features_api.resolve_names": {"type": "object", "properties": {
+        "names": {"type": "array", "items": STRING, "description": "Features by index or label (1 to 256)"},
+        "steer": {"type": "array", "items": STRING, "description": "FEATURE=STRENGTH or FEATURE alone (its "
+                                                                  "recommended strength), as --steer takes them"}}},
     "measure_api.measure_answers": {"type": "object", "required": ["answers"], "properties": {
         "answers": {"type": "array", "items": STRING, "description": "Texts to measure (1 to 64)"}}},
     "steering_docs.import_cluster": ClusterDoc,

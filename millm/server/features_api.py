@@ -3,7 +3,8 @@
 unembedding with their logit values, and its nearest features by decoder cosine among the SAEs and vector sets
 attached at its layer (``millm.sae.directions``); and its activations over a corpus every install ships, as a
 histogram (``GET .../histogram``, ``millm.sae.corpus_histogram``). The card itself is ``GET
-/api/saes/{id}/features/{index}``."""
+/api/saes/{id}/features/{index}``. And features named as ``--steer`` names them (``POST /api/saes/{id}/resolve``),
+so the console and the TUI over ``--url`` resolve, recommend and refuse by the CLI's one rule, not a copy."""
 
 from __future__ import annotations
 
@@ -19,13 +20,14 @@ from millm.sae.cards import parse_index
 from millm.sae.corpus_histogram import Histograms, corpus_histograms
 from millm.sae.directions import extremes, nearest
 from millm.sae.formats import load_sae
-from millm.server.api import engine, use_names
+from millm.server.api import body, engine, use_names
 from millm.server.state import services
 
 bp = Blueprint("features_api", __name__, url_prefix="/api/saes")
 use_names(bp)
 
 MOST = 50  # tokens or neighbours one answer lists at most
+NAMED = 256  # names or steer items one resolve takes at most
 KEPT = 4  # SAEs whose corpus histograms are kept (each: d_sae x 24 counts)
 _histograms: dict[tuple[str, str, str, int], Histograms] = {}
 
@@ -101,3 +103,35 @@ async def feature_histogram(sae_id: str, index: str) -> Any:
             _histograms.pop(next(iter(_histograms)))
         _histograms[key] = found
     return {"sae": sae_id, "index": feature, "layer": int(layer), **_histograms[key].of(feature)}
+
+
+def named(data: dict[str, Any], field: str) -> list[str]:
+    """``data[field]``: 1 to ``NAMED`` non-blank strings, or a 400 naming the field."""
+    items = data[field]
+    if not 1 <= len(items) <= NAMED or not all(item.strip() for item in items):
+        raise InvalidParameter(f"'{field}' must hold 1 to {NAMED} non-blank items, got {len(items)}.", param=field)
+    return list(items)
+
+
+@bp.post("/<sae_id>/resolve")
+async def resolve_names(sae_id: str) -> Any:
+    """Features named as ``--steer`` names them (``millm.sae.labels.LabelIndex``), exactly one of:
+    ``{"names": [...]}``: each name's feature (an index, or the label search's one best match), as
+    ``{"features": [{"name", "index", "label"}]}``; ``{"steer": ["weather", "9=-15"]}``: the values they set, a
+    name alone at its recommended strength, as ``{"values": {index: strength}, "said": [...]}`` (``said`` names
+    each recommended strength taken). A name that matches none or several, or (alone in ``steer``) one with no
+    recommended strength, is a 400 naming the field, the best held-out point in its message."""
+    data = await body()
+    fields = [f for f in ("names", "steer") if f in data]
+    if len(fields) != 1:
+        raise InvalidParameter("Give exactly one of 'names' (features to find) and 'steer' (FEATURE[=STRENGTH] "
+                               "items to resolve into values).", param="names")
+    items = named(data, fields[0])
+    index = await asyncio.to_thread(services().steering.label_index, sae_id)
+    if fields[0] == "names":
+        found = [(name, index.resolve(name, "names")) for name in items]
+        return {"sae": sae_id, "features": [{"name": name, "index": i, "label": index.labels.get(i)}
+                                            for name, i in found]}
+    said: list[str] = []
+    values = index.resolve_assignments(items, "steer", said.append)
+    return {"sae": sae_id, "values": {str(i): v for i, v in values.items()}, "said": said}

@@ -122,7 +122,8 @@ def test_a_name_in_batch_add_resolves_by_label_or_says_why_not(console):
         console.notice().filter(has_text="has no recommended strength: the best held-out point").wait_for()
         assert steering(console.base)["saes"][SAE]["values"] == {str(MUSIC): 20.0}
     else:
-        console.notice().filter(has_text=f"music: feature {MUSIC} at its recommended {recommended:g}").wait_for()
+        said = f"music: feature {MUSIC} of {SAE} at its recommended strength {recommended:g}"
+        console.notice().filter(has_text=said).wait_for()
         assert steering(console.base)["saes"][SAE]["values"] == {str(MUSIC): float(recommended)}
 
 
@@ -207,7 +208,7 @@ def test_add_an_sae_by_path_and_delete_it(console, tmp_path):
     assert listed.locator("td").nth(4).text_content() == "10"  # its layer hint
     listed.locator("button[data-action='delete']").click()
     console.notice().filter(has_text=f"Deleted {added[0]['id']}.").wait_for()
-    assert page.locator("#sae-table").filter(has_text=added[0]["id"]).count() == 0
+    page.locator("#sae-table tr").filter(has_text=added[0]["id"]).wait_for(state="detached")  # re-drawn after
     assert httpx.get(f"{console.base}/api/saes/{added[0]['id']}").status_code == 404
 
 

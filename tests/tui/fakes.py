@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from millm.errors import InvalidParameter, SAENotAttached
 from millm.requests.builder import build_chat
@@ -21,9 +21,6 @@ from tui.client import (
     SteeringState,
     TokenFeatures,
 )
-
-if TYPE_CHECKING:
-    from millm.sae.labels import LabelIndex
 
 SAE = "smollm2-135m-res-L10"
 LABELS = {12: "rain, storm, weather", 40: "ocean, sea, waves", 77: "happy, joy, smile", 301: "storm, thunder",
@@ -66,13 +63,15 @@ class ScriptedClient:
     async def labels(self, sae_id: str) -> dict[int, str]:
         return dict(LABELS) if sae_id == SAE else {}
 
-    async def label_index(self, sae_id: str, names: list[str]) -> LabelIndex:
-        """The labels, with the held-out measure of each feature whose card has one."""
+    async def resolve_steer(self, sae_id: str, items: list[str]) -> tuple[dict[int, float], list[str]]:
+        """By the one rule, on the labels with the held-out measure of each feature whose card has one."""
         from millm.sae.labels import LabelIndex  # imports torch: not at the fast tier's collection
 
         labels = await self.labels(sae_id)
         cards = [await self.feature(sae_id, index) for index in labels]
-        return LabelIndex(labels, sae_id, {c.index: c.held_out for c in cards if c.held_out is not None})
+        said: list[str] = []
+        index = LabelIndex(labels, sae_id, {c.index: c.held_out for c in cards if c.held_out is not None})
+        return index.resolve_assignments(items, "steer", said.append), said
 
     async def feature(self, sae_id: str, index: int) -> FeatureCard:
         self.cards_asked.append((sae_id, index))

@@ -1,7 +1,7 @@
 // What the pages know about features: a feature's card (label, firing rate, recommended strength), fetched
 // once per feature, and the rule that turns "123=40, music=20" into {index: strength}.
 
-import { get, seg } from "./api.js";
+import { get, post, seg } from "./api.js";
 
 export const CLAMP = 200;
 const cards = new Map();
@@ -48,16 +48,6 @@ export function recommendedText(c) {
   return c && c.held_out ? `none · ${heldOut(c)}` : "not measured";
 }
 
-/** A feature's recommended strength (its card's), for FEATURE named without a strength; an Error saying there is
- *  none, with the best held-out point, where there is none. */
-export async function recommendedOf(sae, index, name) {
-  const c = await card(sae, index);
-  if (c.recommended_strength !== null && c.recommended_strength !== undefined) return c.recommended_strength;
-  throw new Error(`'${name}' (feature ${index}) has no recommended strength: ` +
-    (c.held_out ? `the best held-out point misses the target (${heldOut(c)})` : "it was never measured") +
-    `; write ${name}=STRENGTH.`);
-}
-
 /** A strength within the ±200 clamp the server applies. */
 export function clamp(value) {
   return Math.max(-CLAMP, Math.min(CLAMP, Number(value)));
@@ -69,42 +59,17 @@ export async function search(sae, query) {
   return found.features;
 }
 
-function terms(label) {
-  return String(label).toLowerCase().split(",").map((t) => t.trim()).filter(Boolean);
-}
-
-/** The one feature a name denotes on an SAE: an index, else the label search's single closest match. */
+/** The one feature a name denotes on an SAE (an index, else the label search's single closest match), by the
+ *  rule --steer uses: POST /api/saes/{id}/resolve; its refusal (none or several match) is the error. */
 export async function resolve(sae, name) {
-  const text = name.trim().replace(/^#/, "");
-  if (/^\d+$/.test(text)) return Number(text);
-  const q = text.toLowerCase();
-  const found = await search(sae, text);
-  const tiers = [
-    found.filter((f) => terms(f.label)[0] === q),
-    found.filter((f) => terms(f.label).includes(q)),
-    found,
-  ];
-  for (const tier of tiers) {
-    if (tier.length === 1) return tier[0].index;
-    if (tier.length > 1) {
-      const shown = tier.slice(0, 5).map((f) => `${f.index} (${f.label})`).join(", ");
-      throw new Error(`'${name}' is ambiguous: it matches ${tier.length} features: ${shown}. Name one by index.`);
-    }
-  }
-  throw new Error(`'${name}' matches no feature label of ${sae}.`);
+  const found = await post(`/api/saes/${seg(sae)}/resolve`, { names: [name] });
+  return found.features[0].index;
 }
 
-/** "123=40, music=20" as [[name, strength], ...]; a malformed item is an error naming it. */
-export function parseBatch(text) {
+/** "123=40, music, 9=-15" resolved by the rule --steer uses (POST /api/saes/{id}/resolve): {values, said}, a
+ *  feature alone at its recommended strength (said names each such strength), or an error naming the item. */
+export async function resolveSteer(sae, text) {
   const items = String(text).split(/[,\n]/).map((t) => t.trim()).filter(Boolean);
-  if (!items.length) throw new Error("Nothing to add: write FEATURE=STRENGTH, e.g. 123=40, music=20.");
-  return items.map((item) => {
-    if (!item.includes("=")) return [item, null]; // FEATURE alone: its recommended strength (recommendedOf)
-    const at = item.lastIndexOf("=");
-    const value = Number(item.slice(at + 1));
-    if (at <= 0 || item.slice(at + 1).trim() === "" || !Number.isFinite(value)) {
-      throw new Error(`'${item}' is not FEATURE=STRENGTH (e.g. 123=40 or music=20).`);
-    }
-    return [item.slice(0, at).trim(), value];
-  });
+  if (!items.length) throw new Error("Nothing to add: write FEATURE=STRENGTH or FEATURE, e.g. 123=40, music.");
+  return post(`/api/saes/${seg(sae)}/resolve`, { steer: items });
 }

@@ -5,7 +5,7 @@
 import { del, get, patch, post } from "../api.js";
 import { fill, field, h, section } from "../dom.js";
 import {
-  CLAMP, card, clamp, parseBatch, recommendedOf, recommendedText, resolve, vectorCard,
+  CLAMP, card, clamp, recommendedText, resolveSteer, vectorCard,
 } from "../features.js";
 
 const FOLLOW_MS = 2000;
@@ -117,19 +117,15 @@ export async function render(root, ctx) {
 
   async function addBatch() {
     const sae = saePick.value;
-    const used = [];
+    let said = [];
     const next = await ctx.attempt(async () => {
       if (!sae) throw new Error("Attach an SAE first.");
-      const values = {};
-      for (const [name, strength] of parseBatch(batch.value)) {
-        const index = await resolve(sae, name);
-        const value = strength ?? await recommendedOf(sae, index, name);
-        if (strength === null) used.push(`${name}: feature ${index} at its recommended ${value}`);
-        values[index] = clamp(value);
-      }
+      const resolved = await resolveSteer(sae, batch.value);
+      said = resolved.said;
+      const values = Object.fromEntries(Object.entries(resolved.values).map(([i, v]) => [i, clamp(v)]));
       return patch("/api/steering", { sae, values });
     });
-    if (next && used.length) ctx.say(`Steering at the recommended strength: ${used.join("; ")}.`);
+    if (next && said.length) ctx.say(`Steering at the recommended strength: ${said.join("; ")}.`);
     if (next) {
       batch.value = "";
       show(next);
