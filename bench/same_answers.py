@@ -11,6 +11,8 @@ Only the public engine API is used (the builder, ``prepare``, ``Engine.run_all``
     cd /tmp/before && PYTHONPATH=/tmp/before python /work/main/bench/same_answers.py --out /tmp/answers_before.json
     cd /work/main && python bench/same_answers.py --out /tmp/answers_after.json --compare /tmp/answers_before.json
 
+``MILLM_WEIGHTS=int8`` runs the transformers engine with int8 weights (llama.cpp as always).
+
 With ``--compare`` it prints ``identical`` or ``different`` per request and engine, and exits 1 when any
 answer differs.
 """
@@ -205,7 +207,8 @@ def capture() -> dict[str, Any]:
     results["transformers_serial"] = serial(engine)
     results["transformers_batched"] = batched(engine)
     engine.close()
-    gguf = load_engine(resolve(GGUF_ID, settings), settings)
+    # MILLM_WEIGHTS=int8 is the transformers engine's: llama.cpp runs its file's own quantization
+    gguf = load_engine(resolve(GGUF_ID, settings), settings.model_copy(update={"weights": "auto"}))
     results["llama_cpp"] = serial(gguf)
     gguf.close()
     return results

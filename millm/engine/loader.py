@@ -15,8 +15,9 @@ import torch
 from millm.config import Settings
 from millm.engine.dtypes import load_device, load_dtype, weights_mode
 from millm.engine.fused import fuse_layers
+from millm.engine.lean import install as lean_forward
 from millm.engine.packed import pack_linears
-from millm.engine.weights import can_quantize, quantize_layers
+from millm.engine.weights import can_quantize, quantize_layers, quantize_sampling_head
 from millm.errors import InsufficientMemory, ModelLoadFailed
 from millm.registry import ModelEntry
 
@@ -168,8 +169,9 @@ def load(entry: ModelEntry, settings: Settings) -> tuple[Any, Any, torch.device,
     """Load ``entry`` for the transformers engine, in eval mode on the chosen device; with several CUDA
     cards and none large enough, split across them by layers; on the CPU in fp32, its linear layers packed
     for oneDNN (``millm.engine.packed``), or with ``MILLM_WEIGHTS=int8`` its decoder layers' linears in int8
-    (``millm.engine.weights``) and the rest packed; a Llama model's projections that read the same input fused
-    first (``millm.engine.fused``)."""
+    (``millm.engine.weights``, and an int8 copy of the output projection the decode loop samples from) and the
+    rest packed; a Llama model's projections that read the same input fused
+    first (``millm.engine.fused``), and the decode loop's forward made lean (``millm.engine.lean``)."""
     device = pick_device(settings.device)
     dtype = pick_dtype(settings.dtype, device)
     weights = weights_mode(settings.weights, "transformers", device.type, str(dtype).removeprefix("torch."))
@@ -192,8 +194,10 @@ def load(entry: ModelEntry, settings: Settings) -> tuple[Any, Any, torch.device,
     else:
         model.to(device)
     if device.type == "cpu" and dtype == torch.float32:
-        fuse_layers(model)
+        if fuse_layers(model):
+            lean_forward(model)
         if weights == "int8":
             quantize_layers(model)
+            quantize_sampling_head(model)
         pack_linears(model)
     return model.eval(), tokenizer, device, dtype

@@ -7,7 +7,8 @@ FBGEMM's integer kernel and comes back in fp32. Everything else stays fp32: the 
 attention itself, the residual stream (so SAE hooks, steering deltas, read-outs and SAE encode/decode see fp32
 and mean what they mean in fp32), the KV cache, and the output projection (``lm_head``, tied to the input
 embeddings: its fp32 weight is in memory either way, and the logits that scoring, log-probs and read-outs
-report come from it; it is packed for oneDNN by ``millm.engine.packed``).
+report come from it; it is packed for oneDNN by ``millm.engine.packed``). The decode loop samples its tokens
+from an int8 copy of that projection (``quantize_sampling_head``), a quarter of the bytes a step reads for it.
 
 The activations are quantised per token, not per tensor: each row of the input gets its own scale (its largest
 magnitude over 63, 7-bit levels around a zero point of 64, FBGEMM's ``reduce_range`` so the AVX2 kernel's 16-bit
@@ -64,13 +65,12 @@ class Int8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype != torch.float32 or x.requires_grad:  # no gradient through the quantized kernel
             return F.linear(x, self.weight.to(x.dtype), self.bias)
-        rows = x.reshape(-1, self.in_features)
-        step = torch.linalg.vector_norm(rows, float("inf"), dim=-1, keepdim=True).clamp_(min=TINY).div_(LEVELS)
-        out = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(rows / step, 1.0, ZERO_POINT,
+        if x.dim() != 2:  # the lean decoder layer hands its rows as one matrix already
+            return self.forward(x.reshape(-1, self.in_features)).reshape(*x.shape[:-1], self.out_features)
+        step = torch.linalg.vector_norm(x, float("inf"), dim=-1, keepdim=True).clamp_(min=TINY).div_(LEVELS)
+        out = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(x / step, 1.0, ZERO_POINT,
                                                                                 self.packed) * step
-        if self.bias is not None:
-            out = out + self.bias
-        return out.reshape(*x.shape[:-1], self.out_features)
+        return out if self.bias is None else out + self.bias
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, weights=int8 per channel"
@@ -101,6 +101,14 @@ def quantize_layers(model: Any) -> int:
         holder = layers.get_submodule(parent) if parent else layers
         setattr(holder, child, Int8Linear(linear))
     return len(linears)
+
+
+def quantize_sampling_head(model: Any) -> None:
+    """``model.sampling_head``: an int8 copy of its output projection (``lm_head``, fp32 and packed as before), whose
+    logits the decode loop samples from (``millm.engine.lean``): the 49,152-token projection is the largest
+    weight a decode step reads, a quarter of it in int8. Scoring, log-probabilities (never taken from the decode
+    loop: a request asking for them is a scoring request) and every other forward keep the fp32 projection."""
+    model.sampling_head = Int8Linear(model.lm_head)
 
 
 def weights_of(model: Any) -> str:

@@ -182,7 +182,8 @@ def test_the_bundled_model_loads_int8_with_its_output_projection_packed_and_tied
     from millm.engine.weights import Int8Linear
 
     model = int8_engine.model
-    assert sum(isinstance(m, Int8Linear) for m in model.modules()) == 4 * model.config.num_hidden_layers
+    assert sum(isinstance(m, Int8Linear) for m in model.modules()) == 4 * model.config.num_hidden_layers + 1
+    assert isinstance(model.sampling_head, Int8Linear)  # the decode loop's int8 copy of the output projection
     assert isinstance(model.get_output_embeddings(), PackedLinear)
     assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
     assert int8_engine.fingerprint == "millm:SmolLM2-135M-Instruct@unrecorded:float32+int8/Q4_1:transformers"

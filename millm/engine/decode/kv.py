@@ -92,6 +92,10 @@ class SlotCache:
         self._rows = slice(0, 0)
         self._flat = torch.zeros(0, dtype=torch.long)
         self._span = 0
+        heads, dim = shape.kv_heads, shape.head_dim
+        self._writable = [(k.view(-1, heads, dim), v.view(-1, heads, dim)) for k, v in zip(self.keys, self.values)]
+        self._bound: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._bound_at: tuple[int, int, int] | None = None
 
     @property
     def nbytes(self) -> int:
@@ -120,6 +124,10 @@ class SlotCache:
         slots = torch.arange(first, first + rows, device=positions.device).unsqueeze(1)
         self._flat = (slots * self.slot_len + positions).reshape(-1)
         self._span = span
+        if self._bound_at != (first, rows, span):  # the views a forward reads: made again only when they move
+            self._bound = [(k[self._rows, :span].transpose(1, 2), v[self._rows, :span].transpose(1, 2))
+                           for k, v in zip(self.keys, self.values)]
+            self._bound_at = (first, rows, span)
         return self.shape.masks(reads, span)
 
     def copy_prefix(self, source: int, target: int, length: int) -> None:
@@ -128,14 +136,19 @@ class SlotCache:
         for tensor in (*self.keys, *self.values):
             tensor[target, :length] = tensor[source, :length]
 
+    def write(self, layer_idx: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write this forward's keys and values (``[rows, q, kv_heads, head_dim]``, the projections' own layout)
+        at each row's own positions; return the bound view, ``[rows, kv_heads, span, head_dim]``."""
+        stored_keys, stored_values = self._writable[layer_idx]
+        heads, dim = self.shape.kv_heads, self.shape.head_dim
+        stored_keys.index_copy_(0, self._flat, keys.reshape(-1, heads, dim))
+        stored_values.index_copy_(0, self._flat, values.reshape(-1, heads, dim))
+        return self._bound[layer_idx]
+
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any,
                **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write this forward's keys and values at each row's own positions; return the bound view."""
-        keys, values = self.keys[layer_idx], self.values[layer_idx]
-        heads, dim = self.shape.kv_heads, self.shape.head_dim
-        keys.view(-1, heads, dim).index_copy_(0, self._flat, key_states.transpose(1, 2).reshape(-1, heads, dim))
-        values.view(-1, heads, dim).index_copy_(0, self._flat, value_states.transpose(1, 2).reshape(-1, heads, dim))
-        return (keys[self._rows, :self._span].transpose(1, 2), values[self._rows, :self._span].transpose(1, 2))
+        """HF's cache call (``[rows, kv_heads, q, head_dim]``): ``write`` of the same keys and values."""
+        return self.write(layer_idx, key_states.transpose(1, 2), value_states.transpose(1, 2))
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self._span
