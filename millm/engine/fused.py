@@ -132,7 +132,8 @@ def attention(attn: Any, x: torch.Tensor, shape: tuple[int, int],
     implementation = attn.config._attn_implementation
     if isinstance(cache, SlotCache):
         keys, values = cache.write(attn.layer_idx, key, value)
-        if length == 1 and implementation == "sdpa" and isinstance(attention_mask, torch.Tensor):
+        one_mask = isinstance(attention_mask, torch.Tensor) and attention_mask.shape[1] == 1  # for every head
+        if length == 1 and implementation == "sdpa" and one_mask:
             query = qk[:, 0, :q_heads].view(batch, kv_heads, q_heads // kv_heads, dim)
             out = torch.nn.functional.scaled_dot_product_attention(query, keys, values, attn_mask=attention_mask,
                                                                    dropout_p=0.0, scale=attn.scaling)
