@@ -76,7 +76,8 @@ def features(limit: int) -> list[tuple[str, Path, int, Found]]:
 
 
 def vector_sets() -> list[tuple[str, Path, int, Found]]:
-    """The registered vector sets whose vectors carry a held-out measure with a recommended strength."""
+    """The registered vector sets whose vectors carry a held-out measure, recommended or not (the stored rate is the
+    claim either way: a vector with none recommended stores its best held-out point)."""
     from millm.local import steering_service
 
     service = steering_service()
@@ -86,7 +87,7 @@ def vector_sets() -> list[tuple[str, Path, int, Found]]:
             continue
         path = Path(record["path"])
         words = tuple(str(c).lower() for c in read_meta(path).get("source", {}).get("concepts") or [])
-        found = [(i, h, words) for i, h in held_out_measures(path).items() if h.recommended]
+        found = [(i, h, words) for i, h in held_out_measures(path).items() if h.strength is not None]
         if found and words:
             out.append((str(record["id"]), path, int(record["layer_hint"]), found))
     return out
