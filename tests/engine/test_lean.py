@@ -90,3 +90,29 @@ def test_int8_decode_samples_from_the_int8_output_projection_alone():
     alone, batched, fp32_head = steps(model, 1), steps(model, 2), steps(without, 1)
     assert all(torch.equal(a[0], b[0]) for a, b in zip(alone, batched))  # a row's logits are its own
     assert not torch.equal(alone[0], fp32_head[0]) and torch.allclose(alone[0], fp32_head[0], atol=0.05)
+
+
+@pytest.mark.parametrize("weights", ["dtype", "int8"])
+def test_hooks_on_the_embedding_final_norm_and_output_projection_see_every_decode_step(weights):
+    import torch
+
+    from millm.engine.weights import can_quantize
+
+    if weights == "int8" and not can_quantize():
+        pytest.skip("this torch build cannot quantize")
+    base = tiny_llama(tied=True)
+    model, plain = lean(base, weights), lean(base, weights)
+    seen: dict[str, list[torch.Tensor]] = {"embed": [], "norm": [], "head": []}
+    modules = {"embed": model.model.embed_tokens, "norm": model.model.norm, "head": model.lm_head}
+    hooks = [module.register_forward_hook(lambda m, args, out, k=k: seen[k].append(out.detach().clone()))
+             for k, module in modules.items()]
+    try:
+        hooked = steps(model, 1)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert all(len(outs) == 4 for outs in seen.values())  # the prefill and three decode steps, each hook every one
+    assert all(torch.equal(a, b[:, -1, :]) for a, b in zip(hooked, seen["head"]))  # what was sampled is what it saw
+    unhooked = steps(plain, 1)
+    if weights == "dtype":  # in fp32 a hook changes nothing; in int8 it moves sampling to the projection it hooks
+        assert all(torch.equal(a, b) for a, b in zip(hooked, unhooked))

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import httpx
 
-from millm.sae.bundled import bundled_saes
-
 SAE = "smollm2-135m-res-L10"
 MUSIC = 2375  # measured on held-out prompts, recommended a strength
 
 
 def index():
+    from millm.sae.bundled import bundled_saes  # imports torch: not at the fast tier's collection
     from millm.sae.labels import LabelIndex
 
     return LabelIndex.load(next(b.path for b in bundled_saes() if b.id == SAE), SAE)
