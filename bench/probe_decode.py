@@ -13,15 +13,13 @@ by the wall clock and by this process's CPU time (steadier on a shared machine: 
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 from dataclasses import replace
 
 import torch
+from interleaved import interleaved
 
 from millm.config import get_settings
 from millm.engine import load_engine
-from millm.engine.events import Usage
 from millm.engine.params import ChatPrompt, GenerationRequest, SamplingParams
 from millm.registry import BUNDLED_ID, resolve
 from millm.steering.core import RequestSteering
@@ -42,13 +40,6 @@ def watches(d_model: int) -> tuple[Watch, ...]:
     return (*flags, armed)
 
 
-def timed(engine, plan) -> tuple[float, float, int]:
-    """(wall seconds, CPU seconds, tokens) of one run."""
-    began, cpu = time.perf_counter(), time.process_time()
-    tokens = next(e.completion_tokens for e in engine.run(plan) if isinstance(e, Usage))
-    return time.perf_counter() - began, time.process_time() - cpu, tokens
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=7)
@@ -60,21 +51,8 @@ def main() -> None:
                                 SamplingParams(temperature=0.0, max_tokens=args.tokens))
     plain = engine.prepare(request)
     watched = replace(plain, probes=watches(engine.steering.d_model))
-    timed(engine, plain)  # warm-up
-    walls, cpus = [], []
     print(f"{args.tokens} tokens a request, {args.rounds} rounds; tokens/s unwatched, watched (4 flag + 1 armed steer)")
-    for i in range(args.rounds):
-        order = [(plain, "none"), (watched, "probes")][:: 1 if i % 2 == 0 else -1]
-        wall, cpu = {}, {}
-        for plan, name in order:
-            seconds, used, tokens = timed(engine, plan)
-            wall[name], cpu[name] = tokens / seconds, tokens / used
-        walls.append(wall["probes"] / wall["none"])
-        cpus.append(cpu["probes"] / cpu["none"])
-        print(f"round {i + 1}: wall {wall['none']:.1f} vs {wall['probes']:.1f} tok/s, {walls[-1]:.3f}x; CPU time "
-              f"{cpu['none']:.1f} vs {cpu['probes']:.1f} tok/CPU-s, {cpus[-1]:.3f}x", flush=True)
-    for name, ratios in (("wall", walls), ("CPU time", cpus)):
-        print(f"{name}: median {statistics.median(ratios):.3f}x (min {min(ratios):.3f}x, max {max(ratios):.3f}x)")
+    interleaved(engine, args.rounds, ("none", lambda: plain), ("probes", lambda: watched))
 
 
 if __name__ == "__main__":

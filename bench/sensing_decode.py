@@ -13,12 +13,12 @@ clock and by this process's CPU time (run it with ``OMP_NUM_THREADS=1`` on a sha
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
+from typing import Any
+
+from interleaved import interleaved
 
 from millm.config import get_settings
 from millm.engine import load_engine
-from millm.engine.events import Usage
 from millm.engine.params import ChatPrompt, GenerationRequest, SamplingParams
 from millm.registry import BUNDLED_ID, resolve
 from millm.sae.bundled import bundled_saes
@@ -29,13 +29,6 @@ from millm.steering.sensors import sensor_for
 SAE = "smollm2-135m-res-L10"
 MEMBERS = (2327, 3617, 1679, 20, 1759, 2460, 757, 1718)  # the card's most frequent features
 NEVER = 1e30  # a threshold no activation reaches
-
-
-def timed(engine, plan) -> tuple[float, float, int]:
-    """(wall seconds, CPU seconds, tokens) of one run."""
-    began, cpu = time.perf_counter(), time.process_time()
-    tokens = next(e.completion_tokens for e in engine.run(plan) if isinstance(e, Usage))
-    return time.perf_counter() - began, time.process_time() - cpu, tokens
 
 
 def main() -> None:
@@ -55,25 +48,17 @@ def main() -> None:
     plan = engine.prepare(GenerationRequest(
         [ChatPrompt([{"role": "user", "content": "Write a long story about a lighthouse."}])],
         SamplingParams(temperature=0.0, max_tokens=args.tokens)))
-    timed(engine, plan)  # warm-up
-    walls, cpus = [], []
     print(f"{args.tokens} tokens a request, {args.rounds} rounds; tokens/s with no cluster sensing, with one "
           f"({len(MEMBERS)} members)")
-    for i in range(args.rounds):
-        wall, cpu = {}, {}
-        for name in ["none", "sensing"][:: 1 if i % 2 == 0 else -1]:
-            att.sensors.clear()
-            if name == "sensing":
-                att.sensors["bench"] = sensor
-            seconds, used, tokens = timed(engine, plan)
-            wall[name], cpu[name] = tokens / seconds, tokens / used
+
+    def sensing(on: bool) -> Any:
         att.sensors.clear()
-        walls.append(wall["sensing"] / wall["none"])
-        cpus.append(cpu["sensing"] / cpu["none"])
-        print(f"round {i + 1}: wall {wall['none']:.1f} vs {wall['sensing']:.1f} tok/s, {walls[-1]:.3f}x; CPU time "
-              f"{cpu['none']:.1f} vs {cpu['sensing']:.1f} tok/CPU-s, {cpus[-1]:.3f}x", flush=True)
-    for name, ratios in (("wall", walls), ("CPU time", cpus)):
-        print(f"{name}: median {statistics.median(ratios):.3f}x (min {min(ratios):.3f}x, max {max(ratios):.3f}x)")
+        if on:
+            att.sensors["bench"] = sensor
+        return plan
+
+    interleaved(engine, args.rounds, ("none", lambda: sensing(False)), ("sensing", lambda: sensing(True)))
+    att.sensors.clear()
 
 
 if __name__ == "__main__":
