@@ -21,29 +21,16 @@ ROWS = [{"index": 5, "label": LABELS["5"], **measured(60.0)},
 
 
 @pytest.fixture(scope="module")
-def registered(engine, tmp_path_factory):
+def sae_id(engine, tmp_path_factory):
     """A labelled random SAE on layer 12 whose features.jsonl recommends 60 for feature 5 (weather) and no
-    strength for feature 7 (ocean: its best held-out point misses the target), registered."""
+    strength for feature 7 (ocean: its best held-out point misses the target), registered: the SAE this module's
+    tests steer (conftest's ``attached`` attaches it, with no values, and detaches it after each)."""
     from cli.common import steering_service
 
     folder = write_saelens(tmp_path_factory.mktemp("tui-steer") / "l12", random_sae(576, 512, seed=13), layer=12)
     (folder / "labels.json").write_text(json.dumps(LABELS))
     (folder / "features.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
     return steering_service().register_sae(folder, name="tui-steer-test")["id"]
-
-
-@pytest.fixture
-def measured_sae(engine, registered):
-    """That SAE attached with no values; cleared and detached after the test."""
-    from cli.common import steering_service
-
-    service, target = steering_service(), engine.steering_target()
-    service.attach(target, registered)
-    service.clear(target)
-    yield registered
-    service.clear(target)
-    if registered in target.steering.attachments:
-        service.detach(target, registered)
 
 
 def notes(app: Any) -> list[tuple[str, str, str]]:
@@ -57,16 +44,16 @@ async def choose(app: Any, pilot: Any, sae_id: str) -> None:
     await settle(pilot)
 
 
-def test_a_name_alone_sets_its_recommended_strength_and_says_which(engine, measured_sae):
+def test_a_name_alone_sets_its_recommended_strength_and_says_which(engine, attached):
     from tui.local import LocalClient
 
     target = engine.steering_target()
 
     async def scenario(app, pilot) -> None:
-        await choose(app, pilot, measured_sae)
+        await choose(app, pilot, attached)
         await send(app, pilot, "/steer weather, 9=-15")
         await settle(pilot)
-        assert dict(target.steering.attachments[measured_sae].values) == {5: 60.0, 9: -15.0}
+        assert dict(target.steering.attachments[attached].values) == {5: 60.0, 9: -15.0}
         severity, title, message = notes(app)[-1]
         assert (severity, title) == ("information", "steered")
         assert message.startswith("tui-steer-test: 5=60, 9=-15; weather: feature 5 of ")
@@ -76,18 +63,18 @@ def test_a_name_alone_sets_its_recommended_strength_and_says_which(engine, measu
     drive(LocalClient(engine), scenario)
 
 
-def test_a_name_without_a_recommendation_is_refused_and_changes_nothing(engine, measured_sae):
+def test_a_name_without_a_recommendation_is_refused_and_changes_nothing(engine, attached):
     from tui.local import LocalClient
 
     target = engine.steering_target()
 
     async def scenario(app, pilot) -> None:
-        await choose(app, pilot, measured_sae)
+        await choose(app, pilot, attached)
         await send(app, pilot, "/steer 9=20")
         await settle(pilot)
         await send(app, pilot, "/steer 9=40, ocean")  # all or nothing: 9 keeps its 20
         await settle(pilot)
-        assert dict(target.steering.attachments[measured_sae].values) == {9: 20.0}
+        assert dict(target.steering.attachments[attached].values) == {9: 20.0}
         severity, title, message = notes(app)[-1]
         assert (severity, title) == ("error", "not steered")
         assert "'ocean' (feature 7 of " in message and "has no recommended strength" in message
@@ -99,23 +86,23 @@ def test_a_name_without_a_recommendation_is_refused_and_changes_nothing(engine, 
     drive(LocalClient(engine), scenario)
 
 
-def test_url_mode_resolves_names_as_in_process(engine, server, measured_sae):
+def test_url_mode_resolves_names_as_in_process(engine, server, attached):
     """Over ``--url`` the names resolve on the server's search and cards, to the same values and words."""
     import httpx
 
     from tui.remote import RemoteClient
 
     async def scenario(app, pilot) -> None:
-        await choose(app, pilot, measured_sae)
+        await choose(app, pilot, attached)
         await send(app, pilot, "/steer weather, 9=-15")
         await settle(pilot)
-        assert httpx.get(server + "/api/steering").json()["saes"][measured_sae]["values"] == {"5": 60.0, "9": -15.0}
+        assert httpx.get(server + "/api/steering").json()["saes"][attached]["values"] == {"5": 60.0, "9": -15.0}
         assert "at its recommended strength 60 (held-out 50% [30%-69%]" in notes(app)[-1][2]
         await send(app, pilot, "/steer ocean")
         await settle(pilot)
         assert notes(app)[-1][:2] == ("error", "not steered")
-        assert f"'ocean' (feature 7 of {measured_sae}) has no recommended strength" in notes(app)[-1][2]
-        assert httpx.get(server + "/api/steering").json()["saes"][measured_sae]["values"] == {"5": 60.0, "9": -15.0}
+        assert f"'ocean' (feature 7 of {attached}) has no recommended strength" in notes(app)[-1][2]
+        assert httpx.get(server + "/api/steering").json()["saes"][attached]["values"] == {"5": 60.0, "9": -15.0}
 
     drive(RemoteClient(server), scenario)
 
