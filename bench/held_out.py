@@ -3,8 +3,9 @@
     python bench/held_out.py                          # 20 features of the bundled SAEs, and every calibrated vector set
     python bench/held_out.py --limit 3 --no-vectors   # a quick check
 
-For each feature with a recommended strength in a bundled SAE's ``features.jsonl`` (the highest held-out rates
-first, ``--limit`` in all, default 20, shared across the SAEs in turn) and each registered vector set whose
+For each feature with a recommended strength in a bundled SAE's ``features.jsonl`` (a seeded random sample,
+``--limit`` in all, default 20, taken from the SAEs in turn; not the highest held-out rates, whose fresh rates
+would fall back towards the mean by the choice alone) and each registered vector set whose
 vectors carry a held-out measure (``millm vectors calibrate``; ``--no-vectors`` leaves them out), the stored
 strength is measured again on the shipped ``fresh`` prompts (``millm.research.prompt_sets``: 16 prompts in
 neither the calibration nor the held-out set), seeded and sampled as a request is, with the stored measure's
@@ -22,6 +23,7 @@ about 0.86 with 64 fresh answers. Both counts are printed: the first draw alone 
 from __future__ import annotations
 
 import argparse
+import random
 import time
 from pathlib import Path
 
@@ -44,12 +46,13 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=20, help="bundled features measured, in all")
     parser.add_argument("--no-vectors", action="store_true", help="leave the vector sets out")
     parser.add_argument("--samples", type=int, default=4, help="answers to each fresh prompt")
+    parser.add_argument("--seed", type=int, default=0, help="the sample of recommended features")
     args = parser.parse_args()
     settings = get_settings()
     engine = load_engine(resolve(BUNDLED_ID, settings), settings)
     fresh = prompt_set().fresh
     started = time.perf_counter()
-    chosen = features(args.limit)
+    chosen = features(args.limit, args.seed)
     marks = [check(engine, sae_id, path, layer, found, fresh, args.samples) for sae_id, path, layer, found in chosen]
     summary("features", [m for per_sae in marks for m in per_sae], args.samples)
     if not args.no_vectors:
@@ -69,14 +72,14 @@ def summary(what: str, marks: list[tuple[bool, bool]], samples: int) -> None:
 Found = list[tuple[int, HeldOut, tuple[str, ...]]]
 
 
-def features(limit: int) -> list[tuple[str, Path, int, Found]]:
-    """Up to ``limit`` recommended features of the bundled SAEs, taken from each SAE in turn, highest held-out
-    rate first."""
+def features(limit: int, seed: int) -> list[tuple[str, Path, int, Found]]:
+    """Up to ``limit`` recommended features of the bundled SAEs, taken from each SAE in turn, each SAE's in a
+    seeded random order."""
     per_sae = []
     for bundled in bundled_saes():
         labels = LabelIndex.load(bundled.path, bundled.id).labels
-        held = sorted(((i, h) for i, h in held_out_measures(bundled.path).items() if h.recommended),
-                      key=lambda ih: (-ih[1].rate, ih[0]))
+        held = sorted((i, h) for i, h in held_out_measures(bundled.path).items() if h.recommended)
+        random.Random(seed).shuffle(held)
         per_sae.append((bundled, [(i, h, label_words(labels.get(i, ""))) for i, h in held]))
     taken: dict[str, Found] = {b.id: [] for b, _ in per_sae}
     for k in range(max((len(found) for _, found in per_sae), default=0)):
