@@ -48,6 +48,8 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=4, help="answers to each fresh prompt")
     parser.add_argument("--seed", type=int, default=0, help="the sample of recommended features")
     args = parser.parse_args()
+    if args.samples < 1:
+        parser.error(f"--samples must be at least 1, not {args.samples}")
     settings = get_settings()
     engine = load_engine(resolve(BUNDLED_ID, settings), settings)
     fresh = prompt_set().fresh
