@@ -21,7 +21,6 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -33,6 +32,7 @@ from urllib.parse import urlsplit
 import httpx
 from rich.progress import Progress, TaskID
 
+from millm.atomic import replace_text
 from millm.config import Settings
 from millm.errors import InvalidParameter, MillmError
 from millm.registry import ModelEntry, check_model_id, entry_for_path, gguf_entry, list_models
@@ -145,10 +145,7 @@ def _read_ledger(settings: Settings) -> dict[str, Any]:
 
 def _write_ledger(settings: Settings, ledger: dict[str, Any]) -> None:
     """Replace the ledger atomically (a killed write leaves the previous one)."""
-    fd, tmp = tempfile.mkstemp(dir=settings.models_dir, prefix=".pulled-")
-    with os.fdopen(fd, "w") as f:
-        json.dump(ledger, f, indent=2)
-    os.replace(tmp, settings.models_dir / LEDGER)
+    replace_text(settings.models_dir / LEDGER, json.dumps(ledger, indent=2))
 
 
 # talking to the Hub

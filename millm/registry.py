@@ -8,9 +8,7 @@ from __future__ import annotations
 import fcntl
 import importlib.util
 import json
-import os
 import re
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,6 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from millm.atomic import replace_text
 from millm.config import Settings
 from millm.errors import AmbiguousModelName, InvalidParameter, ModelBusy, ModelNotFound
 from millm.paths import user_path
@@ -177,16 +176,7 @@ def _write_registered(settings: Settings, entries: list[ModelEntry]) -> None:
     target = _registry_file(settings)
     target.parent.mkdir(parents=True, exist_ok=True)
     rows = [{**asdict(e), "path": str(e.path)} for e in entries]
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".models-")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(rows, f, indent=2)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    replace_text(target, json.dumps(rows, indent=2), durable=True)
 
 
 def entry_for_path(path: Path, model_id: str | None = None) -> ModelEntry:

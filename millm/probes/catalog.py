@@ -5,11 +5,10 @@ a temporary file moved into place, so a reader never sees half a document."""
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from millm.atomic import replace_text
 from millm.errors import InvalidParameter, MillmError
 from millm.names import check_name
 from millm.probes.probe import Probe, from_document
@@ -36,14 +35,7 @@ def path_of(home: Path, name: str) -> Path:
 
 def _write(path: Path, value: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(value, f)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    replace_text(path, json.dumps(value))
 
 
 def save(home: Path, probe: Probe, overwrite: bool = False) -> None:

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from millm.atomic import replace_text
 from millm.errors import InvalidParameter
 from millm.sae.measured import HELD_OUT_KEY, MEASURED_KEY, HeldOut
 
@@ -96,11 +96,4 @@ def drop_older(folder: str | Path, shipped: bool = False) -> int:
 
 def write_atomic(path: Path, lines: list[str]) -> None:
     """``lines`` as the file at ``path``, replaced in one step (a reader sees the old file or the new one)."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".features-", suffix=".jsonl")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write("\n".join(lines) + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    replace_text(path, "\n".join(lines) + "\n")
