@@ -3,6 +3,7 @@
     python bench/remeasure.py --limit 3                         # 3 more features of each bundled SAE
     python bench/remeasure.py --sae smollm2-135m-res-L10        # every feature left on one SAE
     python bench/remeasure.py --features 2375,990 --sae smollm2-135m-res-L10   # these features (measured or not)
+    python bench/remeasure.py --summary                         # what the shipped files hold now; measures nothing
 
 What ``millm steer screen --save`` does to a copy of an SAE, done to the shipped files themselves
 (``millm/sae/bundled/*/features.jsonl``, which ``--save`` refuses to change): every labelled feature is estimated
@@ -20,17 +21,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
+from collections import Counter
 from pathlib import Path
 
 from millm.config import get_settings
 from millm.engine import load_engine
 from millm.registry import BUNDLED_ID, resolve
-from millm.research.measure import HELD_OUT_PROMPTS, NEUTRAL_PROMPTS, SEED, Measure
+from millm.research.measure import HELD_OUT_PROMPTS, NEUTRAL_PROMPTS, SEED, TARGET_RATE, Measure
 from millm.research.prompt_sets import PROMPT_SET
 from millm.research.saving import Measured, drop_older, save_measured
 from millm.research.screen import FLOOR, estimates, screen
-from millm.sae.bundled import bundled_saes
+from millm.sae.bundled import BundledSAE, bundled_saes
 from millm.sae.cards import held_out_measures
 from millm.sae.formats import load_sae
 from millm.sae.labels import LabelIndex
@@ -45,7 +48,13 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=16, help="calibration prompts")
     parser.add_argument("--held-out", type=int, default=len(HELD_OUT_PROMPTS), help="held-out prompts")
     parser.add_argument("--tokens", type=int, default=24, help="tokens per answer (the screen's)")
+    parser.add_argument("--summary", action="store_true", help="print what the shipped files hold and stop")
     args = parser.parse_args()
+    if args.summary:
+        for bundled in bundled_saes():
+            if not args.sae or bundled.id in args.sae:
+                print(summary(bundled))
+        return
     settings = get_settings()
     engine = load_engine(resolve(BUNDLED_ID, settings), settings)
     wanted = {int(f) for f in args.features.split(",")} if args.features else None
@@ -57,6 +66,22 @@ def main() -> None:
             remeasure(engine, bundled, args, wanted, settings.home / "remeasure")
         finally:
             engine.steering.detach(bundled.id)
+
+
+def summary(bundled: BundledSAE) -> str:
+    """One bundled SAE's held-out measures on the current prompt set: how many, how many recommended and at which
+    strengths, and the mean calibration and held-out rates at the chosen strengths (the winner's curse between)."""
+    measured = [h for h in held_out_measures(bundled.path).values() if h.prompt_set == PROMPT_SET]
+    chosen = [h for h in measured if h.strength is not None]
+    recommended = sorted(s for h in chosen if (s := h.recommended_strength) is not None)
+    counts = Counter(recommended)
+    spread = ", ".join(f"{s:g}: {n}" for s, n in sorted(counts.items()))
+    median = f"; median {statistics.median(recommended):g}" if recommended else ""
+    means = (f"; at the chosen strengths calibration {statistics.mean(h.calibration_rate for h in chosen):.1%}, "
+             f"held-out {statistics.mean(h.rate for h in chosen):.1%}") if chosen else ""
+    return (f"{bundled.id}: {len(measured)} measured on {PROMPT_SET}, {len(recommended)} recommended "
+            f"({sum(h.rate >= TARGET_RATE for h in chosen if h.recommended)} with a held-out rate >= "
+            f"{TARGET_RATE:.0%}; {spread}{median}){means}")
 
 
 def remeasure(engine, bundled, args, wanted: set[int] | None, cache: Path) -> None:
