@@ -130,11 +130,13 @@ def test_screen_estimates_the_labelled_features_sweeps_the_promising_and_saves_w
                                                                                         tmp_path):
     from millm.research.screen import FLOOR, SWEEP_STRENGTHS
     from millm.sae.bundled import BUNDLED_DIR
+    from millm.sae.cards import RATE_KEY
+    from millm.sae.measured import HELD_OUT_KEY, MEASURED_KEY
 
     copy = tmp_path / "sae"
     shutil.copytree(BUNDLED_DIR / SAE, copy)
     rows = [json.loads(line) for line in (copy / "features.jsonl").read_text().splitlines() if line.strip()]
-    measures = ("held_out", "recommended_strength", "concept_rate")  # as yet unmeasured, whatever the package ships
+    measures = (HELD_OUT_KEY, MEASURED_KEY, RATE_KEY)  # as yet unmeasured, whatever the package ships
     (copy / "features.jsonl").write_text("".join(json.dumps({k: v for k, v in r.items() if k not in measures}) + "\n"
                                                  for r in rows))
     # an SAE whose labels name four features: two with words, two without ("2, 1" and a newline)
