@@ -127,6 +127,13 @@ def fingerprint(model: str, revision: str | None, dtype: str | None, quantizatio
     return f"millm:{model}@{part(revision)}:{part(dtype)}/{part(quantization)}:{engine}"
 
 
+def numerics(engine: Engine) -> str:
+    """The dtype part of ``engine``'s fingerprint (``float32``, ``float32+int8``, ``bfloat16``): the numbers its
+    answers come from, which a steering strength measured on it depends on; empty where unrecorded."""
+    dtype = engine.fingerprint.rsplit(":", 2)[1].split("/")[0]
+    return "" if dtype == "unrecorded" else dtype
+
+
 class NoModelInternals:
     """The refusals of an engine that exposes no residual stream or output weights (llama.cpp, the scripted
     engine): teacher-forced reads, residual reads and unembedding need a transformers model."""

@@ -24,6 +24,7 @@ class Measuring(Protocol):
     seed: int
     tokens: int
     bound: float
+    weights: str  # the numbers the answers come from (``millm.engine.base.numerics``)
 
     def points(self, cases: Sequence[Case]) -> list[Point]: ...
 
@@ -37,7 +38,7 @@ def held_out(point: Point, calibration_rate: float, measure: Measuring, prompt_s
     low, high = wilson(round(point.rate * n), n)
     return HeldOut(prompt_set, point.strength, calibration_rate, point.rate, low, high, n, measure.tokens,
                    measure.seed, point.fluency, point.relevance, point.degenerate, target, measure.bound,
-                   tuple((p.strength, p.rate, p.fluency, p.relevance) for p in sweep))
+                   tuple((p.strength, p.rate, p.fluency, p.relevance) for p in sweep), measure.weights)
 
 
 def verify(measure: Measuring, chosen: Sequence[tuple[Case, float]], prompt_set: str,
@@ -53,6 +54,6 @@ def verify(measure: Measuring, chosen: Sequence[tuple[Case, float]], prompt_set:
             for p, (_, rate), sweep in zip(points, chosen, swept, strict=True)]
 
 
-def unverified(prompt_set: str) -> HeldOut:
-    """The record of a feature whose calibration found no strength to verify."""
-    return HeldOut(prompt_set, None)
+def unverified(prompt_set: str, weights: str = "") -> HeldOut:
+    """The record of a feature whose calibration (on ``weights``) found no strength to verify."""
+    return HeldOut(prompt_set, None, weights=weights)

@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from millm.engine.base import Engine
+from millm.engine.base import Engine, numerics
 from millm.engine.params import ChatPrompt, TextPrompt, TokenPrompt
 from millm.engine.scoring import ScoreRequest, ScoreRow, ScoringParams
 from millm.errors import InvalidParameter
@@ -118,6 +118,7 @@ class Measure:
         check_engine(engine)
         self.engine, self.scope = engine, scope
         self.prompts, self.seed, self.tokens, self.bound = tuple(prompts), seed, tokens, bound
+        self.weights = numerics(engine)
         self._plain: tuple[list[str], Scored] | None = None
 
     @property

@@ -200,7 +200,7 @@ def screen(measure: Measure, held: Measuring, sae_id: str, labels: dict[int, str
                           prompt_set, sweeps=[mine for f, mine in zip(batch, found) if f in picked])
         held_out = dict(zip(picked, verified, strict=True))
         done = [Screened(f, labels[f], rises[f], concept_rate(measure.plain, words[f]), mine,
-                         held_out.get(f) or unverified(prompt_set)) for f, mine in zip(batch, found)]
+                         held_out.get(f) or unverified(prompt_set, measure.weights)) for f, mine in zip(batch, found)]
         swept += done
         if on_swept is not None:
             on_swept(done)

@@ -6,6 +6,10 @@ The row's keys (the fields every front end reads; :class:`HeldOut` reads and wri
 - ``held_out``: the held-out measure, an object:
 
   - ``prompt_set``: the version of the shipped neutral prompt sets (``millm/research/prompts/``) it used;
+  - ``weights``: the numbers the answers came from, the dtype part of the engine's fingerprint (``float32``,
+    ``float32+int8``, ``bfloat16``): a strength measured on one is a strength for that one (int8 moves a concept
+    rate as far as float32 does, but not concept by concept; docs/benchmarks.md). Absent in a measure stored
+    before it was recorded;
   - ``strength``: the strength chosen on the calibration set (null when no strength there mentioned the
     concept more than the unsteered answers: nothing was verified, and the other figures are absent);
   - ``calibration_rate``: the concept rate there on the calibration set (the figure it was chosen by);
@@ -59,6 +63,7 @@ class HeldOut:
     target: float = 0.6
     bound: float = 1.5
     sweep: tuple[tuple[float, float, float, float], ...] = ()  # (strength, rate, fluency, relevance) calibrated
+    weights: str = ""  # the engine's numbers (``float32``, ``float32+int8``); empty: not recorded
 
     @property
     def recommended(self) -> bool:
@@ -70,9 +75,10 @@ class HeldOut:
 
     def to_json(self) -> dict[str, Any]:
         """The ``held_out`` object as stored and as the API shows it."""
+        made = {"prompt_set": self.prompt_set, **({"weights": self.weights} if self.weights else {})}
         if self.strength is None:
-            return {"prompt_set": self.prompt_set, "strength": None, "recommended": False}
-        return {"prompt_set": self.prompt_set, "strength": self.strength,
+            return {**made, "strength": None, "recommended": False}
+        return {**made, "strength": self.strength,
                 "calibration_rate": round(self.calibration_rate, 4), "rate": round(self.rate, 4),
                 "interval": [round(self.low, 4), round(self.high, 4)], "answers": self.answers,
                 "tokens": self.tokens, "seed": self.seed, "fluency": round(self.fluency, 4),
@@ -84,21 +90,23 @@ class HeldOut:
     @classmethod
     def from_json(cls, body: Mapping[str, Any]) -> HeldOut:
         """A stored ``held_out`` object (checked by :func:`is_held_out` first)."""
-        strength = body.get("strength")
+        strength, weights = body.get("strength"), body.get("weights")
+        weights = weights if isinstance(weights, str) else ""
         if strength is None:
-            return cls(str(body["prompt_set"]), None)
+            return cls(str(body["prompt_set"]), None, weights=weights)
         low, high = body["interval"]
         return cls(str(body["prompt_set"]), float(strength), float(body["calibration_rate"]), float(body["rate"]),
                    float(low), float(high), int(body["answers"]), int(body["tokens"]), int(body["seed"]),
                    float(body["fluency"]), float(body["relevance"]), float(body["degeneration"]),
-                   float(body["target"]), float(body["bound"]), _sweep(body.get("sweep")))
+                   float(body["target"]), float(body["bound"]), _sweep(body.get("sweep")), weights)
 
     def describe(self) -> str:
         """One line: the held-out rate, its interval and what it rests on (the line every front end shows)."""
+        how = self.prompt_set + (f", {self.weights} weights" if self.weights else "")
         if self.strength is None:
-            return f"no strength mentions the concept (prompt set {self.prompt_set})"
+            return f"no strength mentions the concept (prompt set {how})"
         return (f"held-out {self.rate:.0%} [{self.low:.0%}-{self.high:.0%}] of {self.answers} answers at "
-                f"{self.strength:g} ({self.prompt_set})")
+                f"{self.strength:g} ({how})")
 
 
 def _number(v: Any) -> bool:

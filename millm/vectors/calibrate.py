@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from millm.engine.base import Engine
+from millm.engine.base import Engine, numerics
 from millm.errors import InvalidParameter
 from millm.research.held_out import unverified
 from millm.research.prompt_sets import PROMPT_SET
@@ -59,7 +59,8 @@ def calibrate(service: SteeringService, engine: Engine, name: str, words: Sequen
             on_vector(n, len(labels))
         result = sweep_feature(service, engine, name, index, label=labels[index], words=words, strengths=strengths,
                                prompts=prompts, held_out=held_out, seed=seed, tokens=tokens)
-        save_measured(folder, {index: Measured(result.held_out or unverified(PROMPT_SET), labels[index])})
+        held = result.held_out or unverified(PROMPT_SET, numerics(engine))
+        save_measured(folder, {index: Measured(held, labels[index])})
         results.append(result)
     return results
 

@@ -186,7 +186,14 @@ def test_embedding_token_ids_past_the_vocabulary_are_named_as_another_tokenizers
 
 
 def test_fingerprint_format(engine):
+    from types import SimpleNamespace
+
+    from millm.engine.base import fingerprint, numerics
+
     assert engine.fingerprint == "millm:SmolLM2-135M-Instruct@unrecorded:float32/Q4_1:transformers"
+    assert numerics(engine) == "float32"  # what a steering measure on it records
+    gguf = SimpleNamespace(fingerprint=fingerprint("org/m:v2", None, None, "Q4_1", "llama.cpp"))
+    assert numerics(gguf) == ""  # a GGUF file's numbers are its quantization: no dtype to record
 
 
 def test_closing_the_stream_cancels_and_releases(engine):

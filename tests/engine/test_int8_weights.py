@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from millm.config import Settings
+from millm.engine.base import numerics
 from millm.errors import InvalidParameter
 
 
@@ -187,6 +188,7 @@ def test_the_bundled_model_loads_int8_with_its_output_projection_packed_and_tied
     assert isinstance(model.get_output_embeddings(), PackedLinear)
     assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
     assert int8_engine.fingerprint == "millm:SmolLM2-135M-Instruct@unrecorded:float32+int8/Q4_1:transformers"
+    assert numerics(int8_engine) == "float32+int8"  # a strength measured here says so (millm.sae.measured)
 
 
 @pytest.mark.model

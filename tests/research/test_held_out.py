@@ -54,6 +54,7 @@ class Scripted:
         self.rates, self.fluency = rates, fluency
         self.prompts, self.seed, self.tokens, self.bound = tuple(f"p{i}" for i in range(n)), 0, 24, FLUENCY_BOUND
         self.plain, self.plain_logprob = ["nothing"] * n, -2.0
+        self.weights = "float32+int8"
 
     def points(self, cases):
         return [point(c.strength, self.rates.get(c.strength, 0.0) if c.values else 0.0, self.fluency)
@@ -102,6 +103,22 @@ def test_a_held_out_interval_reaching_the_target_is_stored_as_recommended(tmp_pa
     swept = [(p.strength, p.rate) for p in result.points]
     assert [(p["strength"], p["rate"]) for p in row["held_out"]["sweep"]] == swept and (40, 0.625) in swept
     assert card.held_out is not None and [(s, r) for s, r, _, _ in card.held_out.sweep] == swept
+
+
+def test_a_measure_records_the_weights_its_answers_came_from_and_says_them(tmp_path):
+    from millm.research.saving import Measured, save_measured
+    from millm.sae.cards import read_card
+
+    result = sweep(Scripted({20: 0.25, 40: 0.625}), Scripted({40: 7 / 16}))
+    assert result.held_out is not None and result.held_out.weights == "float32+int8"
+    (tmp_path / "features.jsonl").write_text("")
+    save_measured(tmp_path, {3: Measured(result.held_out, "rain")})
+    assert json.loads((tmp_path / "features.jsonl").read_text())["held_out"]["weights"] == "float32+int8"
+    card = read_card(tmp_path, 3, 64, name="t")
+    assert card.held_out is not None and card.held_out.weights == "float32+int8"
+    assert card.held_out.describe().endswith("at 40 (neutral-v1, float32+int8 weights)")
+    older = {k: v for k, v in result.held_out.to_json().items() if k != "weights"}  # stored before it was recorded
+    assert HeldOut.from_json(older).weights == "" and HeldOut.from_json(older).describe().endswith("(neutral-v1)")
 
 
 def test_a_stored_sweep_draws_as_a_sweep_jobs_figure_marked_at_the_chosen_strength():

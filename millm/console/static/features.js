@@ -30,14 +30,16 @@ export async function vectorCard(sae, index) {
 }
 
 /** How a card's strength was measured, in words: the held-out rate, its 90% interval and the answers it rests on
- *  (the card's held_out object, millm/sae/measured.py); "" when the feature was never measured so. */
+ *  and the prompt set and weights it was measured with (the card's held_out object, millm/sae/measured.py,
+ *  whose describe() writes the same words); "" when the feature was never measured so. */
 export function heldOut(c) {
   const held = c && c.held_out;
   if (!held) return "";
-  if (held.strength === null || held.strength === undefined) return "no strength mentions the concept";
+  const how = held.weights ? `${held.prompt_set}, ${held.weights} weights` : held.prompt_set;
+  if (held.strength === null || held.strength === undefined) return `no strength mentions the concept (${how})`;
   const pct = (x) => `${Math.round(x * 100)}%`;
   return `held-out ${pct(held.rate)} [${pct(held.interval[0])}–${pct(held.interval[1])}] of ${held.answers} ` +
-    `answers at ${held.strength} (${held.prompt_set})`;
+    `answers at ${held.strength} (${how})`;
 }
 
 /** The recommended strength with the held-out figures it rests on, or why there is none. */

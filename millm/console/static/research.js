@@ -8,7 +8,8 @@ export function heldOutLine(held) {
   if (!held) return "";
   if (held.strength === null || held.strength === undefined) return "held out: no strength to verify";
   const [lo, hi] = held.interval || [null, null];
-  return `held out (${held.answers} answers): rate ${num(held.rate, 2)}, 90% interval [${num(lo, 2)}, ${num(hi, 2)}]`
+  const on = held.weights ? `, ${held.weights} weights` : "";
+  return `held out (${held.answers} answers${on}): rate ${num(held.rate, 2)}, 90% interval [${num(lo, 2)}, ${num(hi, 2)}]`
     + ` at ${held.strength}: ${held.recommended ? "recommended" : "not recommended"}`;
 }
 
