@@ -112,17 +112,19 @@ def _print_sweep(result: SweepResult) -> None:
     out.print(verdict(result), markup=False)
 
 
-def _save_sweep(folder: Path, index: int, label: str, result: SweepResult) -> None:
-    """The sweep's held-out measure stored in the SAE's ``features.jsonl`` (recommended or not, so the card says
-    the best held-out point); a sweep whose calibration chose no strength saves nothing and says so."""
+def _save_sweep(folder: Path, index: int, label: str, result: SweepResult, weights: str) -> None:
+    """The sweep's held-out measure stored in the SAE's ``features.jsonl``, recommended or not, so the card says
+    the best held-out point; a sweep whose calibration chose no strength stores that (on ``weights``), as a
+    screen does, so no earlier strength outlives the measure that contradicts it."""
+    from millm.research.held_out import unverified
+    from millm.research.prompt_sets import PROMPT_SET
     from millm.research.saving import Measured, save_measured
 
-    if result.held_out is None:
-        raise InvalidParameter("Nothing saved: no strength mentions the concept on the calibration prompts.",
-                               param="save")
-    path = save_measured(folder, {index: Measured(result.held_out, label)})
+    held = result.held_out or unverified(PROMPT_SET, weights)
+    path = save_measured(folder, {index: Measured(held, label)})
     what = (f"recommended_strength {result.recommended:g}" if result.recommended is not None
-            else "no recommended strength (the best held-out point)")
+            else "no recommended strength (the best held-out point)" if result.held_out is not None
+            else "no recommended strength (no strength mentions the concept on the calibration prompts)")
     err.print(f"{what} saved for feature {index} in {path}", markup=False)
 
 
@@ -186,7 +188,9 @@ def sweep(
         write_figure(png, sweep_figure(result.to_json()), theme)
         err.print(f"plot written to {png}", markup=False)
     if save:
-        _save_sweep(folder, index, label, result)
+        from millm.engine.base import numerics
+
+        _save_sweep(folder, index, label, result, numerics(engine))
 
 
 def _labels_to_screen(labels: dict[int, str], first: int | None, sae_id: str) -> dict[int, str]:

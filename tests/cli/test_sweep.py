@@ -100,11 +100,18 @@ def test_save_writes_the_recommended_strength_into_a_copy(engine, untouched, tmp
     assert rows[MUSIC]["recommended_strength"] == 5.0 and "concept_rate" not in rows[MUSIC]  # no older key beside
     held = rows[MUSIC]["held_out"]  # verified on 2 held-out prompts, its interval reaching 60%
     assert held["strength"] == 5.0 and held["answers"] == 2 and held["recommended"] and held["interval"][1] >= 0.6
+    assert held["weights"] == "float32"  # the numbers it was measured on
     swept = json.loads(result.stdout)["points"]  # the calibration sweep that chose it, kept beside it
     assert [(p["strength"], p["rate"]) for p in held["sweep"]] == [(p["strength"], round(p["rate"], 4)) for p in swept]
     assert {i: r for i, r in rows.items() if i != MUSIC} == {i: r for i, r in before.items() if i != MUSIC}
     assert (BUNDLED_DIR / SAE / "features.jsonl").read_bytes() == bundled  # the bundled SAE is left as it was
-    run("music", "--sae", copy, "--strengths", "5", "--prompts", 1, "--held-out", 1, "--tokens", 4, "--json")
+    # measured again with a word no answer says: nothing is chosen, and that measure replaces the recommendation
+    again = run("music", "--sae", copy, "--strengths", "5", "--prompts", 1, "--held-out", 1, "--tokens", 4, "--json",
+                "--save", "--concept=zqxjv")
+    assert "no strength mentions the concept on the calibration prompts" in again.stderr
+    remeasured = feature_rows(copy)[MUSIC]
+    assert "recommended_strength" not in remeasured and remeasured["held_out"] == {
+        "prompt_set": "neutral-v1", "weights": "float32", "strength": None, "recommended": False}
     from cli.common import steering_service
 
     assert [r["path"] for r in steering_service().store.saes()].count(str(copy.resolve())) == 1  # registered once
