@@ -184,18 +184,21 @@ CONCEPT_SIZES = ConceptSizes()
 
 
 def concept_set(word: str, model: str | None) -> str:
-    """The vector set ``millm chat --steer-concept WORD`` steers with, ``concept-WORD``: the one stored, else
-    learned from the model's answers about WORD now (at the default layer, against other topics), stored and
-    calibrated, with progress on stderr. Refused on an engine that cannot read activations and score answers
-    (llama.cpp), saying why."""
+    """The vector set ``millm chat --steer-concept WORD`` steers with, ``concept-WORD``: the one stored and
+    calibrated, else learned from the model's answers about WORD now (at the default layer, against other topics)
+    and stored, and calibrated (so one stored but never calibrated, a run interrupted or ``--no-calibrate``, is
+    calibrated now), with progress on stderr. Refused on an engine that cannot read activations and score
+    answers (llama.cpp), saying why."""
     from millm.names import check_name
+    from millm.sae.cards import held_out_measures
     from millm.vectors import catalog
     from millm.vectors.learn import check_concepts, default_layer
 
     [concept] = check_concepts([word], "steer_concept")
     name = check_name(f"concept-{'-'.join(concept.lower().split())}", "steer_concept")
     service = steering_service()
-    if service.store.sae(name) is not None:
+    stored = service.store.sae(name)
+    if stored is not None and held_out_measures(stored["path"]):
         err.print(f"steering by the vector set {name} (learned before; `millm vectors rm {name}` forgets it)",
                   markup=False)
         return name
@@ -207,13 +210,17 @@ def concept_set(word: str, model: str | None) -> str:
                                "it cannot make one: use a transformers model (the model id without :QUANT), or "
                                "steer with a vector set learned there (--sae NAME --steer NAME).",
                                param="steer_concept")
-    catalog.check_new_name(service, name)
-    err.print(f"no vector set {name} yet: learning one from the model's answers about {concept}, then calibrating "
-              "it (stored for next time)", markup=False)
     sizes = CONCEPT_SIZES
-    [vs], _ = _learn_and_store(engine, name, [default_layer(steerable(engine).steering.n_layers)], [concept], None,
-                               examples=sizes.examples, tokens=sizes.tokens)
-    calibrated(engine, vs.names[0], prompts=sizes.prompts, held_out=sizes.held_out, tokens=sizes.calibration_tokens)
+    if stored is None:
+        catalog.check_new_name(service, name)
+        err.print(f"no vector set {name} yet: learning one from the model's answers about {concept}, then "
+                  "calibrating it (stored for next time)", markup=False)
+        _learn_and_store(engine, name, [default_layer(steerable(engine).steering.n_layers)], [concept], None,
+                         examples=sizes.examples, tokens=sizes.tokens)
+    else:
+        err.print(f"the vector set {name} was learned before but never calibrated: calibrating it now (stored for "
+                  "next time)", markup=False)
+    calibrated(engine, name, prompts=sizes.prompts, held_out=sizes.held_out, tokens=sizes.calibration_tokens)
     return name
 
 

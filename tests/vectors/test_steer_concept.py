@@ -4,6 +4,7 @@ second time; refused on llama.cpp, saying why. ``vectors calibrate`` stores each
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -46,6 +47,14 @@ def test_steer_concept_learns_and_calibrates_once_then_reuses_the_set(engine, sm
                      "--max-tokens", "8")
         assert "learned before" in second.output and "learning one" not in second.output
         assert second.exit_code == first.exit_code
+        # a set stored but never calibrated (a calibration interrupted) is calibrated, not reused as it is
+        cards = Path(record["path"]) / "features.jsonl"
+        cards.write_text("")
+        third = run("chat", "Tell me about your day.", "--steer-concept", "dog", "--temperature", "0",
+                    "--max-tokens", "8")
+        assert "learned before but never calibrated: calibrating it now" in third.output, third.output
+        assert "learning one" not in third.output and third.exit_code == first.exit_code
+        assert list(held_out_measures(record["path"]).values()) == [held]  # the same seeded measure, stored again
         listed = [r["id"] for r in json.loads(run("vectors", "list", "--json").output)]
         assert listed.count("concept-dog") == 1
     finally:
