@@ -11,6 +11,7 @@ from tests.console.browser import row
 
 SAE = "smollm2-135m-res-L10"
 MUSIC = 2375  # "music, melody": the bundled SAE's measured music feature
+WEATHER = 990  # "weather, local, geography": measured, and recommends no strength
 
 
 def steering(base: str) -> dict:
@@ -51,9 +52,20 @@ def test_attach_search_and_read_a_card(console):
     assert shown.locator("ol li").first.locator("mark").text_content() == marked  # the firing token highlighted
     assert shown.locator("ol li").first.locator(".example").text_content() == first.replace("«", "").replace("»", "")
     found.locator("button[data-action='steer']").click()
-    console.notice().filter(has_text=f"Feature {MUSIC} set to").wait_for()
-    expected = card["recommended_strength"] or 20
-    assert steering(console.base)["saes"][SAE]["values"] == {str(MUSIC): float(expected)}
+    assert recommended == 40  # re-measured: recommended, so the button takes it and says what it rests on
+    console.notice().filter(has_text=f"Feature {MUSIC} set to its recommended strength 40 on {SAE} "
+                                     f"({shown_rate}").wait_for()
+    assert steering(console.base)["saes"][SAE]["values"] == {str(MUSIC): 40.0}
+    # weather (990) is measured and recommends none: the button sets a starting point and says why, best point shown
+    page.fill("#search-q", "weather")
+    page.click("#search-go")
+    weather = httpx.get(f"{console.base}/api/saes/{SAE}/features/{WEATHER}").json()
+    assert weather["recommended_strength"] is None and not weather["held_out"]["recommended"]
+    row(page, "#search-table", str(WEATHER)).locator("button[data-action='steer']").click()
+    best = f"held-out {round(weather['held_out']['rate'] * 100)}% ["
+    console.notice().filter(has_text=f"Feature {WEATHER} set to 20 on {SAE}, a starting point (none is "
+                                     f"recommended: {best}").wait_for()
+    assert steering(console.base)["saes"][SAE]["values"] == {str(MUSIC): 40.0, str(WEATHER): 20.0}
 
 
 def test_slider_number_box_toggle_batch_profile_and_clear(console):

@@ -50,6 +50,23 @@ export function recommendedText(c) {
   return c && c.held_out ? `none · ${heldOut(c)}` : "not measured";
 }
 
+/** The strength a "steer" button sets when none is recommended: a starting point the Steering page adjusts. */
+export const STEER_DEFAULT = 20;
+
+/** What a "steer" button sets feature ``index`` of ``sae`` to, from its card ``c`` (null when unread): the
+ *  recommended strength, else STEER_DEFAULT; and the notice saying which number it used and what it rests on (the
+ *  held-out figures, or that none is recommended and the best held-out point), as ``--steer NAME`` says. */
+export function steerChoice(c, sae, index) {
+  const rec = c ? c.recommended_strength : null;
+  if (rec !== null && rec !== undefined) {
+    return { strength: rec, said: `Feature ${index} set to its recommended strength ${rec} on ${sae} ` +
+      `(${heldOut(c)}); the Steering page adjusts it.` };
+  }
+  const why = c && c.held_out ? `none is recommended: ${heldOut(c)}` : "never measured on held-out prompts";
+  return { strength: STEER_DEFAULT, said: `Feature ${index} set to ${STEER_DEFAULT} on ${sae}, a starting ` +
+    `point (${why}); the Steering page adjusts it.` };
+}
+
 /** A strength within the ±200 clamp the server applies. */
 export function clamp(value) {
   return Math.max(-CLAMP, Math.min(CLAMP, Number(value)));

@@ -9,11 +9,9 @@ import { get, patch, seg } from "../api.js";
 import { bars } from "../chart.js";
 import { figure } from "../plot.js";
 import { field, fill, h, num, section, table } from "../dom.js";
-import { resolve } from "../features.js";
+import { resolve, steerChoice } from "../features.js";
 import { heldOutLine, shaded } from "../research.js";
 import { marked } from "./saes.js";
-
-const STEER_DEFAULT = 20; // the strength "steer with this" sets when none is recommended
 
 export const pageOf = (sae, index) => `#/features/${seg(sae)}/${seg(index)}`;
 
@@ -77,9 +75,8 @@ export async function render(root, ctx, route) {
   const held = card.held_out;
   const rec = card.recommended_strength;
   const steer = h("button", { type: "button", id: "feature-steer", onclick: () => {
-    const strength = rec ?? STEER_DEFAULT;
-    ctx.attempt(() => patch("/api/steering", { sae, values: { [card.index]: strength } }),
-      `Feature ${card.index} set to ${strength} on ${sae}; the Steering page adjusts it.`);
+    const { strength, said } = steerChoice(card, sae, card.index);
+    ctx.attempt(() => patch("/api/steering", { sae, values: { [card.index]: strength } }), said);
   } }, "Steer with this");
   const sweep = h("a", { href: `#/sweeps?sae=${seg(sae)}&feature=${seg(card.index)}`, id: "feature-sweep" },
     "Sweep this");

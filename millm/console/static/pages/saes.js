@@ -3,7 +3,7 @@
 
 import { del, get, patch, post, seg } from "../api.js";
 import { field, fill, h, num, section, table } from "../dom.js";
-import { card, recommendedText, search } from "../features.js";
+import { card, recommendedText, search, steerChoice } from "../features.js";
 
 const CARDS_SHOWN = 10; // results whose cards (firing rate, recommended strength) are fetched
 
@@ -79,10 +79,8 @@ export async function render(root, ctx) {
         if (c) fill(cardSlot, cardView(c));
       } }, "card");
       const steer = h("button", { type: "button", class: "small", "data-action": "steer", onclick: async () => {
-        const c = await ctx.attempt(() => card(sae, f.index));
-        const strength = c && c.recommended_strength ? c.recommended_strength : 20;
-        await ctx.attempt(() => patch("/api/steering", { sae, values: { [f.index]: strength } }),
-          `Feature ${f.index} set to ${strength} on ${sae}; the Steering page adjusts it.`);
+        const { strength, said } = steerChoice(await ctx.attempt(() => card(sae, f.index)), sae, f.index);
+        await ctx.attempt(() => patch("/api/steering", { sae, values: { [f.index]: strength } }), said);
       } }, "steer");
       const page = h("a", { href: `#/features/${seg(sae)}/${f.index}`, "data-action": "page" }, "page");
       return [String(f.index), h("span", { class: "label" }, f.label), rate, rec, h("span", null, show, steer, page)];
