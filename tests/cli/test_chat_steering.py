@@ -76,6 +76,32 @@ def test_steer_set_and_profiles_create_take_labels(fake_cli):
     assert steering_service().store.profile("cli26-far") is None
 
 
+def test_a_feature_named_alone_takes_its_recommended_strength_says_which_or_is_refused(fake_cli):
+    from millm.sae.bundled import BUNDLED_DIR
+    from millm.sae.cards import held_out_measures
+
+    held = held_out_measures(BUNDLED_DIR / L10)  # the shipped, re-measured figures
+    said = f"music: feature 2375 of {L10} at its recommended strength 40 ({held[2375].describe()})"
+    own = chat("--sae", L10, "--steer", "music")
+    assert said in own.stderr and lines(own) == [f"steering: this chat's values on {L10} (L10): {MUSIC}"]
+    assert steered(own)
+    run("sae", "attach", L10)
+    shown = run("steer", "set", "music")
+    assert said in shown.stderr and json.loads(shown.stdout)["saes"][L10]["values"] == {"2375": 40.0}
+    created = run("profiles", "create", "cli53-music", "music", "--sae", L10)
+    assert said in created.stderr
+    assert json.loads(run("profiles", "show", "cli53-music").stdout)["entries"] == [
+        {"sae": L10, "feature": 2375, "strength": 40.0}]
+    # 990 (weather) was measured and earned no strength: refused, the best held-out point shown, nothing changed
+    best = f"has no recommended strength: the best held-out point misses the 60% target ({held[990].describe()})"
+    refusals = (run("steer", "set", "990", ok=False), chat("--sae", L10, "--steer", "990", ok=False),
+                run("profiles", "create", "cli53-none", "990", "--sae", L10, ok=False))
+    for refused in refusals:
+        assert refused.exit_code == 1 and best in " ".join(refused.stderr.split()), refused.stderr
+    assert fake_cli.steering.attachments[L10].values == {2375: 40.0}
+    assert steering_service().store.profile("cli53-none") is None
+
+
 def test_chat_sae_overrides_for_that_chat_only(fake_cli):
     service = steering_service()
     run("profiles", "create", "cli26-music", "2375=40", "--sae", L10)
