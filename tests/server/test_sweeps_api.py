@@ -96,6 +96,24 @@ def test_a_sweep_job_equals_the_cli_for_the_same_seed_and_a_second_job_meanwhile
     assert json.loads(cli.stdout) == result
 
 
+def test_a_jobs_held_out_rate_and_interval_are_counted_from_its_held_out_answers(attached):
+    from millm.research.interval import wilson
+    from millm.research.words import mentions
+
+    words = ["the", "a", "i", "you", "to", "is", "and", "it"]  # words most answers say: a strength is chosen
+    r = httpx.post(attached + "/api/sweeps", json={**SHORT, "held_out": 5, "tokens": 8, "concepts": words})
+    assert r.status_code == 202, r.text
+    done = until_ended(attached, r.json()["id"])
+    assert done["status"] == "succeeded", done
+    held = done["result"]["held_out"]
+    assert held is not None and held["strength"] == 40.0 and held["answers"] == 5
+    answers = {a["strength"]: a["answers"] for a in done["held_out_answers"]}[40.0]
+    said = sum(1 for answer in answers if mentions(answer, words))  # counted here, from the answers the job kept
+    assert len(answers) == 5 and held["rate"] == round(said / 5, 4)
+    assert held["interval"] == [round(x, 4) for x in wilson(said, 5)]
+    assert held["weights"] == "float32" and held["prompt_set"] == "neutral-v1"
+
+
 def test_a_sweeps_record_outlives_its_server(attached, settings):
     """A sweep's record is kept in the store, as learning jobs' are: a server started on the same home (no model
     loaded) lists it and shows it as the server that ran it did, result and answers included."""
