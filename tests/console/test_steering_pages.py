@@ -43,6 +43,7 @@ def test_attach_search_and_read_a_card(console):
     recommended = card["recommended_strength"]
     assert found.locator("td").nth(3).text_content().startswith(
         f"{recommended:g} · {shown_rate}" if recommended is not None else f"none · {shown_rate}")
+    assert found.locator("td").nth(3).text_content().endswith("(neutral-v1, float32 weights)")  # how it was measured
     found.locator("button[data-action='card']").click()
     shown = page.locator("#feature-card")
     shown.wait_for()

@@ -195,6 +195,10 @@ def test_the_remeasured_bundled_strengths_load_from_the_shipped_files():
     assert card.held_out == music and card.recommended_strength == music.recommended_strength
     for b in bundled.values():  # a recommended strength is read from a held-out measure alone
         rows = feature_rows(b.path)
+        measures = held_out_measures(b.path).values()  # every bundled SAE re-measured, on the CPU's float32
+        assert any(h.recommended for h in measures) and {h.weights for h in measures} == {"float32"}
+        assert not any("concept_rate" in r or ("recommended_strength" in r and "held_out" not in r)
+                       for r in rows.values())  # no older single-set measure kept beside them
         assert set(measured_features(b.path)) == {i for i, h in held_out_measures(b.path).items() if h.recommended}
         assert all(rows[i].get("recommended_strength") == h.strength for i, h in held_out_measures(b.path).items()
                    if h.recommended)
