@@ -54,6 +54,6 @@ def verify(measure: Measuring, chosen: Sequence[tuple[Case, float]], prompt_set:
             for p, (_, rate), sweep in zip(points, chosen, swept, strict=True)]
 
 
-def unverified(prompt_set: str, weights: str = "") -> HeldOut:
+def unverified(prompt_set: str, weights: str) -> HeldOut:
     """The record of a feature whose calibration (on ``weights``) found no strength to verify."""
     return HeldOut(prompt_set, None, weights=weights)
